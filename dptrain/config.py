@@ -1,0 +1,224 @@
+"""Validated configuration schemas.
+
+Two layers of checking, both before any private row is read:
+
+1. *Compose time* (Hydra + OmegaConf structured configs): the dataclasses below are registered
+   as the schema of the top-level config, so an unknown key (``privacy.nois_multiplier``) or a
+   wrong type (``trainer.epochs=abc``) fails while the config is composed.
+2. *Value checks* (:func:`validate`): ranges and combinations that a type cannot express
+   (``max_grad_norm > 0``, exactly one of ``noise_multiplier`` / ``target_epsilon``). They raise
+   :class:`ConfigError`, whose message names the setting, the value and what is allowed.
+
+Checks that need the data set size N (``delta < 1/N``, ``batch_size <= N``) run in
+:func:`validate_against_size`, which needs only N: the row count is public in our model (the
+accountant's q = B/N uses it), so reading it is not a leak.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+
+class ConfigError(ValueError):
+    """A setting has a value that is not allowed. The message names setting, value and rule."""
+
+
+def _bad(setting: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"{setting}={value!r} is not allowed: {allowed}")
+
+
+@dataclass
+class NumericColumn:
+    """A numeric feature with PUBLIC bounds: values are clipped into [lower, upper], then
+    scaled to [0, 1] by those bounds. ``transform: log1p`` applies log(1 + x) after clipping
+    (both bounds transformed too), useful for heavy-tailed money columns."""
+
+    lower: float = 0.0
+    upper: float = 1.0
+    transform: str = "none"  # none | log1p
+
+
+@dataclass
+class DataConfig:
+    """Where the rows come from and the public schema used to encode them.
+
+    ``name``: ``adult`` (shipped UCI Adult), ``table`` (the user's CSV / Parquet / .dta file)
+    or ``synthetic`` (seeded generator for tests). Numeric bounds and category lists are
+    public declarations: nothing is fitted on private rows.
+    """
+
+    name: str = "adult"
+    path: Optional[str] = None
+    format: str = "auto"  # auto | csv | parquet | dta
+    target: str = "income"
+    positive: Optional[str] = None  # label of the positive class (binary target)
+    numeric: dict[str, NumericColumn] = field(default_factory=dict)
+    categorical: dict[str, list[str]] = field(default_factory=dict)
+    nonfinite: str = "error"  # error | drop : policy for NaN / inf in numeric columns
+    split_column: Optional[str] = None  # column holding "train"/"test"; else a seeded split
+    test_fraction: float = 0.25
+    # synthetic generator only
+    n_rows: int = 20000
+    n_features: int = 10
+
+
+@dataclass
+class PrivacyConfig:
+    """DP-SGD settings. PRIVACY.md is the spec.
+
+    Exactly one of ``noise_multiplier`` (sigma) and ``target_epsilon`` must be set when
+    ``enabled``. ``delta: null`` picks a default well below 1/N (see :func:`default_delta`).
+    ``accountant`` names the accountant that produces the headline epsilon and calibrates
+    sigma; both RDP and PLD are always reported.
+    """
+
+    enabled: bool = True
+    noise_multiplier: Optional[float] = None
+    target_epsilon: Optional[float] = None
+    max_grad_norm: float = 1.0
+    delta: Optional[float] = None
+    accountant: str = "rdp"  # rdp | pld
+    calibration_rtol: float = 1e-3
+
+
+@dataclass
+class TrainerConfig:
+    """The training loop. ``batch_size`` is the EXPECTED batch size B of Poisson sampling
+    (q = B / N); ``epochs`` may be fractional (steps = round(epochs / q))."""
+
+    epochs: float = 5.0
+    batch_size: int = 1024
+    engine: str = "auto"  # auto | fast | opacus
+    eval_every: int = 50  # steps between test-set evaluations
+    log_every: int = 10  # steps between TensorBoard scalars
+    baseline: bool = True  # fit the non-private sklearn baseline on the same features
+    progress: bool = True
+    threads: int = 0  # torch threads; 0 leaves torch's default
+
+
+@dataclass
+class LoggerConfig:
+    tensorboard: bool = True
+
+
+@dataclass
+class Config:
+    task: str = "train"
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    model: Any = None
+    optim: Any = None
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
+def sigma_unless_target(sigma: float | None, target_epsilon: float | None) -> float | None:
+    """Resolver ``${unless_target:SIGMA,${privacy.target_epsilon}}``: a preset's default noise
+    multiplier that steps aside when the user asks for a target epsilon instead, so that
+    ``experiment=logit privacy.target_epsilon=1`` works. Setting both explicitly is refused."""
+    return None if target_epsilon is not None else sigma
+
+
+def register_configs() -> None:
+    """Register :class:`Config` as the schema that ``conf/config.yaml`` extends, and the
+    ``unless_target`` resolver the privacy presets use."""
+    ConfigStore.instance().store(name="dptrain_schema", node=Config)
+    if not OmegaConf.has_resolver("unless_target"):
+        OmegaConf.register_new_resolver("unless_target", sigma_unless_target)
+
+
+_ENUMS = {
+    "task": ("train",),
+    "data.name": ("adult", "table", "synthetic"),
+    "data.format": ("auto", "csv", "parquet", "dta"),
+    "data.nonfinite": ("error", "drop"),
+    "privacy.accountant": ("rdp", "pld"),
+    "trainer.engine": ("auto", "fast", "opacus"),
+}
+
+
+def _finite_positive(setting: str, value: Any) -> None:
+    if value is None or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise _bad(setting, value, "must be a finite number > 0")
+
+
+def validate(cfg: Config) -> None:
+    """Check values and combinations that types cannot express. Raises :class:`ConfigError`."""
+    for setting, allowed in _ENUMS.items():
+        obj: Any = cfg
+        for part in setting.split("."):
+            obj = getattr(obj, part)
+        if obj not in allowed:
+            raise _bad(setting, obj, f"must be one of {', '.join(allowed)}")
+    p, t, d = cfg.privacy, cfg.trainer, cfg.data
+    if p.enabled:
+        has_sigma = p.noise_multiplier is not None
+        has_target = p.target_epsilon is not None
+        if has_sigma == has_target:
+            raise ConfigError(
+                "privacy.noise_multiplier="
+                f"{p.noise_multiplier!r} and privacy.target_epsilon={p.target_epsilon!r}: "
+                "set exactly one of them when privacy.enabled=true (a preset's default sigma steps "
+                "aside for privacy.target_epsilon=E; an explicit sigma needs privacy.target_epsilon=null)"
+            )
+        if has_sigma:
+            s = p.noise_multiplier
+            if not math.isfinite(s) or s < 0:
+                raise _bad("privacy.noise_multiplier", s, "must be a finite number >= 0")
+        else:
+            _finite_positive("privacy.target_epsilon", p.target_epsilon)
+        _finite_positive("privacy.max_grad_norm", p.max_grad_norm)
+        if p.delta is not None and not (math.isfinite(p.delta) and 0 < p.delta < 1):
+            raise _bad("privacy.delta", p.delta, "must be in (0, 1/N) (or null for the default)")
+        if not (0 < p.calibration_rtol < 0.1):
+            raise _bad("privacy.calibration_rtol", p.calibration_rtol, "must be in (0, 0.1)")
+    _finite_positive("trainer.epochs", t.epochs)
+    if t.batch_size <= 0:
+        raise _bad("trainer.batch_size", t.batch_size, "must be an integer > 0 (and <= N)")
+    for name in ("eval_every", "log_every"):
+        if getattr(t, name) <= 0:
+            raise _bad(f"trainer.{name}", getattr(t, name), "must be an integer > 0")
+    if t.threads < 0:
+        raise _bad("trainer.threads", t.threads, "must be >= 0 (0 = torch default)")
+    if d.name == "table" and not d.path:
+        raise _bad("data.path", d.path, "data=table needs the path of a CSV, Parquet or .dta file")
+    if not (0 < d.test_fraction < 1):
+        raise _bad("data.test_fraction", d.test_fraction, "must be in (0, 1)")
+    for col, spec in d.numeric.items():
+        lo, hi = spec.lower, spec.upper
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise _bad(f"data.numeric.{col}", f"[{lo}, {hi}]", "bounds must be finite with lower < upper")
+        if spec.transform not in ("none", "log1p"):
+            raise _bad(f"data.numeric.{col}.transform", spec.transform, "must be none or log1p")
+        if spec.transform == "log1p" and lo <= -1:
+            raise _bad(f"data.numeric.{col}.lower", lo, "log1p needs lower > -1")
+    for col, cats in d.categorical.items():
+        if len(cats) == 0:
+            raise _bad(f"data.categorical.{col}", list(cats), "a category list must not be empty")
+    if not d.numeric and not d.categorical and d.name != "synthetic":
+        raise _bad("data.numeric/data.categorical", "{}", "declare at least one feature column")
+
+
+def default_delta(n: int) -> float:
+    """Default delta: the largest power of ten <= 1/(10 N), i.e. at least ten times below 1/N."""
+    return 10.0 ** math.floor(math.log10(1.0 / (10.0 * n)))
+
+
+def validate_against_size(cfg: Config, n: int) -> float:
+    """Checks that need the (public) training-set size N. Returns the delta to use."""
+    if n <= 0:
+        raise ConfigError("the training data has 0 rows: nothing to train on")
+    if cfg.trainer.batch_size > n:
+        raise _bad("trainer.batch_size", cfg.trainer.batch_size, f"must be <= N = {n} (training rows)")
+    if not cfg.privacy.enabled:
+        return float("nan")
+    delta = cfg.privacy.delta if cfg.privacy.delta is not None else default_delta(n)
+    if delta >= 1.0 / n:
+        raise _bad("privacy.delta", delta, f"must be < 1/N = {1.0 / n:.3g} (N = {n} training rows)")
+    return delta

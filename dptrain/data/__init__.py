@@ -1,0 +1,158 @@
+"""Data loading: the shipped UCI Adult file, the user's table, or a seeded synthetic set.
+
+Every source goes through the same PUBLIC-schema encoding (:mod:`dptrain.data.table`): numeric
+columns clipped to declared bounds and scaled to [0, 1], categorical columns one-hot over the
+declared list plus an ``<other>`` slot, a binary target; nothing is fitted on the rows.
+
+Public API::
+
+    Dataset, DataError, load_dataset(cfg, *, seed), read_table(path, *, fmt="auto")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import pandas as pd
+
+from dptrain.config import ConfigError
+from dptrain.data import synthetic
+from dptrain.data.table import (
+    OTHER,
+    DataError,
+    Dataset,
+    Schema,
+    _seed,
+    build_dataset,
+    detect_format,
+    encode_features,
+    numeric_spec,
+    read_table,
+    schema_from_config,
+)
+
+__all__ = [
+    "ADULT_FILE",
+    "ADULT_SOURCE",
+    "OTHER",
+    "DataError",
+    "Dataset",
+    "Schema",
+    "encode_features",
+    "load_adult_frame",
+    "load_dataset",
+    "read_table",
+    "schema_from_config",
+    "verify_sha256",
+]
+
+log = logging.getLogger("dptrain.data")
+
+ADULT_DIR = Path(__file__).resolve().parent / "adult"
+ADULT_FILE = ADULT_DIR / "adult.csv.gz"
+ADULT_SUMS = ADULT_DIR / "SHA256SUMS"
+ADULT_SOURCE = (
+    "UCI Adult (Becker & Kohavi 1996, UCI Machine Learning Repository, "
+    "https://doi.org/10.24432/C5XW20, CC BY 4.0), shipped as dptrain/data/adult/adult.csv.gz"
+)
+
+
+def _expected_sha256(name: str = "adult.csv.gz") -> str:
+    try:
+        text = ADULT_SUMS.read_text()
+    except OSError:
+        raise DataError(f"the shipped checksum file {ADULT_SUMS} is missing; reinstall dptrain or run scripts/build_adult.py") from None
+    for line in text.splitlines():
+        m = re.fullmatch(r"([0-9a-fA-F]{64})\s+\*?(\S+)", line.strip())
+        if m and m.group(2) == name:
+            return m.group(1).lower()
+    raise DataError(f"{ADULT_SUMS} has no SHA-256 line for {name}; run scripts/build_adult.py")
+
+
+def verify_sha256(path: str | Path, expected: str) -> None:
+    """Raise DataError unless the file's SHA-256 equals ``expected`` (hex)."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"the data file {str(p)!r} does not exist; reinstall dptrain or run scripts/build_adult.py")
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    got = h.hexdigest()
+    if got != expected.lower():
+        raise DataError(
+            f"the data file {str(p)!r} fails its integrity check: SHA-256 {got} != expected {expected.lower()} "
+            "(from dptrain/data/adult/SHA256SUMS); the file is corrupt or modified. Rebuild it with "
+            "scripts/build_adult.py or reinstall dptrain"
+        )
+
+
+def load_adult_frame(path: Optional[str | Path] = None, *, columns: Optional[Sequence[str]] = None) -> pd.DataFrame:
+    """The shipped Adult table (48,842 rows incl. the ``split`` column), SHA-256 verified.
+    ``path`` (for tests) reads another copy, still checked against the shipped SHA256SUMS."""
+    p = Path(path) if path is not None else ADULT_FILE
+    verify_sha256(p, _expected_sha256())
+    return read_table(p, fmt="csv", columns=columns)
+
+
+def _synthetic_schema(cfg: Any) -> tuple[int, int, dict[str, Any]]:
+    n_rows, n_features = _get(cfg, "n_rows"), _get(cfg, "n_features")
+    for setting, v, lo in (("data.n_rows", n_rows, 2), ("data.n_features", n_features, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ConfigError(f"{setting}={v!r} is not allowed: must be an integer >= {lo}")
+    if _get(cfg, "categorical"):
+        raise ConfigError("data.categorical is not allowed for data=synthetic: the generator has numeric columns x0..x{n-1} only")
+    declared = dict(_get(cfg, "numeric") or {})
+    cols = synthetic.feature_columns(n_features)
+    for name in declared:
+        if not re.fullmatch(r"x\d+", str(name)):
+            raise ConfigError(f"data.numeric.{name} is not allowed for data=synthetic: the generated columns are x0..x{n_features - 1}")
+    numeric = {c: declared.get(c, {"lower": synthetic.LOWER, "upper": synthetic.UPPER}) for c in cols}
+    return n_rows, n_features, numeric
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    return obj.get(name, default) if isinstance(obj, dict) else getattr(obj, name, default)
+
+
+def load_dataset(cfg: Any, *, seed: int) -> Dataset:
+    """Load and encode the data described by ``cfg`` (a DataConfig, or the ``data`` node of the
+    composed Hydra config). ``seed`` drives the random train/test split (when there is no
+    ``split_column``) and the synthetic generator.
+
+    * ``adult``: the shipped file (SHA-256 checked), split by ``split_column`` (``split``);
+    * ``table``: ``cfg.path`` in ``cfg.format``;
+    * ``synthetic``: :func:`dptrain.data.synthetic.make_synthetic` (``n_rows``, ``n_features``).
+
+    Raises ConfigError (bad schema / settings) or DataError (the data does not fit)."""
+    name = _get(cfg, "name")
+    if name == "adult":
+        schema = schema_from_config(cfg)
+        if _get(cfg, "path"):
+            log.warning("data.path is ignored for data.name=adult (the shipped file is used)")
+        df = load_adult_frame(columns=schema.columns)
+        return build_dataset(df, schema, seed=seed, source=ADULT_SOURCE, origin="the shipped Adult file")
+    if name == "table":
+        path = _get(cfg, "path")
+        if not path:
+            raise ConfigError(f"data.path={path!r} is not allowed: data=table needs the path of a CSV, Parquet or .dta file")
+        schema = schema_from_config(cfg)
+        fmt = _get(cfg, "format", "auto") or "auto"
+        df = read_table(path, fmt=fmt, columns=schema.columns)  # checks existence first
+        kind = detect_format(path, fmt)
+        source = f"user table {str(path)!r} ({kind}); attribution/licence: as given by the data owner"
+        return build_dataset(df, schema, seed=seed, source=source, origin=f"data.path={str(path)!r}")
+    if name == "synthetic":
+        n_rows, n_features, numeric = _synthetic_schema(cfg)
+        schema = schema_from_config(cfg, numeric=numeric)
+        df = synthetic.make_synthetic(n_rows, n_features, seed=_seed(seed), target=schema.target)
+        source = (
+            f"synthetic logistic-model data (dptrain.data.synthetic), seed={seed}, n_rows={n_rows}, "
+            f"n_features={n_features}; generated, no licence"
+        )
+        return build_dataset(df, schema, seed=seed, source=source, origin="the synthetic data")
+    raise ConfigError(f"data.name={name!r} is not allowed: must be one of adult, table, synthetic")

@@ -1,0 +1,266 @@
+"""The DP-SGD step: Poisson sampling, per-example clipping, Gaussian noise (PRIVACY.md).
+
+One small interface, :class:`GradientEngine`: ``engine(x, y)`` takes the examples of one
+Poisson batch and leaves in every trainable parameter's ``.grad``
+
+    (sum_i clip_C(grad_i) + N(0, sigma^2 C^2 I)) / B
+
+where ``clip_C(v) = v * min(1, C / (||v|| + 1e-6))`` over ALL parameters (flat clipping), the
+noise is drawn ONCE per step for the whole sum, and B is the EXPECTED batch size (the realised
+batch size is private and is never used to scale). Any optimiser can then consume ``.grad``
+(post-processing).
+
+Engines:
+
+* :class:`FastLinearEngine` ("fast"): models made of ``nn.Linear`` layers and elementwise
+  activations. Per-example gradient norms from ``||g_i||^2 (||a_i||^2 + 1)`` per layer and the
+  clipped sum as one matrix product per layer (book-keeping; Goodfellow 2015, Li et al. 2022,
+  Bu et al. 2023; ENGINE.md). Never materialises per-example gradients.
+* :class:`OpacusEngine` ("opacus"): any model Opacus' ``GradSampleModule`` supports; per-example
+  gradients are materialised by Opacus' hooks, clipping and noise are done here.
+* :class:`NonPrivateEngine`: the same pipeline with no clipping and no noise (sum / B).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+log = logging.getLogger(__name__)
+
+_CLIP_EPS = 1e-6  # as Opacus: factor = C / (norm + 1e-6), capped at 1
+
+
+class PoissonSampler:
+    """Poisson subsampling over in-memory rows: each of the N rows joins a batch independently
+    with probability q. Batches vary in size and may be empty (a noise-only step)."""
+
+    def __init__(self, *, num_rows: int, sample_rate: float, generator: torch.Generator) -> None:
+        if not 0.0 <= sample_rate <= 1.0:
+            raise ValueError(f"sample_rate={sample_rate!r} is not allowed: must be in [0, 1]")
+        self.num_rows = num_rows
+        self.sample_rate = sample_rate
+        self.generator = generator
+
+    def sample(self) -> torch.Tensor:
+        """Indices (int64, sorted) of one Poisson batch."""
+        mask = torch.rand(self.num_rows, generator=self.generator) < self.sample_rate
+        return mask.nonzero().squeeze(1)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """Diagnostics of one step, computed on PRIVATE training rows: not covered by the guarantee."""
+
+    batch_size: int
+    loss_sum: float
+    correct: int
+    clipped: int  # examples whose gradient norm exceeded C
+
+
+def per_example_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy with logits, one value per example."""
+    return F.binary_cross_entropy_with_logits(logits, y, reduction="none")
+
+
+class GradientEngine:
+    """Base: holds the model, C, sigma, B and the noise generator."""
+
+    name = "base"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        max_grad_norm: float,
+        noise_multiplier: float,
+        expected_batch_size: float,
+        generator: torch.Generator,
+    ) -> None:
+        self.model = model
+        self.max_grad_norm = float(max_grad_norm)
+        self.noise_multiplier = float(noise_multiplier)
+        self.expected_batch_size = float(expected_batch_size)
+        self.generator = generator
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> StepStats:
+        if x.shape[0] == 0:
+            sums = [torch.zeros_like(p) for p in self.params]
+            stats = StepStats(0, 0.0, 0, 0)
+        else:
+            sums, stats = self.clipped_sum(x, y)
+        std = self.noise_multiplier * self.max_grad_norm
+        for p, s in zip(self.params, sums):
+            if std > 0:
+                s = s + torch.normal(0.0, std, size=p.shape, generator=self.generator, dtype=p.dtype)
+            p.grad = s / self.expected_batch_size
+        return stats
+
+    def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
+        """Sum over the batch of per-example gradients clipped to C, one tensor per parameter."""
+        raise NotImplementedError
+
+    def clip_factors(self, sq_norms: torch.Tensor) -> torch.Tensor:
+        """c_i = min(1, C / (||g_i|| + 1e-6)) from squared per-example norms."""
+        return (self.max_grad_norm / (sq_norms.sqrt() + _CLIP_EPS)).clamp(max=1.0)
+
+    def count_clipped(self, sq_norms: torch.Tensor) -> int:
+        """Examples whose gradient norm exceeds C (a non-private diagnostic)."""
+        return int((sq_norms > self.max_grad_norm**2).sum())
+
+
+def _stats(logits: torch.Tensor, y: torch.Tensor, losses: torch.Tensor, clipped: int = 0) -> StepStats:
+    correct = int(((logits > 0).to(y.dtype) == y).sum())
+    return StepStats(int(y.shape[0]), float(losses.sum()), correct, clipped)
+
+
+class NonPrivateEngine(GradientEngine):
+    """No clipping, no noise: ``.grad = sum_i grad_i / B``. The comparison pipeline."""
+
+    name = "nonprivate"
+
+    def __init__(self, model: nn.Module, *, expected_batch_size: float, generator: torch.Generator) -> None:
+        super().__init__(
+            model, max_grad_norm=float("inf"), noise_multiplier=0.0,
+            expected_batch_size=expected_batch_size, generator=generator,
+        )
+
+    def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
+        logits = self.model(x)
+        losses = per_example_loss(logits, y)
+        grads = torch.autograd.grad(losses.sum(), self.params)
+        return list(grads), _stats(logits.detach(), y, losses.detach())
+
+
+class OpacusEngine(GradientEngine):
+    """Per-example gradients from Opacus' GradSampleModule hooks (materialised), flat clipping."""
+
+    name = "opacus"
+
+    def __init__(self, model: nn.Module, **kwargs) -> None:
+        from opacus import GradSampleModule
+
+        super().__init__(model, **kwargs)
+        self.gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
+
+    def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
+        logits = self.gsm(x)
+        losses = per_example_loss(logits, y)
+        with warnings.catch_warnings():  # Opacus' hooks fire on outputs when x has no grad: expected
+            warnings.simplefilter("ignore", UserWarning)
+            losses.sum().backward()
+        per_ex = [p.grad_sample.reshape(x.shape[0], -1) for p in self.params]
+        sq = torch.stack([g.pow(2).sum(1) for g in per_ex]).sum(0)
+        factors = self.clip_factors(sq)
+        sums = [torch.einsum("i,i...->...", factors, p.grad_sample) for p in self.params]
+        for p in self.params:
+            p.grad_sample = None
+            p.grad = None
+        return sums, _stats(logits.detach(), y, losses.detach(), self.count_clipped(sq))
+
+
+_ELEMENTWISE = (nn.ReLU, nn.Tanh, nn.GELU, nn.SiLU, nn.ELU, nn.LeakyReLU, nn.Sigmoid, nn.Identity)
+
+
+def fast_path_blocker(model: nn.Module) -> str | None:
+    """Why the fast engine cannot run this model, or None if it can.
+
+    Supported: ``nn.Sequential`` of ``nn.Linear`` (each parameter used once), elementwise
+    activations and a final squeeze, inputs without a sequence dimension.
+    """
+    if not isinstance(model, nn.Sequential):
+        return f"model is {type(model).__name__}, not nn.Sequential"
+    seen: set[int] = set()
+    for m in model:
+        if isinstance(m, nn.Linear):
+            for p in m.parameters():
+                if id(p) in seen:
+                    return "a parameter is shared between layers"
+                seen.add(id(p))
+        elif not isinstance(m, _ELEMENTWISE) and type(m).__name__ != "Squeeze":
+            return f"layer {type(m).__name__} is not Linear or an elementwise activation"
+    if any(p.requires_grad and id(p) not in seen for p in model.parameters()):
+        return "a trainable parameter is not in a Linear layer"
+    return None
+
+
+class FastLinearEngine(GradientEngine):
+    """Book-keeping DP-SGD for Sequential(Linear, activation, ..., Linear): no per-example
+    gradients. For a Linear layer z = a W^T + b and output gradients g (one row per example,
+    from the SUM of per-example losses): ||grad_W,i||^2 = ||g_i||^2 ||a_i||^2,
+    ||grad_b,i||^2 = ||g_i||^2, and sum_i c_i grad_W,i = (c * g)^T a (ENGINE.md)."""
+
+    name = "fast"
+
+    def __init__(self, model: nn.Module, **kwargs) -> None:
+        reason = fast_path_blocker(model)
+        if reason is not None:
+            raise ValueError(f"trainer.engine=fast cannot run this model: {reason}")
+        super().__init__(model, **kwargs)
+        self.layers = list(model)
+
+    def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
+        inputs: list[torch.Tensor] = []
+        outputs: list[torch.Tensor] = []
+        linears: list[nn.Linear] = []
+        h = x
+        for m in self.layers:
+            if isinstance(m, nn.Linear):
+                inputs.append(h.detach())
+                h = m(h)
+                outputs.append(h)
+                linears.append(m)
+            else:
+                h = m(h)
+        losses = per_example_loss(h, y)
+        out_grads = torch.autograd.grad(losses.sum(), outputs)
+        sq = torch.zeros(x.shape[0], dtype=x.dtype)
+        for a, g, lin in zip(inputs, out_grads, linears):
+            g_sq = g.pow(2).sum(1)
+            sq += g_sq * (a.pow(2).sum(1) + (1.0 if lin.bias is not None else 0.0))
+        factors = self.clip_factors(sq)
+        grad_of: dict[int, torch.Tensor] = {}
+        for a, g, lin in zip(inputs, out_grads, linears):
+            cg = g * factors[:, None]
+            grad_of[id(lin.weight)] = cg.T @ a
+            if lin.bias is not None:
+                grad_of[id(lin.bias)] = cg.sum(0)
+        sums = [grad_of[id(p)] for p in self.params]
+        return sums, _stats(h.detach(), y, losses.detach(), self.count_clipped(sq))
+
+
+def make_engine(
+    model: nn.Module,
+    *,
+    engine: str,
+    private: bool,
+    max_grad_norm: float,
+    noise_multiplier: float,
+    expected_batch_size: float,
+    generator: torch.Generator,
+) -> GradientEngine:
+    """Pick the engine: ``auto`` takes the fast path when every trainable layer supports it,
+    else Opacus (and logs why)."""
+    if not private:
+        return NonPrivateEngine(model, expected_batch_size=expected_batch_size, generator=generator)
+    kwargs = dict(
+        max_grad_norm=max_grad_norm, noise_multiplier=noise_multiplier,
+        expected_batch_size=expected_batch_size, generator=generator,
+    )
+    if engine == "auto":
+        reason = fast_path_blocker(model)
+        if reason is None:
+            return FastLinearEngine(model, **kwargs)
+        log.info("DP engine: falling back to Opacus per-example gradients (%s)", reason)
+        return OpacusEngine(model, **kwargs)
+    if engine == "fast":
+        return FastLinearEngine(model, **kwargs)
+    if engine == "opacus":
+        return OpacusEngine(model, **kwargs)
+    raise ValueError(f"trainer.engine={engine!r} is not allowed: must be auto, fast or opacus")

@@ -1,0 +1,75 @@
+"""Run outputs: TensorBoard scalars, atomically written JSON / text artifacts.
+
+TensorBoard tag conventions (contract):
+  ``test/*``                    metrics on the held-out test split (the numbers to quote)
+  ``privacy/epsilon``           epsilon spent so far, headline accountant
+  ``diagnostics_nonprivate/*``  computed on PRIVATE training rows: NOT covered by the guarantee
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a crash never leaves a truncated file: write a
+    temporary file in the same folder, fsync, then rename over the target."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def write_json(path: Path, obj: dict[str, Any]) -> None:
+    """Atomic, strict JSON (inf written as the string "inf", NaN as null)."""
+    atomic_write_text(path, json.dumps(_jsonable(obj), indent=2, sort_keys=False, allow_nan=False) + "\n")
+
+
+class Tracker:
+    """TensorBoard writer for one run (events under ``<run_dir>/tb``); a no-op when disabled."""
+
+    def __init__(self, run_dir: Path, *, tensorboard: bool) -> None:
+        self.writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
+
+    def scalars(self, values: dict[str, float], *, step: int) -> None:
+        if self.writer is None:
+            return
+        for tag, value in values.items():
+            if value is not None and math.isfinite(value):
+                self.writer.add_scalar(tag, value, global_step=step)
+
+    def text(self, tag: str, text: str) -> None:
+        if self.writer is not None:
+            self.writer.add_text(tag, text)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()

@@ -1,0 +1,183 @@
+"""Fit and evaluate one model with DP-SGD (or without privacy, same pipeline)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from torch import nn
+from tqdm import tqdm
+
+from dptrain.config import Config
+from dptrain.data import Dataset
+from dptrain.privacy.accounting import PrivacyAccountant, calibrate_noise_multiplier, compute_epsilon
+from dptrain.privacy.engine import PoissonSampler, make_engine, per_example_loss
+from dptrain.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    model: nn.Module
+    metrics: dict[str, float]
+    privacy: dict[str, Any]  # the mechanism's parameters (input to the privacy report)
+    accountant: PrivacyAccountant = field(default_factory=PrivacyAccountant)
+
+
+def _generators(seed: int) -> tuple[torch.Generator, torch.Generator]:
+    """Independent streams for Poisson sampling and for noise, derived from the run seed."""
+    s_sample, s_noise = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint64)
+    return (torch.Generator().manual_seed(int(s_sample)), torch.Generator().manual_seed(int(s_noise)))
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """Accuracy, mean log-loss and ROC AUC on held-out rows."""
+    from sklearn.metrics import roc_auc_score
+
+    logits = model(x)
+    loss = float(per_example_loss(logits, y).mean())
+    acc = float(((logits > 0).to(y.dtype) == y).float().mean())
+    auc = float(roc_auc_score(y.numpy(), logits.numpy())) if 0 < float(y.mean()) < 1 else math.nan
+    return {"acc": acc, "loss": loss, "auc": auc}
+
+
+def nonprivate_baseline(data: Dataset, *, seed: int) -> float:
+    """Test accuracy of a non-private sklearn LogisticRegression on the same features/split."""
+    from sklearn.linear_model import LogisticRegression
+
+    clf = LogisticRegression(max_iter=2000, random_state=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clf.fit(data.x_train.numpy(), data.y_train.numpy())
+    return float(clf.score(data.x_test.numpy(), data.y_test.numpy()))
+
+
+def resolve_noise(cfg: Config, *, sample_rate: float, steps: int, delta: float) -> tuple[float, str]:
+    """sigma from config, or calibrated to target_epsilon (smallest sigma whose epsilon from
+    the configured accountant is <= target, to a relative tolerance)."""
+    p = cfg.privacy
+    if p.noise_multiplier is not None:
+        return float(p.noise_multiplier), "config"
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=p.target_epsilon, sample_rate=sample_rate, steps=steps, delta=delta,
+        accountant=p.accountant, rtol=p.calibration_rtol,
+    )
+    log.info(
+        "calibrated noise_multiplier=%.6g for target_epsilon=%g (accountant=%s, q=%.6g, steps=%d, delta=%g)",
+        sigma, p.target_epsilon, p.accountant, sample_rate, steps, delta,
+    )
+    return sigma, "calibrated"
+
+
+def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker) -> TrainResult:
+    """Train with Poisson-sampled DP-SGD; returns the model, test metrics and mechanism."""
+    t = cfg.trainer
+    if t.threads > 0:
+        torch.set_num_threads(t.threads)
+    torch.manual_seed(cfg.seed)
+    sample_gen, noise_gen = _generators(cfg.seed)
+    n, batch = data.n_train, t.batch_size
+    q = batch / n
+    steps = max(1, round(t.epochs / q))
+    private = cfg.privacy.enabled
+    sigma, sigma_source = resolve_noise(cfg, sample_rate=q, steps=steps, delta=delta) if private else (0.0, "off")
+
+    model = instantiate(OmegaConf.create(cfg.model) if isinstance(cfg.model, dict) else cfg.model,
+                        in_features=data.n_features)
+    optim_factory = instantiate(OmegaConf.create(cfg.optim) if isinstance(cfg.optim, dict) else cfg.optim)
+    optimizer = optim_factory(params=[p for p in model.parameters() if p.requires_grad])
+    engine = make_engine(
+        model, engine=t.engine, private=private, max_grad_norm=cfg.privacy.max_grad_norm,
+        noise_multiplier=sigma, expected_batch_size=batch, generator=noise_gen,
+    )
+    log.info("engine=%s, N=%d, B=%d, q=%.6g, steps=%d, sigma=%g", engine.name, n, batch, q, steps, sigma)
+    sampler = PoissonSampler(num_rows=n, sample_rate=q, generator=sample_gen)
+    accountant = PrivacyAccountant()
+
+    window = {"loss": 0.0, "correct": 0, "n": 0, "clipped": 0, "steps": 0}
+    train_seconds = 0.0
+    loop_start = time.perf_counter()
+    bar = tqdm(total=steps, disable=not t.progress, desc="dp-sgd" if private else "sgd", dynamic_ncols=True)
+    for step in range(1, steps + 1):
+        t0 = time.perf_counter()
+        idx = sampler.sample()
+        stats = engine(data.x_train[idx], data.y_train[idx])
+        optimizer.step()
+        train_seconds += time.perf_counter() - t0
+        if private:
+            accountant.step(noise_multiplier=sigma, sample_rate=q)
+        window["loss"] += stats.loss_sum
+        window["correct"] += stats.correct
+        window["n"] += stats.batch_size
+        window["clipped"] += stats.clipped
+        window["steps"] += 1
+        if step % t.log_every == 0 or step == steps:
+            seen = max(window["n"], 1)
+            diag = {
+                "diagnostics_nonprivate/train_loss": window["loss"] / seen,
+                "diagnostics_nonprivate/train_acc": window["correct"] / seen,
+                "diagnostics_nonprivate/batch_size": window["n"] / window["steps"],
+            }
+            if private:
+                diag["diagnostics_nonprivate/clip_fraction"] = window["clipped"] / seen
+                eps = accountant.get_epsilon(delta=delta, accountant="rdp")
+                diag["privacy/epsilon"] = eps
+            tracker.scalars(diag, step=step)
+            postfix = {"loss": f"{diag['diagnostics_nonprivate/train_loss']:.4f}",
+                       "acc": f"{diag['diagnostics_nonprivate/train_acc']:.3f}"}
+            if private:
+                postfix["eps"] = f"{diag['privacy/epsilon']:.3f}"
+            bar.set_postfix(postfix, refresh=False)
+            window = {k: 0 for k in window}
+        if step % t.eval_every == 0 and step != steps:
+            tracker.scalars({f"test/{k}": v for k, v in evaluate(model, data.x_test, data.y_test).items()}, step=step)
+        bar.update(1)
+    bar.close()
+    loop_seconds = time.perf_counter() - loop_start
+
+    test = evaluate(model, data.x_test, data.y_test)
+    tracker.scalars({f"test/{k}": v for k, v in test.items()}, step=steps)
+    metrics: dict[str, float] = {f"test/{k}": v for k, v in test.items()}
+    metrics["baseline/majority_acc"] = float(max(data.y_test.mean(), 1 - data.y_test.mean()))
+    if t.baseline:
+        metrics["baseline/nonprivate_acc"] = nonprivate_baseline(data, seed=cfg.seed)
+    metrics.update({
+        "train/steps": steps,
+        "train/epochs": steps * q,
+        "time/train_seconds": train_seconds,
+        "time/loop_seconds": loop_seconds,
+        "time/steps_per_second": steps / train_seconds if train_seconds > 0 else math.nan,
+    })
+    mechanism = {
+        "enabled": private,
+        "engine": engine.name,
+        "noise_multiplier": sigma,
+        "noise_multiplier_source": sigma_source,
+        "target_epsilon": cfg.privacy.target_epsilon,
+        "max_grad_norm": cfg.privacy.max_grad_norm,
+        "sample_rate": q,
+        "expected_batch_size": batch,
+        "dataset_size": n,
+        "steps": steps,
+        "epochs": steps * q,
+        "delta": delta,
+    }
+    return TrainResult(model=model, metrics=metrics, privacy=mechanism, accountant=accountant)
+
+
+def final_epsilons(result: TrainResult, *, delta: float) -> dict[str, float]:
+    """Epsilon of the whole run from every accountant (PLD composes the recorded history)."""
+    return {name: result.accountant.get_epsilon(delta=delta, accountant=name) for name in ("rdp", "pld")}
+
+
+__all__ = ["TrainResult", "fit", "evaluate", "final_epsilons", "compute_epsilon"]

