@@ -35,7 +35,7 @@ def run(cfg: DictConfig, *, run_dir: Path) -> float:
     from dptrain.data import DataError, load_dataset
     from dptrain.privacy.accounting import AccountingError
     from dptrain.privacy.report import build_report, format_report
-    from dptrain.tracking import Tracker, write_json
+    from dptrain.tracking import Tracker, atomic_write_text, write_json
     from dptrain.train import final_epsilons, fit
 
     conf: Config = OmegaConf.to_object(cfg)
@@ -46,6 +46,8 @@ def run(cfg: DictConfig, *, run_dir: Path) -> float:
     except (ConfigError, DataError) as err:
         _fail(err)
 
+    # Hydra saves the composed config with interpolations; keep the resolved values beside it.
+    atomic_write_text(run_dir / ".hydra" / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     tracker = Tracker(run_dir, tensorboard=conf.logger.tensorboard)
     try:
         result = fit(conf, data, delta=delta, tracker=tracker)
@@ -64,7 +66,7 @@ def run(cfg: DictConfig, *, run_dir: Path) -> float:
     tracker.close()
     write_json(run_dir / "metrics.json", result.metrics)
     write_json(run_dir / "privacy.json", report)
-    (run_dir / "privacy.txt").write_text(format_report(report), encoding="utf-8")
+    atomic_write_text(run_dir / "privacy.txt", format_report(report))
 
     m = result.metrics
     lines = [

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from dptrain.config import Config
 from dptrain.data import Dataset
-from dptrain.privacy.accounting import PrivacyAccountant, calibrate_noise_multiplier, compute_epsilon
+from dptrain.privacy.accounting import PrivacyAccountant, calibrate_noise_multiplier
 from dptrain.privacy.engine import PoissonSampler, make_engine, per_example_loss
 from dptrain.tracking import Tracker
 
@@ -171,6 +171,8 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker) -> TrainR
         "steps": steps,
         "epochs": steps * q,
         "delta": delta,
+        "delta_source": "config" if cfg.privacy.delta is not None
+        else "default: largest power of ten <= 1/(10 N)",
     }
     return TrainResult(model=model, metrics=metrics, privacy=mechanism, accountant=accountant)
 
@@ -180,4 +182,3 @@ def final_epsilons(result: TrainResult, *, delta: float) -> dict[str, float]:
     return {name: result.accountant.get_epsilon(delta=delta, accountant=name) for name in ("rdp", "pld")}
 
 
-__all__ = ["TrainResult", "fit", "evaluate", "final_epsilons", "compute_epsilon"]

@@ -140,7 +140,7 @@ def test_end_to_end_private_run(tmp_path):
                 dp_accounting.GaussianDpEvent(privacy["noise_multiplier"])), privacy["steps"])
     assert privacy["epsilon"] == pytest.approx(ref.get_epsilon(privacy["delta"]), rel=1e-3)
     assert privacy["epsilons"]["pld"] < privacy["epsilons"]["rdp"] == privacy["epsilon"]
-    assert 0.5 < metrics["test/acc"] <= 1
+    assert metrics["test/acc"] > metrics["baseline/majority_acc"] + 0.1  # learns the synthetic model
     text = (tmp_path / "privacy.txt").read_text()
     assert "add/remove" in text and "NOT covered" in text and "rdp" in text
     scalars = _read_scalars(tmp_path / "tb")

@@ -416,3 +416,18 @@ def test_refuse_bad_schema(tmp_path):
     # the encoder guards against an empty list even when handed a hand-built schema
     schema = data.Schema("label", "yes", (), (("color", ()),))
     refused(ConfigError, lambda: data.encode_features(pd.read_csv(p), schema), "data.categorical.color")
+
+
+@pytest.mark.parametrize("positive", [None, "1"])
+def test_labels_stay_aligned_with_features_under_a_random_split(tmp_path, positive):
+    """Regression: the target must be reordered with the rows of the seeded split."""
+    rng = np.random.default_rng(0)
+    a = rng.uniform(0, 1, size=400)
+    df = pd.DataFrame({"a": a, "y": (a > 0.5).astype(int)})
+    path = tmp_path / "t.csv"
+    df.to_csv(path, index=False)
+    cfg = DataConfig(name="table", path=str(path), target="y", positive=positive,
+                     numeric={"a": NumericColumn(lower=0, upper=1)}, test_fraction=0.3)
+    d = load_dataset(cfg, seed=3)
+    for x, y in ((d.x_train, d.y_train), (d.x_test, d.y_test)):
+        assert torch.equal((x[:, 0] > 0.5).float(), y)

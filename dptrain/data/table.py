@@ -426,7 +426,7 @@ def _target(col: pd.Series, schema: Schema, rows: np.ndarray) -> np.ndarray:
                 "strings, case-sensitive)"
             )
         return y.astype(np.float32)
-    v = numeric_values(col.iloc[rows] if len(rows) != len(col) else col, f"{setting} (data.positive=null)")
+    v = numeric_values(col.iloc[rows], f"{setting} (data.positive=null)")
     missing = int(np.isnan(v).sum())
     if missing:
         raise DataError(

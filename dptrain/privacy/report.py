@@ -77,6 +77,8 @@ def build_report(
         "neighbours, for the final model and every intermediate iterate",
         "epsilon": eps,
         "delta": mechanism["delta"],
+        "delta_source": mechanism["delta_source"],
+        "delta_vs_1_over_n": f"delta = {mechanism['delta']:.3g} < 1/N = {1 / mechanism['dataset_size']:.3g}",
         "accountant": accountant,
         "epsilons": dict(epsilons),
         "accountant_notes": {
@@ -111,6 +113,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"GUARANTEE: {report['guarantee']}",
         f"epsilon = {report['epsilon']:.6g} at delta = {report['delta']:.3g} "
         f"(headline accountant: {report['accountant']})",
+        f"delta: {report['delta_source']}; {report['delta_vs_1_over_n']}",
         f"protection tier: {report['tier']}",
         "",
         "epsilon by accountant (same delta):",

@@ -1,0 +1,54 @@
+"""The training loop: empty batches count, seeds reproduce, q is the sampler's q."""
+
+from __future__ import annotations
+
+import torch
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+import dptrain.cli  # noqa: F401  (registers the config schema)
+from dptrain.config import validate, validate_against_size
+from dptrain.data import load_dataset
+from dptrain.privacy.accounting import rdp_epsilon
+from dptrain.tracking import Tracker
+from dptrain.train import fit
+
+
+def _setup(overrides):
+    with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
+        cfg = OmegaConf.to_object(compose(config_name="config", overrides=[
+            "experiment=logit", "data=synthetic", "data.n_rows=2000", "trainer.progress=false",
+            "trainer.baseline=false", *overrides]))
+    validate(cfg)
+    data = load_dataset(cfg.data, seed=cfg.seed)
+    return cfg, data, validate_against_size(cfg, data.n_train)
+
+
+def test_empty_batches_are_counted_steps(tmp_path):
+    # N = 1500, B = 1 -> q = 1/1500: most Poisson batches are empty, each is still a step
+    cfg, data, delta = _setup(["trainer.batch_size=1", "trainer.epochs=0.2", "privacy.noise_multiplier=5"])
+    res = fit(cfg, data, delta=delta, tracker=Tracker(tmp_path, tensorboard=False))
+    steps = round(0.2 * data.n_train)
+    assert res.privacy["steps"] == steps == res.accountant.steps == res.metrics["train/steps"]
+    assert res.privacy["sample_rate"] == 1 / data.n_train
+    assert res.accountant.history == ((5.0, 1 / data.n_train, steps),)
+    eps = res.accountant.get_epsilon(delta=delta, accountant="rdp")
+    assert eps == rdp_epsilon(sample_rate=1 / data.n_train, noise_multiplier=5.0, steps=steps, delta=delta)
+
+
+def test_same_seed_same_model_other_seed_other_model(tmp_path):
+    runs = []
+    for seed in (0, 0, 1):
+        cfg, data, delta = _setup([f"seed={seed}", "trainer.epochs=1", "trainer.batch_size=100"])
+        res = fit(cfg, data, delta=delta, tracker=Tracker(tmp_path, tensorboard=False))
+        runs.append(torch.cat([p.detach().flatten() for p in res.model.parameters()]))
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.allclose(runs[0], runs[2])
+
+
+def test_noise_changes_the_model_and_privacy_off_has_no_accountant(tmp_path):
+    cfg, data, delta = _setup(["trainer.epochs=5", "trainer.batch_size=100", "privacy=none", "optim.lr=2"])
+    res = fit(cfg, data, delta=delta, tracker=Tracker(tmp_path, tensorboard=False))
+    assert res.privacy["enabled"] is False and res.accountant.steps == 0
+    assert res.privacy["engine"] == "nonprivate"
+    assert res.metrics["test/acc"] > 0.7  # the synthetic logistic model is learnable
