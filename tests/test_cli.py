@@ -196,3 +196,41 @@ def test_cli_subprocess_run_and_sweep(tmp_path):
     assert not (tmp_path / "bad" / "privacy.json").exists()
     typo = _cli(["experiment=logit", "privacy.nois_multiplier=1", f"hydra.run.dir={tmp_path}/typo"], tmp_path)
     assert typo.returncode != 0 and "nois_multiplier" in typo.stderr
+
+
+def test_readme_main_command_meets_its_promise(tmp_path):
+    """`python -m dptrain experiment=logit` (the README's command): acc >= 0.84 at eps <= 1."""
+    res = _cli(["experiment=logit", f"hydra.run.dir={tmp_path}/run"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    assert metrics["test/acc"] >= 0.84
+    assert privacy["epsilon"] <= 1.0 and privacy["delta"] <= 1e-5
+    assert privacy["epsilons"]["pld"] < privacy["epsilon"]
+    assert abs(metrics["test/acc"] - metrics["baseline/nonprivate_acc"]) < 0.02
+    assert metrics["time/train_seconds"] < 60
+
+
+def test_readme_own_data_example(tmp_path):
+    """The README's `data=table` example, on a generated Parquet file with those columns."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    n = 3000
+    df = pd.DataFrame({
+        "age": rng.integers(17, 91, n), "hours": rng.integers(1, 100, n),
+        "sex": rng.choice(["Female", "Male"], n), "region": rng.choice(["North", "South", "East", "West", "?"], n),
+    })
+    df["income"] = np.where(df.age + 10 * (df.sex == "Male") + rng.normal(0, 10, n) > 55, ">50K", "<=50K")
+    df.to_parquet(tmp_path / "people.parquet")
+    res = _cli(["experiment=logit", "data=table", "data.path=people.parquet", "data.target=income",
+                'data.positive=">50K"',
+                "++data.numeric={age: {lower: 17, upper: 90}, hours: {lower: 1, upper: 99}}",
+                "++data.categorical={sex: [Female, Male], region: [North, South, East, West]}",
+                "trainer.batch_size=100", f"hydra.run.dir={tmp_path}/run"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert privacy["dataset_size"] == 2250 and "people.parquet" in privacy["data"]
+    assert metrics["test/acc"] > metrics["baseline/majority_acc"]
