@@ -111,7 +111,7 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker) -> TrainR
     for step in range(1, steps + 1):
         t0 = time.perf_counter()
         idx = sampler.sample()
-        stats = engine(data.x_train[idx], data.y_train[idx])
+        stats = engine(data.x_train.index_select(0, idx), data.y_train.index_select(0, idx))
         optimizer.step()
         train_seconds += time.perf_counter() - t0
         if private:

@@ -162,25 +162,41 @@ def test_noise_std_is_sigma_C_over_B(cls):
     assert resid.std() == pytest.approx(target, rel=0.03)
 
 
-def test_poisson_batch_sizes_are_binomial():
-    n, q, draws = 2000, 0.02, 3000
+@pytest.mark.parametrize("n,q", [(2000, 0.02), (400, 0.3)])  # sparse (binomial + subset) and dense (mask)
+def test_poisson_batch_sizes_are_binomial(n, q):
+    draws = 3000
     sampler = PoissonSampler(num_rows=n, sample_rate=q, generator=torch.Generator().manual_seed(5))
     sizes = np.array([sampler.sample().numel() for _ in range(draws)])
     assert sizes.mean() == pytest.approx(n * q, rel=0.02)
     assert sizes.var() == pytest.approx(n * q * (1 - q), rel=0.1)
     # chi-square goodness of fit against Binomial(n, q), tails pooled
-    lo, hi = 25, 55
+    mu, sd = n * q, math.sqrt(n * q * (1 - q))
+    lo, hi = int(mu - 2.5 * sd), int(mu + 2.5 * sd)
     obs = np.array([(sizes <= lo).sum(), *[(sizes == k).sum() for k in range(lo + 1, hi)], (sizes >= hi).sum()])
     probs = np.array([stats.binom.cdf(lo, n, q), *[stats.binom.pmf(k, n, q) for k in range(lo + 1, hi)],
                       stats.binom.sf(hi - 1, n, q)])
     assert stats.chisquare(obs, probs * draws).pvalue > 1e-3
-    # membership is independent across rows: every row is picked at rate q
+    # every row is picked at rate q: no row is favoured
     picks = torch.zeros(n)
-    for _ in range(500):
+    for _ in range(2000):
         picks[sampler.sample()] += 1
-    assert float(picks.mean()) / 500 == pytest.approx(q, rel=0.03)
+    rates = picks / 2000
+    assert float(rates.mean()) == pytest.approx(q, rel=0.02)
+    # per-row counts ~ Binomial(2000, q): no row favoured (chi-square dispersion test)
+    disp = float(((picks - 2000 * q) ** 2).sum() / (2000 * q * (1 - q)))
+    assert stats.chi2.sf(disp, n - 1) > 1e-3 and stats.chi2.cdf(disp, n - 1) > 1e-3
     idx = sampler.sample()
-    assert idx.dtype == torch.int64 and torch.all(idx[1:] > idx[:-1])
+    assert idx.dtype == torch.int64 and idx.unique().numel() == idx.numel()
+
+
+def test_sampler_scales_to_millions_of_rows():
+    sampler = PoissonSampler(num_rows=20_000_000, sample_rate=1e-4, generator=torch.Generator().manual_seed(1))
+    sizes = []
+    for _ in range(50):
+        idx = sampler.sample()
+        assert idx.unique().numel() == idx.numel() and int(idx.max()) < 20_000_000
+        sizes.append(idx.numel())
+    assert np.mean(sizes) == pytest.approx(2000, rel=0.02)
 
 
 def test_sampler_can_return_empty_batches():

@@ -38,19 +38,45 @@ _CLIP_EPS = 1e-6  # as Opacus: factor = C / (norm + 1e-6), capped at 1
 
 class PoissonSampler:
     """Poisson subsampling over in-memory rows: each of the N rows joins a batch independently
-    with probability q. Batches vary in size and may be empty (a noise-only step)."""
+    with probability q. Batches vary in size and may be empty (a noise-only step).
+
+    Two exact implementations of the same distribution: for q > 0.1 a Bernoulli mask over all
+    rows (O(N)); otherwise the batch size k ~ Binomial(N, q), then a uniform k-subset drawn by
+    rejecting repeated indices (O(k) per step with an N-sized scratch array, so a step does not
+    cost O(N) when N is in the millions). Given its size, a Poisson batch is a uniform subset,
+    so both are the same law. The indices come in random order (sparse) or ascending (dense).
+    """
+
+    DENSE_ABOVE = 0.1
 
     def __init__(self, *, num_rows: int, sample_rate: float, generator: torch.Generator) -> None:
         if not 0.0 <= sample_rate <= 1.0:
             raise ValueError(f"sample_rate={sample_rate!r} is not allowed: must be in [0, 1]")
-        self.num_rows = num_rows
-        self.sample_rate = sample_rate
+        self.num_rows = int(num_rows)
+        self.sample_rate = float(sample_rate)
         self.generator = generator
+        self._n = torch.tensor(float(self.num_rows), dtype=torch.float64)
+        self._q = torch.tensor(self.sample_rate, dtype=torch.float64)
 
     def sample(self) -> torch.Tensor:
-        """Indices (int64, sorted) of one Poisson batch."""
-        mask = torch.rand(self.num_rows, generator=self.generator) < self.sample_rate
-        return mask.nonzero().squeeze(1)
+        """Indices (int64, sorted ascending, distinct) of one Poisson batch."""
+        n, g = self.num_rows, self.generator
+        if self.sample_rate > self.DENSE_ABOVE:
+            return (torch.rand(n, generator=g) < self.sample_rate).nonzero().squeeze(1)
+        k = int(torch.binomial(self._n, self._q, generator=g))
+        idx = self._distinct(torch.randint(n, (k,), generator=g))
+        while idx.numel() < k:  # top up: redraw for the repeats (about k^2 / 2N of them)
+            extra = torch.randint(n, (k - idx.numel(),), generator=g)
+            idx = self._distinct(torch.cat([idx, extra]))
+        return idx
+
+    def _distinct(self, idx: torch.Tensor) -> torch.Tensor:
+        """Drop repeated values, keeping one occurrence of each (order otherwise kept)."""
+        if not hasattr(self, "_scratch"):
+            self._scratch = torch.empty(self.num_rows, dtype=torch.int64)
+        pos = torch.arange(idx.numel())
+        self._scratch[idx] = pos  # for a repeated value, one write wins
+        return idx[self._scratch[idx] == pos]
 
 
 @dataclass(frozen=True)
@@ -61,6 +87,11 @@ class StepStats:
     loss_sum: float
     correct: int
     clipped: int  # examples whose gradient norm exceeded C
+
+
+def _row_sq_norms(m: torch.Tensor) -> torch.Tensor:
+    """||m_i||^2 per row, without materialising m * m."""
+    return torch.linalg.vector_norm(m, dim=1).square()
 
 
 def per_example_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -96,10 +127,10 @@ class GradientEngine:
         else:
             sums, stats = self.clipped_sum(x, y)
         std = self.noise_multiplier * self.max_grad_norm
-        for p, s in zip(self.params, sums):
-            if std > 0:
-                s = s + torch.normal(0.0, std, size=p.shape, generator=self.generator, dtype=p.dtype)
-            p.grad = s / self.expected_batch_size
+        for p, total in zip(self.params, sums):
+            if std > 0:  # one Gaussian draw per coordinate per step, for the whole sum
+                total = total + torch.empty_like(p).normal_(0.0, std, generator=self.generator)
+            p.grad = total.div_(self.expected_batch_size)  # sums are fresh tensors: in place is safe
         return stats
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
@@ -204,8 +235,30 @@ class FastLinearEngine(GradientEngine):
             raise ValueError(f"trainer.engine=fast cannot run this model: {reason}")
         super().__init__(model, **kwargs)
         self.layers = list(model)
+        linears = [m for m in self.layers if isinstance(m, nn.Linear)]
+        self.closed_form = (
+            len(linears) == 1 and linears[0].out_features == 1 and isinstance(self.layers[0], nn.Linear)
+            and all(type(m).__name__ == "Squeeze" for m in self.layers[1:])
+        )
+
+    @torch.no_grad()
+    def _logistic_clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
+        """Logistic regression in closed form: dL_i/dz_i = sigmoid(z_i) - y_i, so example i's
+        gradient is g_i (x_i, 1), of squared norm g_i^2 (||x_i||^2 + 1) (ENGINE.md)."""
+        lin = self.layers[0]
+        z = F.linear(x, lin.weight, lin.bias).squeeze(-1)
+        g = torch.sigmoid(z) - y
+        sq = g.square() * (_row_sq_norms(x) + (1.0 if lin.bias is not None else 0.0))
+        cg = g * self.clip_factors(sq)
+        grad_of = {id(lin.weight): (cg @ x).unsqueeze(0)}
+        if lin.bias is not None:
+            grad_of[id(lin.bias)] = cg.sum().reshape(1)
+        losses = per_example_loss(z, y)
+        return [grad_of[id(p)] for p in self.params], _stats(z, y, losses, self.count_clipped(sq))
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
+        if self.closed_form:
+            return self._logistic_clipped_sum(x, y)
         inputs: list[torch.Tensor] = []
         outputs: list[torch.Tensor] = []
         linears: list[nn.Linear] = []
@@ -222,8 +275,7 @@ class FastLinearEngine(GradientEngine):
         out_grads = torch.autograd.grad(losses.sum(), outputs)
         sq = torch.zeros(x.shape[0], dtype=x.dtype)
         for a, g, lin in zip(inputs, out_grads, linears):
-            g_sq = g.pow(2).sum(1)
-            sq += g_sq * (a.pow(2).sum(1) + (1.0 if lin.bias is not None else 0.0))
+            sq += _row_sq_norms(g) * (_row_sq_norms(a) + (1.0 if lin.bias is not None else 0.0))
         factors = self.clip_factors(sq)
         grad_of: dict[int, torch.Tensor] = {}
         for a, g, lin in zip(inputs, out_grads, linears):
