@@ -39,6 +39,8 @@ def run(cfg: DictConfig, *, run_dir: Path) -> float:
     from dptrain.train import final_epsilons, fit
 
     conf: Config = OmegaConf.to_object(cfg)
+    if conf.task == "release":
+        return run_release_task(conf, run_dir=run_dir)
     try:
         validate(conf)
         data = load_dataset(conf.data, seed=conf.seed)
@@ -93,6 +95,19 @@ def run(cfg: DictConfig, *, run_dir: Path) -> float:
     for line in lines:
         log.info(line)
     return float(m["test/acc"])
+
+
+def run_release_task(conf: Config, *, run_dir: Path) -> float:
+    """task=release: bad settings and bad data are refused by name before anything is written."""
+    from dptrain.data import DataError
+    from dptrain.release.cells import ReleaseError
+    from dptrain.release.run import run_release
+
+    try:
+        validate(conf)
+        return run_release(conf, run_dir)
+    except (ConfigError, DataError, ReleaseError) as err:
+        _fail(err)
 
 
 @hydra.main(version_base="1.3", config_path="pkg://dptrain.conf", config_name="config")

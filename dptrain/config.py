@@ -65,6 +65,9 @@ class DataConfig:
     # synthetic generator only
     n_rows: int = 20000
     n_features: int = 10
+    # atlas (simulated Opportunity-Atlas-like cells, MOS.md section 7) only
+    generator: str = "atlas"  # atlas (skewed sizes, covariate, states) | figure2 (the paper's design)
+    n_cells: int = 2000
 
 
 @dataclass
@@ -102,6 +105,41 @@ class TrainerConfig:
 
 
 @dataclass
+class DomainConfig:
+    """The PUBLIC domain of (x, y); rows are clipped into it (release.clip) or refused."""
+
+    x_lo: float = 0.0
+    x_hi: float = 1.0
+    y_lo: float = 0.0
+    y_hi: float = 1.0
+
+
+@dataclass
+class ReleaseConfig:
+    """Small-cell regression releases (MOS.md). ``epsilon`` is PER STATISTIC (theta, SE, N each
+    get it; a cell costs 3 epsilon; disjoint cells compose in parallel)."""
+
+    x: str = "x"
+    y: str = "y"
+    cells: list[str] = field(default_factory=lambda: ["cell"])
+    statistic: str = "p25"  # p25 | p75 | slope
+    neighbors: str = "add_remove"  # add | add_remove
+    noise: str = "laplace"  # laplace | normal
+    method: str = "mos"  # what release.csv holds: mos | suppression | ss_laplace | noisy_stats | ...
+    epsilon: float = 1.0
+    min_n: int = 3  # cells with N < min_n are not released and do not enter chi (N is private!)
+    chi_by: list[str] = field(default_factory=list)  # [] = one chi over all cells
+    domain: DomainConfig = field(default_factory=DomainConfig)
+    clip: bool = True
+    seed: Optional[int] = None  # None: noise seeded from the OS CSPRNG; an int: reproducible
+    compare: bool = True  # run every baseline on the same cells -> comparison.csv/.md
+    suppression_k: list[int] = field(default_factory=lambda: [5, 10, 20])
+    delta: float = 1e-6  # for the (epsilon, delta) baselines (DP-GD, DP-SGD)
+    tail_epsilons: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0, 8.0])
+    figures: bool = True
+
+
+@dataclass
 class LoggerConfig:
     tensorboard: bool = True
 
@@ -116,6 +154,7 @@ class Config:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    release: ReleaseConfig = field(default_factory=ReleaseConfig)
 
 
 def sigma_unless_target(sigma: float | None, target_epsilon: float | None) -> float | None:
@@ -134,8 +173,14 @@ def register_configs() -> None:
 
 
 _ENUMS = {
-    "task": ("train",),
-    "data.name": ("adult", "table", "synthetic"),
+    "task": ("train", "release"),
+    "data.name": ("adult", "table", "synthetic", "atlas"),
+    "data.generator": ("atlas", "figure2"),
+    "release.statistic": ("p25", "p75", "slope"),
+    "release.neighbors": ("add", "add_remove"),
+    "release.noise": ("laplace", "normal"),
+    "release.method": ("mos", "suppression_5", "suppression_10", "suppression_20", "ss_laplace",
+                       "noisy_stats", "theil_sen", "theil_sen_wide", "dp_gd", "dp_sgd"),
     "data.format": ("auto", "csv", "parquet", "dta"),
     "data.nonfinite": ("error", "drop"),
     "privacy.accountant": ("rdp", "pld"),
@@ -156,7 +201,12 @@ def validate(cfg: Config) -> None:
             obj = getattr(obj, part)
         if obj not in allowed:
             raise _bad(setting, obj, f"must be one of {', '.join(allowed)}")
+    if cfg.task == "release":
+        validate_release(cfg)
+        return
     p, t, d = cfg.privacy, cfg.trainer, cfg.data
+    if d.name == "atlas":
+        raise _bad("data", d.name, "simulated Atlas cells are for task=release (experiment=mos_atlas)")
     if p.enabled:
         has_sigma = p.noise_multiplier is not None
         has_target = p.target_epsilon is not None
@@ -203,6 +253,32 @@ def validate(cfg: Config) -> None:
             raise _bad(f"data.categorical.{col}", list(cats), "a category list must not be empty")
     if not d.numeric and not d.categorical and d.name != "synthetic":
         raise _bad("data.numeric/data.categorical", "{}", "declare at least one feature column")
+
+
+def validate_release(cfg: Config) -> None:
+    """Value checks of a release run (task=release), before any row is read."""
+    r, d = cfg.release, cfg.data
+    _finite_positive("release.epsilon", r.epsilon)
+    if not (0 < r.delta < 1):
+        raise _bad("release.delta", r.delta, "must be in (0, 1)")
+    if not r.cells:
+        raise _bad("release.cells", list(r.cells), "name at least one cell column")
+    dom = r.domain
+    for lo, hi, name in ((dom.x_lo, dom.x_hi, "x"), (dom.y_lo, dom.y_hi, "y")):
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise _bad(f"release.domain.{name}", f"[{lo}, {hi}]", "bounds must be finite with lo < hi")
+    if r.min_n < 3:
+        raise _bad("release.min_n", r.min_n, "must be >= 3 (OLS and its SE need at least 3 rows)")
+    if any(k <= 0 for k in r.suppression_k):
+        raise _bad("release.suppression_k", list(r.suppression_k), "thresholds must be integers > 0")
+    for e in r.tail_epsilons:
+        _finite_positive("release.tail_epsilons", e)
+    if d.name not in ("table", "atlas"):
+        raise _bad("data", d.name, "a release reads data=table (your microdata) or data=atlas (simulated)")
+    if d.name == "table" and not d.path:
+        raise _bad("data.path", d.path, "data=table needs the path of a CSV, Parquet or .dta file")
+    if d.name == "atlas" and d.n_cells < 2:
+        raise _bad("data.n_cells", d.n_cells, "must be >= 2")
 
 
 def default_delta(n: int) -> float:

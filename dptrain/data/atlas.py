@@ -177,7 +177,7 @@ def simulate_atlas(
     max_size) with w_g = size_z_corr z_g + sqrt(1 - size_z_corr^2) N(0, 1) (lognormal: with the
     defaults about 44% of cells have N < 20 and about 5% N <= 2); state_g uniform on
     0..n_states-1; latent line a_g + b_g x with a_g = intercept + z_effect z_g + cell_sd N(0, 1)
-    and b_g ~ U(0.1, 0.5); x ~ U(st_g, st_g + pr_g), pr_g ~ U(0.15, 0.75), st_g ~ U(0, 1 - pr_g).
+    and b_g ~ U(0.1, 0.5); x ~ U(st_g, st_g + pr_g), pr_g ~ U(0.3, 0.75), st_g ~ U(0, 1 - pr_g).
     Per row: y = clip(a_g + b_g x + noise_sd N(0, 1), 0, 1); y_rare ~ Bernoulli(p_g),
     p_g = expit(logit(rare_rate) + rare_z_effect z_g).
 
@@ -201,7 +201,7 @@ def simulate_atlas(
     state = rng.integers(0, n_states, n_cells)
     a_lat = intercept + z_effect * z + cell_sd * rng.standard_normal(n_cells)
     b_lat = rng.uniform(0.1, 0.5, n_cells)
-    pr = rng.uniform(0.15, 0.75, n_cells)
+    pr = rng.uniform(0.3, 0.75, n_cells)  # x spread within a cell, about as in the Figure-2 design
     st = (1.0 - pr) * rng.random(n_cells)
     p_rare = expit(logit(rare_rate) + rare_z_effect * z)
     codes = np.repeat(np.arange(n_cells), n)
@@ -253,7 +253,7 @@ def simulate_rows_fast(
     short = n_rows - int(sizes.sum())  # 0 <= short < n_cells
     sizes[rng.choice(n_cells, size=short, replace=False)] += 1
     codes = np.repeat(np.arange(n_cells, dtype=np.int32), sizes)
-    pr = rng.uniform(0.15, 0.75, n_cells)
+    pr = rng.uniform(0.3, 0.75, n_cells)  # x spread within a cell, about as in the Figure-2 design
     st = (1.0 - pr) * rng.random(n_cells)
     a, b = rng.uniform(0.1, 0.5, n_cells), rng.uniform(0.0, 0.5, n_cells)
     x = np.empty(n_rows, dtype=np.float64)

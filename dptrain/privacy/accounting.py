@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import numbers
 from typing import Any, Callable
@@ -23,6 +24,17 @@ from dp_accounting import rdp as _rdp
 
 __all__ = ["ACCOUNTANTS", "RDP_ORDERS", "AccountingError", "PrivacyAccountant",
            "calibrate_noise_multiplier", "compute_epsilon", "pld_epsilon", "rdp_epsilon"]
+
+class _DropExcludedOrderWarnings(logging.Filter):
+    """dp-accounting logs one warning per fractional order whose series does not converge (large q,
+    small sigma) and then leaves that order out, which keeps epsilon a valid upper bound. Those
+    lines say nothing a user can act on, so they are dropped; all other absl records pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "_compute_log_a_frac failed to converge" not in record.getMessage()
+
+
+logging.getLogger("absl").addFilter(_DropExcludedOrderWarnings())
 
 #: RDP orders: dp-accounting's defaults (1.1..10.9 by 0.1, 11..63, 128, 256, 512, 1024), so our
 #: RDP epsilon equals that of a default ``RdpAccountant``. Capping at 63 (Opacus' default)

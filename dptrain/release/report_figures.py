@@ -1,0 +1,55 @@
+"""The figures of a release run (PNG files in the run folder), from its computed pieces."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from dptrain.release import figures
+from dptrain.release.cells import Cells
+from dptrain.release.evaluate import evaluate_release
+
+log = logging.getLogger(__name__)
+
+
+def example_cell(cells: Cells, ls: np.ndarray) -> int:
+    """A small cell with a finite LS (size closest to 15) for the Figure-1 style plot."""
+    ok = np.flatnonzero(np.isfinite(ls) & (cells.n >= 5))
+    if ok.size == 0:
+        ok = np.flatnonzero(np.isfinite(ls))
+    return int(ok[np.argmin(np.abs(cells.n[ok] - 15))]) if ok.size else 0
+
+
+def write_figures(
+    run_dir: Path, *, df: pd.DataFrame, cells: Cells, conf: Any, sens: Any, mos: Any,
+    results: dict[str, pd.DataFrame], common: dict, tail_fn: Callable[[float], dict[str, float]],
+) -> list[Path]:
+    """fig1_local_sensitivity.png, fig2_ls_vs_n.png, error_vs_n.png, downstream_slopes.png
+    (when a cell covariate is known), tail_vs_epsilon.png."""
+    r = conf.release
+    out = []
+    g = example_cell(cells, sens.ls)
+    rows = cells.codes == g
+    out.append(figures.plot_local_sensitivity_cell(cells.x[rows], cells.y[rows], statistic=r.statistic,
+                                                   domain=cells.domain, path=run_dir / "fig1_local_sensitivity.png"))
+    chi_max = float(np.nanmax(mos.chi_table["chi"].to_numpy())) if len(mos.chi_table) else float("nan")
+    out.append(figures.plot_ls_vs_n(cells.n, sens.ls, chi_max, path=run_dir / "fig2_ls_vs_n.png"))
+    ref = common["truth"] if common["truth"] is not None else common["ols_theta"]
+    errors = {name: (cells.n, frame["theta_released"].to_numpy() - ref) for name, frame in results.items()}
+    out.append(figures.plot_error_vs_n(errors, path=run_dir / "error_vs_n.png"))
+    if common["covariate"] is not None:
+        slopes, truth_slope = {}, float("nan")
+        for name, frame in results.items():
+            row = evaluate_release(released=frame, **common).query("band == 'all'").iloc[0]
+            slopes[name], truth_slope = float(row["slope_released"]), float(row["slope_truth"])
+        out.append(figures.plot_downstream_slopes(slopes, truth_slope, path=run_dir / "downstream_slopes.png"))
+    eps = list(r.tail_epsilons)
+    per_eps = [tail_fn(e) for e in eps]
+    shares = {name: [d[name] for d in per_eps] for name in per_eps[0]} if per_eps else {}
+    out.append(figures.plot_tail_vs_epsilon(eps, shares, path=run_dir / "tail_vs_epsilon.png"))
+    log.info("figures: %s", ", ".join(p.name for p in out))
+    return out
