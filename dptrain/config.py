@@ -122,7 +122,8 @@ class ReleaseConfig:
     x: str = "x"
     y: str = "y"
     cells: list[str] = field(default_factory=lambda: ["cell"])
-    statistic: str = "p25"  # p25 | p75 | slope
+    statistic: str = "p25"  # p25 | p75 | slope | custom (release.stat_fn, brute-force refits)
+    stat_fn: Optional[str] = None  # "package.module:function" f(x, y) -> float, for statistic=custom
     neighbors: str = "add_remove"  # add | add_remove
     noise: str = "laplace"  # laplace | normal
     method: str = "mos"  # what release.csv holds: mos | suppression | ss_laplace | noisy_stats | ...
@@ -176,7 +177,7 @@ _ENUMS = {
     "task": ("train", "release"),
     "data.name": ("adult", "table", "synthetic", "atlas"),
     "data.generator": ("atlas", "figure2"),
-    "release.statistic": ("p25", "p75", "slope"),
+    "release.statistic": ("p25", "p75", "slope", "custom"),
     "release.neighbors": ("add", "add_remove"),
     "release.noise": ("laplace", "normal"),
     "release.method": ("mos", "suppression_5", "suppression_10", "suppression_20", "ss_laplace",
@@ -267,6 +268,8 @@ def validate_release(cfg: Config) -> None:
     for lo, hi, name in ((dom.x_lo, dom.x_hi, "x"), (dom.y_lo, dom.y_hi, "y")):
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise _bad(f"release.domain.{name}", f"[{lo}, {hi}]", "bounds must be finite with lo < hi")
+    if (r.statistic == "custom") != bool(r.stat_fn):
+        raise _bad("release.stat_fn", r.stat_fn, "set it (module:function) exactly when release.statistic=custom")
     if r.min_n < 3:
         raise _bad("release.min_n", r.min_n, "must be >= 3 (OLS and its SE need at least 3 rows)")
     if any(k <= 0 for k in r.suppression_k):

@@ -120,3 +120,18 @@ def test_bad_tables_refused(tmp_path, capsys):
         err = capsys.readouterr().err
         assert needle in err, (name, err)
         assert not (tmp_path / name / "release.csv").exists()
+
+
+def test_custom_statistic_through_the_cli(tmp_path, monkeypatch):
+    (tmp_path / "userstats.py").write_text(
+        "import numpy as np\n\ndef mean_y(x, y):\n    return float(np.mean(y))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _run(["experiment=mos_atlas", "data.n_cells=30", "release.statistic=custom",
+          "release.stat_fn=userstats:mean_y"], tmp_path / "out")
+    rel = pd.read_csv(tmp_path / "out" / "release.csv")
+    meta = json.loads((tmp_path / "out" / "release.json").read_text())
+    assert "NOT differentially private" in meta["privacy"] and meta["stat_fn"] == "userstats:mean_y"
+    # the mean of y in [0, 1] moves by at most 1/(n+1) (add) or 1/(n-1) (remove): N LS <= n/(n-1) <= 1.5
+    assert rel.chi.dropna().max() <= 1.5 + 1e-9
+    with pytest.raises(SystemExit):
+        _run(["experiment=mos_atlas", "data.n_cells=30", "release.statistic=custom"], tmp_path / "bad")

@@ -131,6 +131,8 @@ def run_release(conf: Config, run_dir: Path) -> float:
     domain = Domain(r.domain.x_lo, r.domain.x_hi, r.domain.y_lo, r.domain.y_hi)
     cells = group_cells(df, x=r.x, y=r.y, cells=list(r.cells), domain=domain, clip=r.clip)
     groups = chi_groups(df, cells, list(r.chi_by))
+    if r.statistic == "custom":
+        return run_custom(cells, conf, run_dir, source)
     log.info("release: %d rows in %d cells; statistic=%s, neighbors=%s, epsilon=%g per statistic",
              len(df), cells.n_cells, r.statistic, r.neighbors, r.epsilon)
     fit = ols(cells)
@@ -173,6 +175,40 @@ def run_release(conf: Config, run_dir: Path) -> float:
     log.info("MOS: %d of %d cells released; RMSE %.4g; %s", int(mos.frame["released"].sum()), cells.n_cells,
              rmse, NOT_DP)
     return rmse
+
+
+def load_stat_fn(spec: str) -> Callable:
+    """Import ``package.module:function``."""
+    import importlib
+
+    module, _, name = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ReleaseError(f"release.stat_fn={spec!r} cannot be imported ({err}); allowed: "
+                           "'package.module:function' importable from the working directory") from None
+
+
+def run_custom(cells: Cells, conf: Config, run_dir: Path, source: str) -> float:
+    """MOS for a user statistic by brute-force refits (no closed form, so no baselines)."""
+    from dptrain.release.api import release_custom
+
+    r = conf.release
+    if r.chi_by:
+        raise ReleaseError("release.chi_by is not supported with release.statistic=custom; allowed: []")
+    rel = release_custom(cells, load_stat_fn(r.stat_fn), epsilon=r.epsilon, neighbors=r.neighbors, seed=r.seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "release.csv", rel.to_frame().to_csv(index=False))
+    frame = rel.frame
+    write_json(run_dir / "release.json", {
+        **{k: v for k, v in rel.info.items()}, "stat_fn": r.stat_fn, "data": source, "epsilon": rel.epsilon,
+        "cells": int(len(frame)), "cells_released": int(frame["released"].sum()),
+        "cells_not_released": {str(k): int(v) for k, v in frame.loc[~frame.released, "reason"].value_counts().items()},
+        "note": "custom statistic: theta and N released (no SE); no baseline comparison (baselines need OLS)",
+    })
+    log.info("MOS (custom statistic %s): %d of %d cells released; %s", r.stat_fn, int(frame.released.sum()),
+             cells.n_cells, NOT_DP)
+    return float("nan")
 
 
 def tail_shares(cells, conf, groups, sens, se_sens, runs, epsilon: float, common) -> dict[str, float]:

@@ -1,0 +1,147 @@
+"""Python API of the release side: fit per-cell estimates -> local sensitivity -> release.
+
+    >>> est = fit_cells(df, x="parent_rank", y="kid_rank", cells=["county", "sex"])
+    >>> rel = est.release(statistic="p25", epsilon=1.0, seed=0)      # MOS
+    >>> rel.to_frame()                                                 # one row per cell
+    >>> est.release_custom(my_statistic, epsilon=1.0)                  # any f(x, y) -> float
+
+Results are frozen objects with read-only properties and ``to_frame()``. ``CellEstimates``
+holds PRIVATE per-cell estimates (for analysis and evaluation inside the secure environment);
+only a ``Release`` is meant for publication. MOS is NOT differentially private: chi is computed
+from the private data; the guarantee is only epsilon-DP conditional on chi.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from dptrain.release.cells import Cells, Domain, ReleaseError, group_cells, ols, standard_error, statistic
+from dptrain.release.mos import NOT_DP, MOSRelease, chi, release_mos
+from dptrain.release.noise import add_noise, calibrate, make_rng
+from dptrain.release.sensitivity import Sensitivity, brute_force_cells, local_sensitivity
+
+
+@dataclass(frozen=True)
+class Release:
+    """A published release: ``frame`` (one row per cell, released values only), ``epsilon``
+    (per statistic and per cell), ``info`` (method, neighbours, chi, randomness, privacy)."""
+
+    frame: pd.DataFrame
+    epsilon: dict
+    info: dict
+
+    @property
+    def released(self) -> pd.Series:
+        return self.frame["released"]
+
+    @property
+    def privacy(self) -> str:
+        return str(self.info.get("privacy", ""))
+
+    def to_frame(self) -> pd.DataFrame:
+        return self.frame.copy()
+
+    @classmethod
+    def from_mos(cls, mos: MOSRelease) -> Release:
+        return cls(frame=mos.to_frame(), epsilon=dict(mos.epsilon),
+                   info={**mos.info, "chi": mos.chi_table.to_dict(orient="records")})
+
+
+@dataclass(frozen=True)
+class CellEstimates:
+    """Per-cell OLS fits of y on x (PRIVATE). Build with :func:`fit_cells`."""
+
+    cells: Cells
+
+    @property
+    def n(self) -> np.ndarray:
+        return self.cells.n.copy()
+
+    @property
+    def keys(self) -> pd.DataFrame:
+        return self.cells.keys.copy()
+
+    def theta(self, stat: str = "p25") -> np.ndarray:
+        return statistic(ols(self.cells), stat, self.cells.domain)
+
+    def se(self, stat: str = "p25") -> np.ndarray:
+        return standard_error(ols(self.cells), stat, self.cells.domain)
+
+    def local_sensitivity(self, *, statistic: str = "p25", neighbors: str = "add_remove") -> Sensitivity:
+        return local_sensitivity(self.cells, statistic=statistic, neighbors=neighbors)
+
+    def to_frame(self, stat: str = "p25") -> pd.DataFrame:
+        """Cell keys, N, theta, SE (PRIVATE: not for publication)."""
+        out = self.keys
+        out["n"], out["theta"], out["se"] = self.cells.n, self.theta(stat), self.se(stat)
+        return out
+
+    def release(self, *, statistic: str = "p25", epsilon: float | dict = 1.0, neighbors: str = "add_remove",
+                noise: str = "laplace", chi_groups: np.ndarray | None = None, seed: int | None = None) -> Release:
+        """MOS release of theta, its SE and N (MOS.md sections 3-4)."""
+        return Release.from_mos(release_mos(self.cells, statistic=statistic, epsilon=epsilon, neighbors=neighbors,
+                                            noise=noise, chi_groups=chi_groups, seed=seed))
+
+    def release_custom(self, stat_fn: Callable[[np.ndarray, np.ndarray], float], *, epsilon: float = 1.0,
+                       neighbors: str = "add_remove", seed: int | None = None, grid: int = 41) -> Release:
+        """MOS for ANY statistic of a cell's rows (e.g. a per-cell logit coefficient): LS by
+        brute-force refits (remove each row; add a point on a grid x grid over the domain plus
+        its corners), chi = max N LS, theta + discrete Laplace(chi / (epsilon N)),
+        N + discrete Laplace(1 / epsilon). The SE is not released. Cost: one refit per row and
+        grid point per cell (small data only); the grid makes the add-side sup a lower bound
+        of the true sup, which the release states."""
+        return release_custom(self.cells, stat_fn, epsilon=epsilon, neighbors=neighbors, seed=seed, grid=grid)
+
+
+def fit_cells(df: pd.DataFrame, *, x: str, y: str, cells: list[str], domain: Domain | None = None,
+              clip: bool = True) -> CellEstimates:
+    """Group rows into cells and fit OLS per cell (grouped sums; no loop over cells)."""
+    return CellEstimates(group_cells(df, x=x, y=y, cells=list(cells), domain=domain or Domain(), clip=clip))
+
+
+def release_custom(cells: Cells, stat_fn: Callable[[np.ndarray, np.ndarray], float], *, epsilon: float,
+                   neighbors: str = "add_remove", seed: int | None = None, grid: int = 41) -> Release:
+    """See :meth:`CellEstimates.release_custom`."""
+    if not (isinstance(epsilon, (int, float)) and np.isfinite(epsilon) and epsilon > 0):
+        raise ReleaseError(f"release.epsilon={epsilon!r} is not allowed: must be a finite number > 0")
+    order = np.argsort(cells.codes, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(cells.codes, minlength=cells.n_cells))])
+    with warnings.catch_warnings():  # a user statistic may warn on degenerate neighbours
+        warnings.simplefilter("ignore")
+        theta = np.array([_safe_call(stat_fn, cells.x[order[a:b]], cells.y[order[a:b]])
+                          for a, b in zip(bounds[:-1], bounds[1:])])
+        ls = brute_force_cells(cells, stat_fn=stat_fn, neighbors=neighbors, grid=grid)
+    ok = np.isfinite(ls) & np.isfinite(theta) & (cells.n >= 3)
+    chi_v = chi(np.where(ok, ls, np.inf), cells.n)
+    rng, rng_desc = make_rng(seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale, step = calibrate(np.where(ok, chi_v / cells.n, np.inf), epsilon)
+    theta_rel = np.where(ok, add_noise(np.where(ok, theta, 0.0), scale, kind="laplace", rng=rng, step=step), np.nan)
+    n_scale, n_step = calibrate(np.ones(cells.n_cells), epsilon)
+    n_rel = np.where(ok, add_noise(cells.n, n_scale, kind="laplace", rng=rng, step=np.ones(cells.n_cells)), np.nan)
+    frame = cells.keys.reset_index(drop=True).copy()
+    frame["released"] = ok
+    frame["reason"] = np.where(ok, "", np.where(cells.n < 3, "n < 3", "statistic undefined for a neighbour"))
+    frame["theta_released"] = theta_rel
+    frame["n_released"] = n_rel
+    frame["noise_sd"] = np.where(ok, np.sqrt(2) * scale, np.nan)
+    frame["chi"] = np.where(ok, chi_v, np.nan)
+    info = {"method": "mos", "statistic": getattr(stat_fn, "__name__", "custom"), "neighbors": neighbors,
+            "noise": "laplace", "rng": rng_desc, "privacy": NOT_DP,
+            "sensitivity": f"brute-force refits on a {grid} x {grid} grid of added points plus every removal: "
+            "the add-side supremum is a grid maximum (a lower bound of the exact supremum)"}
+    return Release(frame=frame, epsilon={"theta": epsilon, "n": epsilon, "total_per_cell": 2 * epsilon,
+                                         "total": 2 * epsilon}, info=info)
+
+
+def _safe_call(fn: Callable[[np.ndarray, np.ndarray], float], x: np.ndarray, y: np.ndarray) -> float:
+    try:
+        v = float(fn(x, y))
+    except Exception:  # noqa: BLE001 - a user statistic that fails on a cell leaves it unreleased
+        return float("nan")
+    return v
