@@ -33,10 +33,11 @@ class TrainResult:
     accountant: PrivacyAccountant = field(default_factory=PrivacyAccountant)
 
 
-def _generators(seed: int) -> tuple[torch.Generator, torch.Generator]:
-    """Independent streams for Poisson sampling and for noise, derived from the run seed."""
-    s_sample, s_noise = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint64)
-    return (torch.Generator().manual_seed(int(s_sample)), torch.Generator().manual_seed(int(s_noise)))
+def _generators(seed: int) -> tuple[np.random.Generator, torch.Generator]:
+    """Independent streams for Poisson sampling (numpy) and for noise (torch), from the run seed."""
+    sample_seq, noise_seq = np.random.SeedSequence(seed).spawn(2)
+    noise_seed = int(noise_seq.generate_state(1, dtype=np.uint64)[0])
+    return np.random.default_rng(sample_seq), torch.Generator().manual_seed(noise_seed)
 
 
 @torch.no_grad()
@@ -101,14 +102,16 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker) -> TrainR
         noise_multiplier=sigma, expected_batch_size=batch, generator=noise_gen,
     )
     log.info("engine=%s, N=%d, B=%d, q=%.6g, steps=%d, sigma=%g", engine.name, n, batch, q, steps, sigma)
-    sampler = PoissonSampler(num_rows=n, sample_rate=q, generator=sample_gen)
+    sampler = PoissonSampler(num_rows=n, sample_rate=q, rng=sample_gen)
     accountant = PrivacyAccountant()
 
-    window = {"loss": 0.0, "correct": 0, "n": 0, "clipped": 0, "steps": 0}
+    sizes, window = 0, 0  # realised batch sizes since the last log line (a non-private diagnostic)
     train_seconds = 0.0
     loop_start = time.perf_counter()
     bar = tqdm(total=steps, disable=not t.progress, desc="dp-sgd" if private else "sgd", dynamic_ncols=True)
     for step in range(1, steps + 1):
+        log_now = step % t.log_every == 0 or step == steps
+        engine.collect_stats = log_now  # diagnostics only on logged steps: off the hot path
         t0 = time.perf_counter()
         idx = sampler.sample()
         stats = engine(data.x_train.index_select(0, idx), data.y_train.index_select(0, idx))
@@ -116,29 +119,24 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker) -> TrainR
         train_seconds += time.perf_counter() - t0
         if private:
             accountant.step(noise_multiplier=sigma, sample_rate=q)
-        window["loss"] += stats.loss_sum
-        window["correct"] += stats.correct
-        window["n"] += stats.batch_size
-        window["clipped"] += stats.clipped
-        window["steps"] += 1
-        if step % t.log_every == 0 or step == steps:
-            seen = max(window["n"], 1)
-            diag = {
-                "diagnostics_nonprivate/train_loss": window["loss"] / seen,
-                "diagnostics_nonprivate/train_acc": window["correct"] / seen,
-                "diagnostics_nonprivate/batch_size": window["n"] / window["steps"],
+        sizes, window = sizes + stats.batch_size, window + 1
+        if log_now:
+            seen = max(stats.batch_size, 1)
+            diag = {  # the logged step's own batch (non-private: computed on training rows)
+                "diagnostics_nonprivate/train_loss": stats.loss_sum / seen,
+                "diagnostics_nonprivate/train_acc": stats.correct / seen,
+                "diagnostics_nonprivate/batch_size": sizes / window,
             }
             if private:
-                diag["diagnostics_nonprivate/clip_fraction"] = window["clipped"] / seen
-                eps = accountant.get_epsilon(delta=delta, accountant="rdp")
-                diag["privacy/epsilon"] = eps
+                diag["diagnostics_nonprivate/clip_fraction"] = stats.clipped / seen
+                diag["privacy/epsilon"] = accountant.get_epsilon(delta=delta, accountant="rdp")
             tracker.scalars(diag, step=step)
             postfix = {"loss": f"{diag['diagnostics_nonprivate/train_loss']:.4f}",
                        "acc": f"{diag['diagnostics_nonprivate/train_acc']:.3f}"}
             if private:
                 postfix["eps"] = f"{diag['privacy/epsilon']:.3f}"
             bar.set_postfix(postfix, refresh=False)
-            window = {k: 0 for k in window}
+            sizes, window = 0, 0
         if step % t.eval_every == 0 and step != steps:
             tracker.scalars({f"test/{k}": v for k, v in evaluate(model, data.x_test, data.y_test).items()}, step=step)
         bar.update(1)

@@ -27,6 +27,7 @@ import logging
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -40,43 +41,31 @@ class PoissonSampler:
     """Poisson subsampling over in-memory rows: each of the N rows joins a batch independently
     with probability q. Batches vary in size and may be empty (a noise-only step).
 
-    Two exact implementations of the same distribution: for q > 0.1 a Bernoulli mask over all
-    rows (O(N)); otherwise the batch size k ~ Binomial(N, q), then a uniform k-subset drawn by
-    rejecting repeated indices (O(k) per step with an N-sized scratch array, so a step does not
-    cost O(N) when N is in the millions). Given its size, a Poisson batch is a uniform subset,
-    so both are the same law. The indices come in random order (sparse) or ascending (dense).
+    Two exact implementations of the same law: for q > 0.1 a Bernoulli mask over all rows
+    (O(N)); otherwise the batch size k ~ Binomial(N, q), then a uniform k-subset without
+    replacement (numpy's ``Generator.choice``, O(k), so a step does not cost O(N) when N is in
+    the millions). Given its size a Poisson batch is a uniform subset, so both are the same law.
+    Drawn with numpy (single-threaded: no OpenMP wake-ups on tiny steps); indices are returned
+    sorted ascending as an int64 tensor.
     """
 
     DENSE_ABOVE = 0.1
 
-    def __init__(self, *, num_rows: int, sample_rate: float, generator: torch.Generator) -> None:
+    def __init__(self, *, num_rows: int, sample_rate: float, rng: np.random.Generator) -> None:
         if not 0.0 <= sample_rate <= 1.0:
             raise ValueError(f"sample_rate={sample_rate!r} is not allowed: must be in [0, 1]")
         self.num_rows = int(num_rows)
         self.sample_rate = float(sample_rate)
-        self.generator = generator
-        self._n = torch.tensor(float(self.num_rows), dtype=torch.float64)
-        self._q = torch.tensor(self.sample_rate, dtype=torch.float64)
+        self.rng = rng
 
     def sample(self) -> torch.Tensor:
         """Indices (int64, sorted ascending, distinct) of one Poisson batch."""
-        n, g = self.num_rows, self.generator
+        n, rng = self.num_rows, self.rng
         if self.sample_rate > self.DENSE_ABOVE:
-            return (torch.rand(n, generator=g) < self.sample_rate).nonzero().squeeze(1)
-        k = int(torch.binomial(self._n, self._q, generator=g))
-        idx = self._distinct(torch.randint(n, (k,), generator=g))
-        while idx.numel() < k:  # top up: redraw for the repeats (about k^2 / 2N of them)
-            extra = torch.randint(n, (k - idx.numel(),), generator=g)
-            idx = self._distinct(torch.cat([idx, extra]))
-        return idx
-
-    def _distinct(self, idx: torch.Tensor) -> torch.Tensor:
-        """Drop repeated values, keeping one occurrence of each (order otherwise kept)."""
-        if not hasattr(self, "_scratch"):
-            self._scratch = torch.empty(self.num_rows, dtype=torch.int64)
-        pos = torch.arange(idx.numel())
-        self._scratch[idx] = pos  # for a repeated value, one write wins
-        return idx[self._scratch[idx] == pos]
+            idx = np.flatnonzero(rng.random(n) < self.sample_rate)
+        else:
+            idx = np.sort(rng.choice(n, size=rng.binomial(n, self.sample_rate), replace=False))
+        return torch.from_numpy(idx.astype(np.int64, copy=False))
 
 
 @dataclass(frozen=True)
@@ -119,6 +108,10 @@ class GradientEngine:
         self.expected_batch_size = float(expected_batch_size)
         self.generator = generator
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self._sizes = [p.numel() for p in self.params]
+        #: compute the non-private diagnostics (loss, accuracy, clipped count) of each step;
+        #: the training loop switches it on only for the steps it logs.
+        self.collect_stats = True
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> StepStats:
         if x.shape[0] == 0:
@@ -126,12 +119,31 @@ class GradientEngine:
             stats = StepStats(0, 0.0, 0, 0)
         else:
             sums, stats = self.clipped_sum(x, y)
-        std = self.noise_multiplier * self.max_grad_norm
-        for p, total in zip(self.params, sums):
-            if std > 0:  # one Gaussian draw per coordinate per step, for the whole sum
-                total = total + torch.empty_like(p).normal_(0.0, std, generator=self.generator)
-            p.grad = total.div_(self.expected_batch_size)  # sums are fresh tensors: in place is safe
+        inv_b = 1.0 / self.expected_batch_size
+        std = self.noise_multiplier * self.max_grad_norm * inv_b
+        # one Gaussian draw per coordinate per step, for the whole sum: N(0, sigma^2 C^2) / B
+        noise = (torch.empty(sum(self._sizes), dtype=sums[0].dtype).normal_(0.0, std, generator=self.generator)
+                 if std > 0 else None)
+        chunks = noise.split(self._sizes) if noise is not None else [None] * len(sums)
+        for p, total, z in zip(self.params, sums, chunks):
+            total.mul_(inv_b)  # sums are fresh tensors: in place is safe
+            if z is not None:
+                total.add_(z.view_as(total))
+            p.grad = total
         return stats
+
+    def step_stats(self, logits: torch.Tensor, y: torch.Tensor, losses: torch.Tensor | None = None,
+                   sq_norms: torch.Tensor | None = None) -> StepStats:
+        """Diagnostics of a step (computed on private rows: NOT covered by the guarantee), or
+        only the realised batch size when ``collect_stats`` is off."""
+        n = int(y.shape[0])
+        if not self.collect_stats:
+            return StepStats(n, float("nan"), 0, 0)
+        with torch.no_grad():
+            losses = per_example_loss(logits, y) if losses is None else losses
+            correct = int(((logits > 0).to(y.dtype) == y).sum())
+            clipped = 0 if sq_norms is None else self.count_clipped(sq_norms)
+            return StepStats(n, float(losses.sum()), correct, clipped)
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
         """Sum over the batch of per-example gradients clipped to C, one tensor per parameter."""
@@ -144,11 +156,6 @@ class GradientEngine:
     def count_clipped(self, sq_norms: torch.Tensor) -> int:
         """Examples whose gradient norm exceeds C (a non-private diagnostic)."""
         return int((sq_norms > self.max_grad_norm**2).sum())
-
-
-def _stats(logits: torch.Tensor, y: torch.Tensor, losses: torch.Tensor, clipped: int = 0) -> StepStats:
-    correct = int(((logits > 0).to(y.dtype) == y).sum())
-    return StepStats(int(y.shape[0]), float(losses.sum()), correct, clipped)
 
 
 class NonPrivateEngine(GradientEngine):
@@ -166,7 +173,7 @@ class NonPrivateEngine(GradientEngine):
         logits = self.model(x)
         losses = per_example_loss(logits, y)
         grads = torch.autograd.grad(losses.sum(), self.params)
-        return list(grads), _stats(logits.detach(), y, losses.detach())
+        return list(grads), self.step_stats(logits.detach(), y, losses.detach())
 
 
 class OpacusEngine(GradientEngine):
@@ -193,7 +200,7 @@ class OpacusEngine(GradientEngine):
         for p in self.params:
             p.grad_sample = None
             p.grad = None
-        return sums, _stats(logits.detach(), y, losses.detach(), self.count_clipped(sq))
+        return sums, self.step_stats(logits.detach(), y, losses.detach(), sq)
 
 
 _ELEMENTWISE = (nn.ReLU, nn.Tanh, nn.GELU, nn.SiLU, nn.ELU, nn.LeakyReLU, nn.Sigmoid, nn.Identity)
@@ -253,8 +260,7 @@ class FastLinearEngine(GradientEngine):
         grad_of = {id(lin.weight): (cg @ x).unsqueeze(0)}
         if lin.bias is not None:
             grad_of[id(lin.bias)] = cg.sum().reshape(1)
-        losses = per_example_loss(z, y)
-        return [grad_of[id(p)] for p in self.params], _stats(z, y, losses, self.count_clipped(sq))
+        return [grad_of[id(p)] for p in self.params], self.step_stats(z, y, None, sq)
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
         if self.closed_form:
@@ -279,12 +285,12 @@ class FastLinearEngine(GradientEngine):
         factors = self.clip_factors(sq)
         grad_of: dict[int, torch.Tensor] = {}
         for a, g, lin in zip(inputs, out_grads, linears):
-            cg = g * factors[:, None]
+            cg = g.mul_(factors[:, None])  # autograd.grad returned fresh tensors: scale in place
             grad_of[id(lin.weight)] = cg.T @ a
             if lin.bias is not None:
                 grad_of[id(lin.bias)] = cg.sum(0)
         sums = [grad_of[id(p)] for p in self.params]
-        return sums, _stats(h.detach(), y, losses.detach(), self.count_clipped(sq))
+        return sums, self.step_stats(h.detach(), y, losses.detach(), sq)
 
 
 def make_engine(

@@ -472,7 +472,7 @@ def _sgd_cell(u: np.ndarray, t: np.ndarray, *, sigma: float, C: float, q: float,
         model.bias.fill_(0.5)
     engine = SquaredLossLinearEngine(model, max_grad_norm=C, noise_multiplier=sigma, expected_batch_size=B,
                                      generator=gen)
-    sampler = PoissonSampler(num_rows=u.size, sample_rate=q, generator=gen)
+    sampler = PoissonSampler(num_rows=u.size, sample_rate=q, rng=np.random.default_rng(seed))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     xs, ys = torch.from_numpy(u).reshape(-1, 1), torch.from_numpy(t)
     acc = np.zeros(2)
