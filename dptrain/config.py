@@ -135,6 +135,7 @@ class ReleaseConfig:
     seed: Optional[int] = None  # None: noise seeded from the OS CSPRNG; an int: reproducible
     compare: bool = True  # run every baseline on the same cells -> comparison.csv/.md
     suppression_k: list[int] = field(default_factory=lambda: [5, 10, 20])
+    rate_outcome: bool = False  # y is 0/1: suppression also needs N p >= k and N (1 - p) >= k
     delta: float = 1e-6  # for the (epsilon, delta) baselines (DP-GD, DP-SGD)
     tail_epsilons: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0, 8.0])
     figures: bool = True

@@ -77,7 +77,8 @@ def baseline_runs(cells: Cells, conf: Config, rng: np.random.Generator) -> dict[
     s = r.statistic
     gens = dict(zip(["ss", "ns", "ts", "tw", "gd", "sgd"], rng.spawn(6)))
     runs: dict[str, Callable[[float], tuple]] = {
-        f"suppression_{k}": (lambda e, k=k: bl.suppression(cells, statistic=s, k=k)) for k in r.suppression_k
+        f"suppression_{k}": (lambda e, k=k: bl.suppression(cells, statistic=s, k=k, rate_outcome=r.rate_outcome))
+        for k in r.suppression_k
     }
     runs.update({
         "ss_laplace": lambda e: bl.sufficient_stats_laplace(cells, statistic=s, epsilon=e, rng=gens["ss"]),
@@ -158,7 +159,7 @@ def run_release(conf: Config, run_dir: Path) -> float:
     atomic_write_text(run_dir / "release.csv", released.to_csv(index=False))
     write_json(run_dir / "release.json", release_json(mos, conf, source=source, method=r.method,
                                                       method_meta=metas.get(r.method)))
-    ref = truth[r.statistic].to_numpy() if truth is not None else None
+    ref = truth_of(truth, r.y, r.statistic)
     cov = truth["z"].to_numpy() if truth is not None and "z" in truth else None
     common = dict(ols_theta=theta, ols_se=se, n=cells.n, truth=ref, covariate=cov)
     if r.compare:
@@ -209,6 +210,16 @@ def run_custom(cells: Cells, conf: Config, run_dir: Path, source: str) -> float:
     log.info("MOS (custom statistic %s): %d of %d cells released; %s", r.stat_fn, int(frame.released.sum()),
              cells.n_cells, NOT_DP)
     return float("nan")
+
+
+def truth_of(truth: pd.DataFrame | None, y: str, stat: str) -> np.ndarray | None:
+    """The true cell parameter of a simulated release: the y line's p25/p75/slope, or, for the
+    rare binary outcome (its rate does not depend on x), p_rare (slope 0)."""
+    if truth is None:
+        return None
+    if y == "y_rare" and "p_rare" in truth:
+        return np.zeros(len(truth)) if stat == "slope" else truth["p_rare"].to_numpy()
+    return truth[stat].to_numpy()
 
 
 def tail_shares(cells, conf, groups, sens, se_sens, runs, epsilon: float, common) -> dict[str, float]:
