@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 import dptrain.cli as cli
-from dptrain.config import Config, ConfigError, validate
+from dptrain.config import Config, validate
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
