@@ -65,6 +65,11 @@ def run(cfg: DictConfig, *, run_dir: Path) -> float:
     if private:
         tracker.scalars({"privacy/epsilon_pld": epsilons["pld"]}, step=result.privacy["steps"])
     tracker.text("privacy/report", "```\n" + format_report(report) + "```")
+    tracker.hparams(run_hparams(conf, report), {
+        "hparams/test_acc": result.metrics["test/acc"], "hparams/test_loss": result.metrics["test/loss"],
+        "hparams/test_auc": result.metrics["test/auc"],
+        "hparams/epsilon": report.get("epsilon", float("nan")),
+    })
     tracker.close()
     write_json(run_dir / "metrics.json", result.metrics)
     write_json(run_dir / "privacy.json", report)
@@ -95,6 +100,27 @@ def run(cfg: DictConfig, *, run_dir: Path) -> float:
     for line in lines:
         log.info(line)
     return float(m["test/acc"])
+
+
+def run_hparams(conf: Config, report: dict) -> dict:
+    """The settings that make runs of a sweep comparable trials in TensorBoard's HParams view."""
+    model = conf.model if isinstance(conf.model, dict) else {}
+    optim = conf.optim if isinstance(conf.optim, dict) else {}
+    return {
+        "model": str(model.get("_target_", "")).rsplit(".", 1)[-1],
+        "hidden": str(list(model.get("hidden", []))),
+        "private": bool(conf.privacy.enabled),
+        "noise_multiplier": float(report.get("noise_multiplier", 0.0)),
+        "target_epsilon": conf.privacy.target_epsilon,
+        "max_grad_norm": float(conf.privacy.max_grad_norm),
+        "delta": report.get("delta"),
+        "accountant": conf.privacy.accountant,
+        "batch_size": int(conf.trainer.batch_size),
+        "epochs": float(conf.trainer.epochs),
+        "optimizer": str(optim.get("_target_", "")).rsplit(".", 1)[-1],
+        "lr": float(optim.get("lr", float("nan"))),
+        "seed": int(conf.seed),
+    }
 
 
 def run_release_task(conf: Config, *, run_dir: Path) -> float:

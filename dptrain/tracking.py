@@ -66,6 +66,21 @@ class Tracker:
             if value is not None and math.isfinite(value):
                 self.writer.add_scalar(tag, value, global_step=step)
 
+    def hparams(self, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
+        """One HParams trial for this run, in the run's own event file, so that TensorBoard's
+        HParams dashboard lists the runs of a sweep as comparable trials. ``metrics`` are
+        logged as scalars under their own tags (values the dashboard shows per trial)."""
+        if self.writer is None:
+            return
+        from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+        clean = {k: ("none" if v is None else v) for k, v in hparams.items()}
+        finite = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(v)}
+        for summary in hparams_summary(clean, finite):
+            self.writer.file_writer.add_summary(summary)
+        for tag, value in finite.items():
+            self.writer.add_scalar(tag, value)
+
     def text(self, tag: str, text: str) -> None:
         if self.writer is not None:
             self.writer.add_text(tag, text)

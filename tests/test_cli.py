@@ -235,3 +235,38 @@ def test_readme_own_data_example(tmp_path):
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert privacy["dataset_size"] == 2250 and "people.parquet" in privacy["data"]
     assert metrics["test/acc"] > metrics["baseline/majority_acc"]
+
+
+def test_hparams_trial_is_logged(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    _run_inprocess(["experiment=logit", *SMALL, "privacy.noise_multiplier=1.3", "seed=4"], tmp_path)
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    content = acc.PluginTagToContent("hparams")
+    start = [plugin_data_pb2.HParamsPluginData.FromString(v).session_start_info
+             for v in content.values() if plugin_data_pb2.HParamsPluginData.FromString(v).HasField("session_start_info")]
+    assert len(start) == 1
+    hp = start[0].hparams
+    assert hp["noise_multiplier"].number_value == 1.3 and hp["seed"].number_value == 4
+    assert hp["model"].string_value == "logit" and hp["target_epsilon"].string_value == "none"
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    privacy = json.loads((tmp_path / "privacy.json").read_text())
+    scalars = _read_scalars(tmp_path / "tb")
+    assert scalars["hparams/test_acc"][-1][1] == pytest.approx(metrics["test/acc"])
+    assert scalars["hparams/epsilon"][-1][1] == pytest.approx(privacy["epsilon"])
+
+
+def test_joblib_launched_sweep_preset(tmp_path):
+    """sweep=eps_grid with the joblib launcher: one folder per job, one thread each."""
+    res = _cli(["-m", "experiment=logit", "sweep=eps_grid", *SMALL, "trainer.epochs=0.5", "trainer.baseline=false",
+                "hydra/launcher=joblib_1thread", "privacy.target_epsilon=1,4", "seed=0",
+                f"hydra.sweep.dir={tmp_path}/sweep"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    runs = sorted(p for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    assert len(runs) == 2
+    eps = sorted(json.loads((r / "privacy.json").read_text())["epsilon"] for r in runs)
+    assert eps[0] <= 1.0 and 3.9 < eps[1] <= 4.0
+    cfg = (runs[0] / ".hydra" / "config.yaml").read_text()
+    assert "threads: 1" in cfg

@@ -1,0 +1,273 @@
+"""Summarise a DP-SGD training multirun (``python -m dptrain -m ...``) over seeds.
+
+    python scripts/summarize_sweep.py MULTIRUN_DIR [--out DIR] [--metric test/acc]
+
+Reads, in every direct sub-folder (one Hydra job) of MULTIRUN_DIR, ``metrics.json``,
+``privacy.json``, ``.hydra/config.yaml`` and ``.hydra/overrides.yaml``; a folder missing any of
+them is skipped with a warning naming it. Runs are grouped by every override that varies across
+the sweep except ``seed`` (plus the model name), and ``summary.csv``, ``summary.md`` and
+``summary.png`` are written into --out (default: MULTIRUN_DIR).
+
+Columns of summary.csv: model, the varying overrides (one column each, as written on the command
+line), private, target_epsilon, noise_multiplier (mean over seeds), epsilon (mean over seeds of
+the headline epsilon), epsilon_max, accountant, delta, n_seeds, seeds, then for test/acc,
+test/loss and test/auc: ``<metric>_mean``, ``_std`` (sample std, ddof=1; empty for one seed),
+``_min``, ``_max``; then baseline/nonprivate_acc_mean and baseline/majority_acc_mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+CAVEAT = (
+    "Choosing the best run of this sweep is itself a use of the private data: "
+    "no single run's epsilon covers that choice."
+)
+METRICS = ("test/acc", "test/loss", "test/auc")
+NONPRIVATE_LABEL = "non-private (same pipeline)"
+SKLEARN_LABEL = "sklearn non-private logistic regression"
+MAJORITY_LABEL = "majority-class rate"
+
+
+def _read_run(run: Path) -> dict | None:
+    """One job folder -> flat record, or None (with a warning) if a file is missing/unreadable."""
+    files = {
+        "metrics": run / "metrics.json",
+        "privacy": run / "privacy.json",
+        "config": run / ".hydra" / "config.yaml",
+        "overrides": run / ".hydra" / "overrides.yaml",
+    }
+    missing = [str(p.relative_to(run)) for p in files.values() if not p.is_file()]
+    if missing:
+        warnings.warn(f"skipping {run}: missing {', '.join(missing)}", stacklevel=2)
+        return None
+    try:
+        metrics = json.loads(files["metrics"].read_text())
+        privacy = json.loads(files["privacy"].read_text())
+        config = yaml.safe_load(files["config"].read_text()) or {}
+        overrides = yaml.safe_load(files["overrides"].read_text()) or []
+    except (OSError, ValueError, yaml.YAMLError) as err:
+        warnings.warn(f"skipping {run}: unreadable file ({err})", stacklevel=2)
+        return None
+
+    target = str((config.get("model") or {}).get("_target_", "unknown"))
+    over = {}
+    for item in overrides:
+        key, _, value = str(item).partition("=")
+        over[key.lstrip("+~")] = value
+    private = bool(privacy.get("private", False))
+    return {
+        "run": run.name,
+        "model": target.rsplit(".", 1)[-1],
+        "overrides": over,
+        "seed": privacy.get("seed", config.get("seed")),
+        "private": private,
+        "epsilon": privacy.get("epsilon") if private else None,
+        "accountant": privacy.get("accountant") if private else None,
+        "delta": privacy.get("delta") if private else None,
+        "target_epsilon": privacy.get("target_epsilon") if private else None,
+        "noise_multiplier": privacy.get("noise_multiplier") if private else None,
+        **{m: metrics.get(m) for m in METRICS},
+        "baseline/nonprivate_acc": metrics.get("baseline/nonprivate_acc"),
+        "baseline/majority_acc": metrics.get("baseline/majority_acc"),
+    }
+
+
+def load_runs(sweep: Path, exclude: Path | None = None) -> list[dict]:
+    runs = []
+    for run in sorted(p for p in sweep.iterdir() if p.is_dir()):
+        if exclude is not None and run.resolve() == exclude.resolve():
+            continue
+        record = _read_run(run)
+        if record is not None:
+            runs.append(record)
+    return runs
+
+
+def _unique(values) -> object:
+    vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    uniq = list(dict.fromkeys(vals))
+    if not uniq:
+        return None
+    return uniq[0] if len(uniq) == 1 else ";".join(map(str, uniq))
+
+
+def _mean(values) -> float:
+    s = pd.to_numeric(pd.Series(list(values), dtype=object), errors="coerce").dropna()
+    return float(s.mean()) if len(s) else float("nan")
+
+
+def summarize(runs: list[dict]) -> pd.DataFrame:
+    """Group runs by every varying override except seed (and by model); one row per group."""
+    keys = sorted({k for r in runs for k in r["overrides"]})
+    varying = [
+        k for k in keys
+        if k != "seed" and len({r["overrides"].get(k) for r in runs}) > 1
+    ]
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        gkey = (r["model"], *(r["overrides"].get(k) for k in varying))
+        groups.setdefault(gkey, []).append(r)
+
+    rows = []
+    for gkey, members in groups.items():
+        row: dict = {"model": gkey[0]}
+        row.update(dict(zip(varying, gkey[1:])))
+        private = {m["private"] for m in members}
+        row["private"] = private.pop() if len(private) == 1 else "mixed"
+        row["target_epsilon"] = _unique(m["target_epsilon"] for m in members)
+        row["noise_multiplier"] = _mean(m["noise_multiplier"] for m in members)
+        row["epsilon"] = _mean(m["epsilon"] for m in members)
+        row["epsilon_max"] = pd.to_numeric(
+            pd.Series([m["epsilon"] for m in members], dtype=object), errors="coerce"
+        ).max()
+        row["accountant"] = _unique(m["accountant"] for m in members)
+        row["delta"] = _unique(m["delta"] for m in members)
+        row["n_seeds"] = len(members)
+        row["seeds"] = ";".join(str(m["seed"]) for m in sorted(members, key=lambda m: str(m["seed"])))
+        for metric in METRICS:
+            s = pd.to_numeric(pd.Series([m[metric] for m in members], dtype=object), errors="coerce")
+            s = s.dropna()
+            row[f"{metric}_mean"] = s.mean() if len(s) else float("nan")
+            row[f"{metric}_std"] = s.std(ddof=1) if len(s) > 1 else float("nan")
+            row[f"{metric}_min"] = s.min() if len(s) else float("nan")
+            row[f"{metric}_max"] = s.max() if len(s) else float("nan")
+        row["baseline/nonprivate_acc_mean"] = _mean(m["baseline/nonprivate_acc"] for m in members)
+        row["baseline/majority_acc_mean"] = _mean(m["baseline/majority_acc"] for m in members)
+        rows.append(row)
+
+    table = pd.DataFrame(rows)
+    if len(table):
+        table = table.sort_values(
+            ["model", "private", "epsilon"], key=lambda c: c.astype(str) if c.name != "epsilon" else c,
+            na_position="first",
+        ).reset_index(drop=True)
+    table.attrs["varying"] = varying
+    return table
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ""
+        return f"{value:.4g}"
+    return str(value)
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    cols = list(table.columns)
+    esc = lambda s: s.replace("|", "\\|")  # noqa: E731
+    lines = [
+        "| " + " | ".join(esc(c) for c in cols) + " |",
+        "|" + "|".join("---" for _ in cols) + "|",
+    ]
+    for _, row in table.iterrows():
+        lines.append("| " + " | ".join(esc(_fmt(row[c])) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(table: pd.DataFrame, path: Path, sweep: Path) -> None:
+    varying = table.attrs.get("varying", [])
+    text = [
+        f"# Sweep summary: {sweep}",
+        "",
+        f"**{CAVEAT}**",
+        "",
+        f"One row per setting (grouped by model and the varying overrides except seed: "
+        f"{', '.join(varying) or 'none'}). `epsilon` is the mean over seeds of each run's "
+        "headline epsilon (its `accountant`, at `delta`); std is the sample std over seeds "
+        "(ddof=1, empty for a single seed). Non-private runs (private = False) have no epsilon. "
+        "Test metrics are computed on held-out rows.",
+        "",
+        to_markdown(table),
+    ]
+    path.write_text("\n".join(text))
+
+
+def plot(table: pd.DataFrame, metric: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    mean_c, std_c = f"{metric}_mean", f"{metric}_std"
+    varying = [
+        k for k in table.attrs.get("varying", [])
+        if k not in ("experiment", "model", "privacy.target_epsilon", "privacy.noise_multiplier")
+    ]
+    priv = table[(table["private"] == True) & (table["epsilon"] > 0)]  # noqa: E712
+    line_keys = ["model", *varying]
+    for key, grp in priv.groupby(line_keys, dropna=False, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        label = str(key[0]) + "".join(f", {k}={v}" for k, v in zip(varying, key[1:]))
+        grp = grp.sort_values("epsilon")
+        ax.errorbar(grp["epsilon"], grp[mean_c], yerr=grp[std_c].fillna(0.0),
+                    marker="o", capsize=3, label=f"DP-SGD {label}")
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    nonpriv = table[table["private"] == False]  # noqa: E712
+    for i, (model, grp) in enumerate(nonpriv.groupby("model", sort=True)):
+        ax.axhline(grp[mean_c].mean(), linestyle="-.", color=colors[(i + 3) % len(colors)],
+                   label=f"{NONPRIVATE_LABEL}, {model}")
+    if metric == "test/acc":
+        sk = table["baseline/nonprivate_acc_mean"].dropna()
+        if len(sk):
+            ax.axhline(sk.mean(), linestyle="--", color="black", label=SKLEARN_LABEL)
+        maj = table["baseline/majority_acc_mean"].dropna()
+        if len(maj):
+            ax.axhline(maj.mean(), linestyle=":", color="grey", label=MAJORITY_LABEL)
+    if len(priv):
+        ax.set_xscale("log")
+    ax.set_xlabel("epsilon (mean over seeds, log scale)")
+    ax.set_ylabel(f"{metric} (mean ± std over seeds)")
+    ax.set_title(f"{metric} vs epsilon", fontsize=11)
+    ax.grid(True, which="both", alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.text(0.5, 0.01, CAVEAT, ha="center", va="bottom", fontsize=8, wrap=True)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("multirun_dir", type=Path)
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default: MULTIRUN_DIR)")
+    parser.add_argument("--metric", default="test/acc", choices=METRICS, help="metric for the plot")
+    args = parser.parse_args(argv)
+
+    sweep: Path = args.multirun_dir
+    if not sweep.is_dir():
+        parser.error(f"not a folder: {sweep}")
+    out: Path = args.out or sweep
+    out.mkdir(parents=True, exist_ok=True)
+    runs = load_runs(sweep, exclude=out)
+    if not runs:
+        print(f"no complete runs found under {sweep}", file=sys.stderr)
+        return 1
+    table = summarize(runs)
+    table.to_csv(out / "summary.csv", index=False)
+    write_markdown(table, out / "summary.md", sweep)
+    plot(table, args.metric, out / "summary.png")
+    print(f"{len(runs)} runs -> {len(table)} settings; wrote summary.csv, summary.md, summary.png in {out}")
+    print(CAVEAT)
+    return 0
+
+
+if __name__ == "__main__":
+    warnings.simplefilter("always")
+    warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"
+    sys.exit(main())
