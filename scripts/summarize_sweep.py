@@ -189,7 +189,8 @@ def write_markdown(table: pd.DataFrame, path: Path, sweep: Path) -> None:
         f"{', '.join(varying) or 'none'}). `epsilon` is the mean over seeds of each run's "
         "headline epsilon (its `accountant`, at `delta`); std is the sample std over seeds "
         "(ddof=1, empty for a single seed). Non-private runs (private = False) have no epsilon. "
-        "Test metrics are computed on held-out rows.",
+        "Test metrics are computed on held-out rows."
+        + (f" Rows 'diffprivlib LogisticRegression': {DIFFPRIVLIB_NOTE}." if table.attrs.get("diffprivlib") else ""),
         "",
         to_markdown(table),
     ]
@@ -204,18 +205,23 @@ def plot(table: pd.DataFrame, metric: str, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
     mean_c, std_c = f"{metric}_mean", f"{metric}_std"
+    priv = table[(table["private"] == True) & (table["epsilon"] > 0)]  # noqa: E712
+    # one line per model, split further only by overrides that vary among the private rows
     varying = [
         k for k in table.attrs.get("varying", [])
         if k not in ("experiment", "model", "privacy.target_epsilon", "privacy.noise_multiplier")
+        and priv[k].astype(str).nunique() > 1
     ]
-    priv = table[(table["private"] == True) & (table["epsilon"] > 0)]  # noqa: E712
     line_keys = ["model", *varying]
     for key, grp in priv.groupby(line_keys, dropna=False, sort=True):
         key = key if isinstance(key, tuple) else (key,)
         label = str(key[0]) + "".join(f", {k}={v}" for k, v in zip(varying, key[1:]))
         grp = grp.sort_values("epsilon")
+        if mean_c not in grp or grp[mean_c].isna().all():
+            continue
+        name = label if label.startswith("diffprivlib") else f"DP-SGD {label}"
         ax.errorbar(grp["epsilon"], grp[mean_c], yerr=grp[std_c].fillna(0.0),
-                    marker="o", capsize=3, label=f"DP-SGD {label}")
+                    marker="o", capsize=3, label=name)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     nonpriv = table[table["private"] == False]  # noqa: E712
     for i, (model, grp) in enumerate(nonpriv.groupby("model", sort=True)):
@@ -242,11 +248,56 @@ def plot(table: pd.DataFrame, metric: str, path: Path) -> None:
     plt.close(fig)
 
 
+DIFFPRIVLIB_NOTE = (
+    "diffprivlib 0.6.6 LogisticRegression (objective perturbation, Chaudhuri, Monteleoni & Sarwate 2011): "
+    "pure epsilon-DP (delta = 0) under replace-one neighbours (N public), data_norm = sqrt(#numeric + "
+    "#categorical columns) from the public schema, fitted on the same features and split; DP-SGD rows are "
+    "(epsilon, delta)-DP under add/remove neighbours (an add/remove epsilon-DP method is 2 epsilon-DP "
+    "under replace-one, so this comparison favours diffprivlib by up to that factor)"
+)
+
+
+def diffprivlib_rows(sweep: Path, table: pd.DataFrame, runs: list[dict]) -> pd.DataFrame:
+    """diffprivlib's LogisticRegression at each epsilon of the sweep's private settings, one fit
+    per seed of the sweep, on the data of the sweep's first run (same features and split)."""
+    import numpy as np
+    from diffprivlib.models import LogisticRegression
+    from omegaconf import OmegaConf
+
+    from dptrain.config import DataConfig
+    from dptrain.data import load_dataset
+
+    config = yaml.safe_load((sweep / runs[0]["run"] / ".hydra" / "config.yaml").read_text())
+    data_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), config["data"]))
+    seeds = sorted({int(r["seed"]) for r in runs if r["seed"] is not None}) or [0]
+    data = load_dataset(data_cfg, seed=int(config.get("seed", 0)))
+    norm = float(np.sqrt(len(data_cfg.numeric) + len(data_cfg.categorical)))
+    eps_values = sorted({round(float(e), 6) for e in table.loc[table["private"] == True, "epsilon"].dropna()})  # noqa: E712
+    rows = []
+    for eps in eps_values:
+        accs = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for seed in seeds:
+                clf = LogisticRegression(epsilon=eps, data_norm=norm, random_state=seed, max_iter=1000)
+                clf.fit(data.x_train.numpy(), data.y_train.numpy())
+                accs.append(clf.score(data.x_test.numpy(), data.y_test.numpy()))
+        a = pd.Series(accs, dtype=float)
+        rows.append({"model": "diffprivlib LogisticRegression", "private": True, "epsilon": eps,
+                     "accountant": "diffprivlib (pure eps, replace-one)", "delta": 0.0, "n_seeds": len(accs),
+                     "seeds": ";".join(map(str, seeds)), "test/acc_mean": a.mean(),
+                     "test/acc_std": a.std(ddof=1) if len(a) > 1 else float("nan"),
+                     "test/acc_min": a.min(), "test/acc_max": a.max()})
+    return pd.DataFrame(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("multirun_dir", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: MULTIRUN_DIR)")
     parser.add_argument("--metric", default="test/acc", choices=METRICS, help="metric for the plot")
+    parser.add_argument("--no-diffprivlib", action="store_true",
+                        help="skip diffprivlib's LogisticRegression at the sweep's epsilons")
     args = parser.parse_args(argv)
 
     sweep: Path = args.multirun_dir
@@ -259,6 +310,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no complete runs found under {sweep}", file=sys.stderr)
         return 1
     table = summarize(runs)
+    if not args.no_diffprivlib and (table["private"] == True).any():  # noqa: E712
+        extra = diffprivlib_rows(sweep, table, runs)
+        attrs = dict(table.attrs)
+        table = pd.concat([table, extra], ignore_index=True)
+        table.attrs.update(attrs)
+        table.attrs["diffprivlib"] = True
     table.to_csv(out / "summary.csv", index=False)
     write_markdown(table, out / "summary.md", sweep)
     plot(table, args.metric, out / "summary.png")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
@@ -270,3 +271,14 @@ def test_joblib_launched_sweep_preset(tmp_path):
     assert eps[0] <= 1.0 and 3.9 < eps[1] <= 4.0
     cfg = (runs[0] / ".hydra" / "config.yaml").read_text()
     assert "threads: 1" in cfg
+    # the one-command privacy-utility report, with diffprivlib at the same epsilons
+    summ = subprocess.run([sys.executable, str(REPO / "scripts" / "summarize_sweep.py"), str(tmp_path / "sweep"),
+                           "--out", str(tmp_path / "report")], capture_output=True, text=True, timeout=300)
+    assert summ.returncode == 0, summ.stderr[-3000:]
+    import pandas as pd
+
+    table = pd.read_csv(tmp_path / "report" / "summary.csv")
+    assert set(table.model) == {"logit", "diffprivlib LogisticRegression"}
+    dpl = table[table.model == "diffprivlib LogisticRegression"].sort_values("epsilon")
+    assert np.allclose(dpl.epsilon, sorted(eps), rtol=1e-5) and dpl["test/acc_mean"].between(0, 1).all()
+    assert "no single run's epsilon covers that choice" in (tmp_path / "report" / "summary.md").read_text()

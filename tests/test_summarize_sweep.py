@@ -76,7 +76,7 @@ def sweep(tmp_path):
 
 def test_summary_from_subprocess(sweep, tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(sweep), "--out", str(out)],
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(sweep), "--out", str(out), "--no-diffprivlib"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "privacy.target_epsilon=8" in proc.stderr and "metrics.json" in proc.stderr
@@ -124,7 +124,7 @@ def test_nonprivate_and_default_out(sweep, recwarn):
                private=False)
     _write_run(sweep, target_eps=None, seed=1, eps=None, acc=0.88, loss=0.33, auc=0.93,
                private=False)
-    assert mod.main([str(sweep), "--metric", "test/acc"]) == 0
+    assert mod.main([str(sweep), "--metric", "test/acc", "--no-diffprivlib"]) == 0
     assert any("privacy.target_epsilon=8" in str(w.message) for w in recwarn)
     table = pd.read_csv(sweep / "summary.csv")
     assert len(table) == 3
@@ -135,4 +135,4 @@ def test_nonprivate_and_default_out(sweep, recwarn):
     assert int(nonpriv["n_seeds"].iloc[0]) == 2
     assert (sweep / "summary.png").stat().st_size > 1000
     # rerunning with outputs inside the sweep folder still works (files, not folders)
-    assert mod.main([str(sweep), "--metric", "test/loss"]) == 0
+    assert mod.main([str(sweep), "--metric", "test/loss", "--no-diffprivlib"]) == 0
