@@ -83,13 +83,15 @@ def main(argv: list[str] | None = None) -> int:
 
         return se_local_sensitivity(cells, statistic="p25", neighbors="add_remove")
 
+    ls = st.run("local_sensitivity", sens)
+    se_ls = st.run("se_local_sensitivity", se_sens)
+
     def mos():
         from dptrain.release.mos import release_mos
 
-        return release_mos(cells, statistic="p25", epsilon=1.0, seed=0)
+        # reuse the sensitivities computed above (release_mos would otherwise compute them again)
+        return release_mos(cells, statistic="p25", epsilon=1.0, seed=0, sensitivity=ls, se_sensitivity=se_ls)
 
-    st.run("local_sensitivity", sens)
-    st.run("se_local_sensitivity", se_sens)
     release = st.run("release_mos", mos)
     if release is not None:
         st.run("to_frame + to_csv", lambda: release.to_frame().to_csv(args.out))
