@@ -7,7 +7,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -19,7 +19,7 @@ from tqdm import tqdm
 from dptrain.config import Config
 from dptrain.data import Dataset
 from dptrain.privacy.accounting import PrivacyAccountant, calibrate_noise_multiplier
-from dptrain.privacy.engine import PoissonSampler, make_engine, per_example_loss
+from dptrain.privacy.engine import GradientEngine, PoissonSampler, make_engine, per_example_loss
 from dptrain.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -80,8 +80,12 @@ def resolve_noise(cfg: Config, *, sample_rate: float, steps: int, delta: float) 
     return sigma, "calibrated"
 
 
-def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker) -> TrainResult:
-    """Train with Poisson-sampled DP-SGD; returns the model, test metrics and mechanism."""
+def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker,
+        on_engine: Callable[[GradientEngine], None] | None = None) -> TrainResult:
+    """Train with Poisson-sampled DP-SGD; returns the model, test metrics and mechanism.
+
+    ``on_engine`` (tests and the privacy audit only) is called with the engine before the first
+    step, e.g. to break it on purpose and check that the audit notices."""
     t = cfg.trainer
     if t.threads > 0:
         torch.set_num_threads(t.threads)
@@ -101,6 +105,8 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker) -> TrainR
         model, engine=t.engine, private=private, max_grad_norm=cfg.privacy.max_grad_norm,
         noise_multiplier=sigma, expected_batch_size=batch, generator=noise_gen,
     )
+    if on_engine is not None:
+        on_engine(engine)
     log.info("engine=%s, N=%d, B=%d, q=%.6g, steps=%d, sigma=%g", engine.name, n, batch, q, steps, sigma)
     sampler = PoissonSampler(num_rows=n, sample_rate=q, rng=sample_gen)
     accountant = PrivacyAccountant()
