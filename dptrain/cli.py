@@ -32,6 +32,7 @@ def _fail(err: Exception) -> None:
 
 def run(cfg: DictConfig, *, run_dir: Path) -> float:
     """Run one training job; returns the test accuracy (the objective a sweeper maximises)."""
+    from dptrain.checkpoint import CheckpointError
     from dptrain.data import DataError, load_dataset
     from dptrain.privacy.accounting import AccountingError
     from dptrain.privacy.report import build_report, format_report
@@ -48,16 +49,17 @@ def run(cfg: DictConfig, *, run_dir: Path) -> float:
     except (ConfigError, DataError) as err:
         _fail(err)
 
-    # Hydra saves the composed config with interpolations; keep the resolved values beside it.
-    atomic_write_text(run_dir / ".hydra" / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     tracker = Tracker(run_dir, tensorboard=conf.logger.tensorboard)
     try:
-        result = fit(conf, data, delta=delta, tracker=tracker)
-    except (ConfigError, AccountingError) as err:
+        result = fit(conf, data, delta=delta, tracker=tracker, run_dir=run_dir)
+    except (ConfigError, AccountingError, CheckpointError) as err:
         tracker.close()
         _fail(err)
     private = conf.privacy.enabled
     epsilons = final_epsilons(result, delta=delta) if private else None
+    # Hydra saves the composed config with interpolations; keep the resolved values beside it
+    # (written only once training has succeeded: a refused resume must not overwrite the record).
+    atomic_write_text(run_dir / ".hydra" / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     report = build_report(
         mechanism=result.privacy, epsilons=epsilons, accountant=conf.privacy.accountant,
         seed=conf.seed, data_source=data.source,
@@ -94,6 +96,8 @@ def run(cfg: DictConfig, *, run_dir: Path) -> float:
         )
         if not math.isfinite(eps):
             lines.append("WARNING: epsilon is infinite: this run has NO privacy guarantee (sigma = 0)")
+        if result.privacy["stopped_early"]:
+            lines.append(f"privacy budget: {result.privacy['stop_reason']}")
     else:
         lines.append("privacy: OFF (privacy.enabled=false): no differential privacy guarantee")
     lines.append(f"train loop: {m['time/train_seconds']:.1f} s for {m['train/steps']} steps; outputs in {run_dir}")

@@ -90,6 +90,7 @@ class PrivacyConfig:
 
 
 @dataclass
+    max_epsilon: Optional[float] = None  # budget: stop at the last step whose epsilon is <= it
 class TrainerConfig:
     """The training loop. ``batch_size`` is the EXPECTED batch size B of Poisson sampling
     (q = B / N); ``epochs`` may be fractional (steps = round(epochs / q))."""
@@ -105,6 +106,8 @@ class TrainerConfig:
 
 
 @dataclass
+    checkpoint_every: int = 100  # steps between checkpoints (0: only at the end); always one at the end
+    resume: Optional[str] = None  # null (fresh) | auto (this run folder's checkpoint, if any) | PATH
 class DomainConfig:
     """The PUBLIC domain of (x, y); rows are clipped into it (release.clip) or refused."""
 
@@ -302,3 +305,9 @@ def validate_against_size(cfg: Config, n: int) -> float:
     if delta >= 1.0 / n:
         raise _bad("privacy.delta", delta, f"must be < 1/N = {1.0 / n:.3g} (N = {n} training rows)")
     return delta
+        if p.max_epsilon is not None:
+            _finite_positive("privacy.max_epsilon", p.max_epsilon)
+    if t.checkpoint_every < 0:
+        raise _bad("trainer.checkpoint_every", t.checkpoint_every, "must be an integer >= 0 (0: only at the end)")
+    if t.resume is not None and not str(t.resume).strip():
+        raise _bad("trainer.resume", t.resume, "must be null, auto, or the path of a checkpoint or run folder")

@@ -53,11 +53,25 @@ class Tracker:
     """TensorBoard writer for one run (events under ``<run_dir>/tb``); a no-op when disabled."""
 
     def __init__(self, run_dir: Path, *, tensorboard: bool) -> None:
-        self.writer = None
-        if tensorboard:
+        self.log_dir = str(Path(run_dir) / "tb")
+        self.enabled = tensorboard
+        self._writer = None
+        self._purge_step: int | None = None
+
+    @property
+    def writer(self):
+        """The SummaryWriter, opened on first use (so that a resumed run can purge first)."""
+        if self._writer is None and self.enabled:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
+            self._writer = SummaryWriter(log_dir=self.log_dir, purge_step=self._purge_step)
+        return self._writer
+
+    def purge_after(self, step: int) -> None:
+        """A run resumed from a checkpoint at ``step``: TensorBoard drops the points a crashed
+        run logged after that step (they are logged again). Call before the first write."""
+        if step > 0 and self._writer is None:
+            self._purge_step = step + 1
 
     def scalars(self, values: dict[str, float], *, step: int) -> None:
         if self.writer is None:
@@ -86,6 +100,6 @@ class Tracker:
             self.writer.add_text(tag, text)
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.flush()
-            self.writer.close()
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()

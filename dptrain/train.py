@@ -6,6 +6,7 @@ import logging
 import math
 import time
 import warnings
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -80,42 +81,110 @@ def resolve_noise(cfg: Config, *, sample_rate: float, steps: int, delta: float) 
     return sigma, "calibrated"
 
 
-def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker,
+def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: Path | None = None,
         on_engine: Callable[[GradientEngine], None] | None = None) -> TrainResult:
     """Train with Poisson-sampled DP-SGD; returns the model, test metrics and mechanism.
 
+    With ``run_dir``, checkpoints go to ``run_dir/checkpoint.pt`` every
+    ``trainer.checkpoint_every`` steps and at the end (atomically), and ``trainer.resume``
+    continues from one (:mod:`dptrain.checkpoint`). ``privacy.max_epsilon`` stops training at
+    the last step whose epsilon (headline accountant, whole history) stays within the budget.
+
     ``on_engine`` (tests and the privacy audit only) is called with the engine before the first
     step, e.g. to break it on purpose and check that the audit notices."""
-    t = cfg.trainer
+    from dptrain.checkpoint import (
+        FILENAME, CheckpointError, check_fingerprint, load_checkpoint, resolve_resume, restore,
+        save_checkpoint,
+    )
+
+    t, p = cfg.trainer, cfg.privacy
     if t.threads > 0:
         torch.set_num_threads(t.threads)
     torch.manual_seed(cfg.seed)
     sample_gen, noise_gen = _generators(cfg.seed)
     n, batch = data.n_train, t.batch_size
     q = batch / n
-    steps = max(1, round(t.epochs / q))
-    private = cfg.privacy.enabled
-    sigma, sigma_source = resolve_noise(cfg, sample_rate=q, steps=steps, delta=delta) if private else (0.0, "off")
+    planned = max(1, round(t.epochs / q))
+    private = p.enabled
+    sigma, sigma_source = resolve_noise(cfg, sample_rate=q, steps=planned, delta=delta) if private else (0.0, "off")
+    fingerprint = {
+        "enabled": private, "noise_multiplier": sigma, "max_grad_norm": float(p.max_grad_norm) if private else None,
+        "sample_rate": q, "expected_batch_size": batch, "dataset_size": n,
+        "delta": delta if private else None, "planned_steps": planned,
+        "accountant": p.accountant if private else None,
+    }
 
     model = instantiate(OmegaConf.create(cfg.model) if isinstance(cfg.model, dict) else cfg.model,
                         in_features=data.n_features)
     optim_factory = instantiate(OmegaConf.create(cfg.optim) if isinstance(cfg.optim, dict) else cfg.optim)
     optimizer = optim_factory(params=[p for p in model.parameters() if p.requires_grad])
+    accountant = PrivacyAccountant()
+    done, train_seconds = 0, 0.0
+    resume_path = resolve_resume(t.resume, run_dir) if run_dir is not None else None
+    if t.resume is not None and run_dir is None:
+        raise CheckpointError("trainer.resume needs a run folder")
+    if resume_path is not None:
+        state = load_checkpoint(resume_path)
+        check_fingerprint(state["fingerprint"], fingerprint, resume_path)
+        restore(state, model=model, optimizer=optimizer, sample_rng=sample_gen, noise_gen=noise_gen,
+                path=resume_path)
+        accountant.load_state_dict(state["accountant"])
+        done, train_seconds = int(state["step"]), float(state["train_seconds"])
+        if accountant.steps != (done if private else 0):
+            raise CheckpointError(
+                f"checkpoint {resume_path} is inconsistent: step {done} but the accountant recorded "
+                f"{accountant.steps} steps; refusing to resume"
+            )
+        log.info("resumed from %s at step %d of %d (accountant history restored: %s)",
+                 resume_path, done, planned, accountant.history)
+
     engine = make_engine(
-        model, engine=t.engine, private=private, max_grad_norm=cfg.privacy.max_grad_norm,
+        model, engine=t.engine, private=private, max_grad_norm=p.max_grad_norm,
         noise_multiplier=sigma, expected_batch_size=batch, generator=noise_gen,
     )
     if on_engine is not None:
         on_engine(engine)
+
+    # The budget: the last step count whose epsilon (headline accountant, over the WHOLE history,
+    # resumed part included) stays <= privacy.max_epsilon. Computed before training: epsilon only
+    # depends on (sigma, q, steps), never on the data.
+    steps = planned
+    stop_reason = "completed the planned steps"
+    if private and p.max_epsilon is not None:
+        allowed = done + accountant.max_steps_within(
+            max_epsilon=p.max_epsilon, noise_multiplier=sigma, sample_rate=q, delta=delta,
+            accountant=p.accountant, limit=max(planned - done, 0),
+        )
+        if allowed < planned:
+            steps = allowed
+            spent = accountant.get_epsilon(delta=delta, accountant=p.accountant) if done else 0.0
+            stop_reason = (
+                f"privacy.max_epsilon={p.max_epsilon:g} is already exceeded by the resumed history "
+                f"({p.accountant} epsilon {spent:.6g} after {done} steps): no further step taken"
+            ) if spent > p.max_epsilon else (
+                f"privacy.max_epsilon={p.max_epsilon:g} reached: stopped after step {allowed} of {planned} "
+                f"({p.accountant} epsilon after {allowed} steps is within the budget, after {allowed + 1} it "
+                "would exceed it)"
+            )
+            log.warning("privacy budget: %s", stop_reason)
+    tracker.purge_after(done)  # a resumed run overwrites TensorBoard points logged after its checkpoint
     log.info("engine=%s, N=%d, B=%d, q=%.6g, steps=%d, sigma=%g", engine.name, n, batch, q, steps, sigma)
     sampler = PoissonSampler(num_rows=n, sample_rate=q, rng=sample_gen)
-    accountant = PrivacyAccountant()
+    checkpoint_path = run_dir / FILENAME if run_dir is not None else None
+
+    def checkpoint(step: int) -> None:
+        if checkpoint_path is not None:
+            save_checkpoint(
+                checkpoint_path, step=step, model=model, optimizer=optimizer,
+                accountant_state=accountant.state_dict(), sample_rng=sample_gen, noise_gen=noise_gen,
+                fingerprint=fingerprint, train_seconds=train_seconds,
+            )
 
     sizes, window = 0, 0  # realised batch sizes since the last log line (a non-private diagnostic)
-    train_seconds = 0.0
     loop_start = time.perf_counter()
-    bar = tqdm(total=steps, disable=not t.progress, desc="dp-sgd" if private else "sgd", dynamic_ncols=True)
-    for step in range(1, steps + 1):
+    bar = tqdm(total=steps, initial=min(done, steps), disable=not t.progress,
+               desc="dp-sgd" if private else "sgd", dynamic_ncols=True)
+    for step in range(done + 1, steps + 1):
         log_now = step % t.log_every == 0 or step == steps
         engine.collect_stats = log_now  # diagnostics only on logged steps: off the hot path
         t0 = time.perf_counter()
@@ -145,38 +214,51 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker,
             sizes, window = 0, 0
         if step % t.eval_every == 0 and step != steps:
             tracker.scalars({f"test/{k}": v for k, v in evaluate(model, data.x_test, data.y_test).items()}, step=step)
+        if t.checkpoint_every > 0 and step % t.checkpoint_every == 0 and step != steps:
+            checkpoint(step)
         bar.update(1)
     bar.close()
     loop_seconds = time.perf_counter() - loop_start
+    final_step = max(steps, done)
+    checkpoint(final_step)
 
     test = evaluate(model, data.x_test, data.y_test)
-    tracker.scalars({f"test/{k}": v for k, v in test.items()}, step=steps)
+    tracker.scalars({f"test/{k}": v for k, v in test.items()}, step=final_step)
     metrics: dict[str, float] = {f"test/{k}": v for k, v in test.items()}
     metrics["baseline/majority_acc"] = float(max(data.y_test.mean(), 1 - data.y_test.mean()))
     if t.baseline:
         metrics["baseline/nonprivate_acc"] = nonprivate_baseline(data, seed=cfg.seed)
     metrics.update({
-        "train/steps": steps,
-        "train/epochs": steps * q,
+        "train/steps": final_step,
+        "train/planned_steps": planned,
+        "train/resumed_from_step": done,
+        "train/epochs": final_step * q,
         "time/train_seconds": train_seconds,
         "time/loop_seconds": loop_seconds,
-        "time/steps_per_second": steps / train_seconds if train_seconds > 0 else math.nan,
+        "time/steps_per_second": final_step / train_seconds if train_seconds > 0 else math.nan,
     })
     mechanism = {
         "enabled": private,
         "engine": engine.name,
         "noise_multiplier": sigma,
         "noise_multiplier_source": sigma_source,
-        "target_epsilon": cfg.privacy.target_epsilon,
-        "max_grad_norm": cfg.privacy.max_grad_norm,
+        "target_epsilon": p.target_epsilon,
+        "max_grad_norm": p.max_grad_norm,
         "sample_rate": q,
         "expected_batch_size": batch,
         "dataset_size": n,
-        "steps": steps,
-        "epochs": steps * q,
+        "steps": final_step,
+        "planned_steps": planned,
+        "epochs": final_step * q,
         "delta": delta,
-        "delta_source": "config" if cfg.privacy.delta is not None
+        "delta_source": "config" if p.delta is not None
         else "default: largest power of ten <= 1/(10 N)",
+        "max_epsilon": p.max_epsilon if private else None,
+        "stopped_early": final_step < planned,
+        "stop_reason": stop_reason,
+        "resumed_from_step": done,
+        "resumed_from": str(resume_path) if resume_path is not None else None,
+        "checkpoint": str(checkpoint_path) if checkpoint_path is not None else None,
     }
     return TrainResult(model=model, metrics=metrics, privacy=mechanism, accountant=accountant)
 

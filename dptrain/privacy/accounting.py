@@ -320,3 +320,31 @@ class PrivacyAccountant:
                 raise _bad("state['history'] segment", seg, "must be [sigma, q, steps]")
             restored.step(noise_multiplier=seg[0], sample_rate=seg[1], num_steps=seg[2])
         self._history = restored._history
+
+    def max_steps_within(
+        self, *, max_epsilon: float, noise_multiplier: float, sample_rate: float, delta: float,
+        accountant: str = "rdp", limit: int,
+    ) -> int:
+        """The largest k in [0, limit] such that this history plus k more steps at
+        (noise_multiplier, sample_rate) has epsilon <= max_epsilon (a privacy budget). Epsilon
+        grows with every step, so a binary search over k is exact."""
+        delta, accountant = _check_delta(delta), _check_accountant(accountant)
+
+        def eps_after(k: int) -> float:
+            trial = PrivacyAccountant()
+            trial._history = list(self._history)
+            trial.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate, num_steps=k)
+            return trial.get_epsilon(delta=delta, accountant=accountant)
+
+        if eps_after(0) > max_epsilon:
+            return 0
+        if eps_after(limit) <= max_epsilon:
+            return int(limit)
+        lo, hi = 0, int(limit)  # eps_after(lo) <= budget < eps_after(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if eps_after(mid) <= max_epsilon:
+                lo = mid
+            else:
+                hi = mid
+        return lo

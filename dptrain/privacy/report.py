@@ -61,6 +61,12 @@ def build_report(
         "sample_rate": mechanism["sample_rate"],
         "steps": mechanism["steps"],
         "epochs": mechanism["epochs"],
+        "planned_steps": mechanism.get("planned_steps", mechanism["steps"]),
+        "stopped_early": mechanism.get("stopped_early", False),
+        "stop_reason": mechanism.get("stop_reason", "completed the planned steps"),
+        "max_epsilon": mechanism.get("max_epsilon"),
+        "resumed_from_step": mechanism.get("resumed_from_step", 0),
+        "resumed_from": mechanism.get("resumed_from"),
         "versions": _versions(),
     }
     if not mechanism["enabled"]:
@@ -131,6 +137,12 @@ def format_report(report: dict[str, Any]) -> str:
         + (f", target epsilon {report['target_epsilon']}" if report["target_epsilon"] is not None else "")
         + f"), clipping norm C = {report['max_grad_norm']}",
         f"steps = {report['steps']}, epochs = {report['epochs']:.4g}, engine = {report['engine']}",
+        f"stopped: {report['stop_reason']}"
+        + (f" (privacy.max_epsilon = {report['max_epsilon']:g}, headline accountant)"
+           if report["max_epsilon"] is not None else ""),
+        *([f"resumed from a checkpoint at step {report['resumed_from_step']} ({report['resumed_from']}); "
+           "the accountant's full history was restored, so epsilon covers the whole run"]
+          if report["resumed_from"] else []),
         f"randomness: {report['randomness']}, seed = {report['seed']}",
         "versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
         "",

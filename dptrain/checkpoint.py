@@ -1,0 +1,165 @@
+"""Crash-safe training checkpoints (PRIVACY.md: "Resuming from a checkpoint restores the
+accountant's full history ... A checkpoint written under other privacy settings is refused").
+
+A checkpoint holds everything the rest of the run depends on: model and optimizer state, the
+step reached, the accountant's full history, the time spent, and EVERY random state (the numpy
+Poisson sampler, the torch noise generator, torch's global generator). Resuming therefore
+continues the same random streams: a run killed at any point and resumed ends with the same
+epsilon and, for a fixed seed, the same parameters as an uninterrupted run.
+
+It also holds the *privacy fingerprint* of the run (sigma, C, q, B, N, delta, planned steps,
+accountant): a resumed run whose settings differ in any of these is refused, naming the field,
+because the accountant's history would no longer describe the mechanism that produced the
+parameters.
+
+Writes are atomic: the checkpoint is written to a temporary file in the same folder, flushed
+and fsynced, then renamed over the previous one, so a crash (even SIGKILL) leaves either the
+old or the new checkpoint, never a truncated one. Loading uses ``torch.load(weights_only=True)``:
+no arbitrary objects are unpickled from a checkpoint file.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+FORMAT = "dptrain-checkpoint-v1"
+FILENAME = "checkpoint.pt"
+
+#: the settings that define the mechanism the accountant describes; a resume must match them
+PRIVACY_FIELDS = (
+    "enabled", "noise_multiplier", "max_grad_norm", "sample_rate", "expected_batch_size",
+    "dataset_size", "delta", "planned_steps", "accountant",
+)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used to resume this run; the message says why."""
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    """``torch.save`` to a temporary file in the same folder, fsync, rename over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the rename itself durable (best effort: not every file system allows it)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
+    """``trainer.resume``: None (start fresh), ``auto`` (this run folder's checkpoint if there is
+    one, else start fresh) or a PATH (a checkpoint file, or a run folder holding one; it must
+    exist)."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        path = Path(run_dir) / FILENAME
+        return path if path.is_file() else None
+    path = Path(resume).expanduser()
+    if path.is_dir():
+        path = path / FILENAME
+    if not path.is_file():
+        raise CheckpointError(
+            f"trainer.resume={resume!r} is not allowed: no checkpoint file at {path} "
+            "(give auto, a checkpoint file, or a run folder holding checkpoint.pt)"
+        )
+    return path
+
+
+def save_checkpoint(
+    path: Path, *, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+    accountant_state: dict, sample_rng: np.random.Generator, noise_gen: torch.Generator,
+    fingerprint: dict[str, Any], train_seconds: float, stopped: dict[str, Any] | None = None,
+) -> None:
+    atomic_torch_save({
+        "format": FORMAT,
+        "step": int(step),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "accountant": accountant_state,
+        "rng": {
+            "sampler": sample_rng.bit_generator.state,
+            "noise": noise_gen.get_state(),
+            "torch_global": torch.get_rng_state(),
+        },
+        "fingerprint": dict(fingerprint),
+        "train_seconds": float(train_seconds),
+        "stopped": stopped,
+    }, path)
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Read a checkpoint (tensors and plain Python values only)."""
+    try:
+        state = torch.load(Path(path), map_location="cpu", weights_only=True)
+    except Exception as err:  # corrupt, truncated, or not a torch file
+        raise CheckpointError(f"checkpoint {path} cannot be read ({type(err).__name__}): {err}") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path} is not a {FORMAT} file")
+    return state
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
+    return a == b
+
+
+def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
+    """Refuse to resume under other privacy settings, naming every differing field."""
+    diffs = [
+        f"{name}: checkpoint {saved.get(name)!r}, this run {current.get(name)!r}"
+        for name in PRIVACY_FIELDS if not _same(saved.get(name), current.get(name))
+    ]
+    if diffs:
+        raise CheckpointError(
+            f"checkpoint {path} was written under other privacy settings, so its accountant history "
+            "would not describe this run; refusing to resume. Differences: " + "; ".join(diffs)
+            + ". Start a new run folder (or trainer.resume=null) to train from scratch."
+        )
+
+
+def restore(
+    state: dict[str, Any], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+    sample_rng: np.random.Generator, noise_gen: torch.Generator, path: Path,
+) -> None:
+    """Load model, optimizer and every random state from ``state`` (in place)."""
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:
+        first = str(err).splitlines()[0]
+        raise CheckpointError(
+            f"checkpoint {path} holds a different model architecture than model=... of this run ({first})"
+        ) from None
+    optimizer.load_state_dict(state["optimizer"])
+    sample_rng.bit_generator.state = state["rng"]["sampler"]
+    noise_gen.set_state(state["rng"]["noise"])
+    torch.set_rng_state(state["rng"]["torch_global"])

@@ -1,0 +1,288 @@
+"""Crash-safe checkpoints, resume and the privacy budget (PRIVACY.md, issue 6 items 1-2).
+
+The kill test is real: a training subprocess is SIGKILLed at a point that depends on timing
+(after its first checkpoint appears, plus a random delay), resumed, killed again, resumed to
+the end, and compared with an uninterrupted run: same epsilon, same parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+
+import dptrain.checkpoint as ckpt
+import dptrain.cli as cli
+from dptrain.privacy.accounting import rdp_epsilon
+
+REPO = Path(__file__).resolve().parents[1]
+# the MLP on synthetic rows: long enough (~1,000 steps) to be killed mid-run, small enough for CI
+KILL = ["experiment=mlp", "data=synthetic", "data.n_rows=20000", "data.n_features=20",
+        "trainer.batch_size=150", "trainer.epochs=10", "trainer.checkpoint_every=25",
+        "trainer.progress=false", "trainer.baseline=false", "trainer.threads=1",
+        "trainer.eval_every=100000", "logger.tensorboard=true"]
+SMALL = ["experiment=logit", "data=synthetic", "data.n_rows=3000", "trainer.epochs=3",
+         "trainer.batch_size=100", "trainer.progress=false", "trainer.baseline=false",
+         "trainer.checkpoint_every=10"]
+
+
+def _cmd(run_dir: Path, overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "dptrain", *overrides, f"hydra.run.dir={run_dir}"]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+
+
+def _run(run_dir: Path, overrides: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(_cmd(run_dir, overrides), cwd=REPO, env=_env(), capture_output=True, text=True,
+                          timeout=300)
+
+
+def _run_inprocess(run_dir: Path, overrides: list[str]) -> float:
+    with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    return cli.run(cfg, run_dir=run_dir)
+
+
+def _kill_after_checkpoint(run_dir: Path, overrides: list[str], rng: random.Random) -> int | None:
+    """Start a run, SIGKILL it at a random moment after a checkpoint exists; return the step of
+    the checkpoint it left, or None if the run finished before it could be killed."""
+    proc = subprocess.Popen(_cmd(run_dir, overrides), cwd=REPO, env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    path = run_dir / ckpt.FILENAME
+    start_mtime = path.stat().st_mtime_ns if path.exists() else None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists() and path.stat().st_mtime_ns != start_mtime:
+            break
+        time.sleep(0.01)
+    time.sleep(rng.uniform(0.0, 0.4))
+    if proc.poll() is not None:
+        return None
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    return int(ckpt.load_checkpoint(path)["step"])  # never truncated: it must load
+
+
+def test_sigkill_and_resume_gives_the_uninterrupted_run(tmp_path):
+    ref_dir, crash_dir = tmp_path / "ref", tmp_path / "crash"
+    ref = _run(ref_dir, KILL)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    ref_report = json.loads((ref_dir / "privacy.json").read_text())
+    planned = ref_report["steps"]
+    assert planned > 500
+
+    rng = random.Random(1234)
+    killed_at = []
+    for _ in range(2):
+        step = _kill_after_checkpoint(crash_dir, [*KILL, "trainer.resume=auto"], rng)
+        if step is None:
+            break
+        killed_at.append(step)
+        assert not (crash_dir / "privacy.json").exists()  # a killed run claims nothing
+    assert killed_at, "the run finished before it could be killed: make it longer"
+    assert 0 < killed_at[0] < planned
+    done = _run(crash_dir, [*KILL, "trainer.resume=auto"])
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    report = json.loads((crash_dir / "privacy.json").read_text())
+    assert report["resumed_from_step"] == killed_at[-1]
+    assert report["steps"] == planned
+    assert report["epsilon"] == pytest.approx(ref_report["epsilon"], rel=1e-12)
+    assert report["epsilons"]["pld"] == pytest.approx(ref_report["epsilons"]["pld"], rel=1e-9)
+    ref_state = ckpt.load_checkpoint(ref_dir / ckpt.FILENAME)
+    state = ckpt.load_checkpoint(crash_dir / ckpt.FILENAME)
+    assert state["step"] == ref_state["step"] == planned
+    assert state["accountant"] == ref_state["accountant"]
+    for name, tensor in ref_state["model"].items():
+        torch.testing.assert_close(state["model"][name], tensor, rtol=1e-6, atol=1e-7)
+    ref_metrics = json.loads((ref_dir / "metrics.json").read_text())
+    metrics = json.loads((crash_dir / "metrics.json").read_text())
+    assert metrics["test/acc"] == pytest.approx(ref_metrics["test/acc"], abs=1e-6)
+    # no temporary checkpoint files are left behind by the kills
+    assert not list(crash_dir.glob(".checkpoint.pt.*"))
+
+
+def test_resume_inprocess_equals_uninterrupted(tmp_path):
+    """Stopping early (fewer epochs is NOT allowed: planned steps differ) is simulated by a
+    budget-free checkpoint taken mid-run: copy the mid-run checkpoint, resume from it."""
+    ref_dir = tmp_path / "ref"
+    _run_inprocess(ref_dir, [*SMALL, "trainer.checkpoint_every=7"])
+    ref = json.loads((ref_dir / "privacy.json").read_text())
+    # rebuild a mid-run checkpoint by running with a callback that stops the loop: kill via exception
+    mid_dir = tmp_path / "mid"
+
+    class Crash(RuntimeError):
+        pass
+
+    real_save = ckpt.save_checkpoint
+    saves = []
+
+    def save_then_crash(path, **kw):
+        real_save(path, **kw)
+        saves.append(kw["step"])
+        if len(saves) == 3:
+            raise Crash()
+
+    import dptrain.checkpoint
+
+    dptrain.checkpoint.save_checkpoint = save_then_crash
+    try:
+        with pytest.raises(Crash):
+            _run_inprocess(mid_dir, [*SMALL, "trainer.checkpoint_every=7"])
+    finally:
+        dptrain.checkpoint.save_checkpoint = real_save
+    assert saves == [7, 14, 21]
+    _run_inprocess(mid_dir, [*SMALL, "trainer.checkpoint_every=7", "trainer.resume=auto"])
+    got = json.loads((mid_dir / "privacy.json").read_text())
+    assert got["resumed_from_step"] == 21 and got["steps"] == ref["steps"]
+    assert got["epsilon"] == ref["epsilon"]
+    a = ckpt.load_checkpoint(ref_dir / ckpt.FILENAME)["model"]
+    b = ckpt.load_checkpoint(mid_dir / ckpt.FILENAME)["model"]
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0)  # same process: bit-identical
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (["privacy.noise_multiplier=1.5"], "noise_multiplier"),
+        (["privacy.max_grad_norm=0.5"], "max_grad_norm"),
+        (["trainer.batch_size=120"], "sample_rate"),
+        (["privacy.delta=1e-6"], "delta"),
+        (["data.n_rows=3100"], "dataset_size"),
+        (["trainer.epochs=4"], "planned_steps"),
+        (["privacy.accountant=pld"], "accountant"),
+    ],
+)
+def test_resume_under_other_privacy_settings_is_refused_by_name(tmp_path, change, field, capsys):
+    run_dir = tmp_path / "run"
+    _run_inprocess(run_dir, SMALL)
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    with pytest.raises(SystemExit) as exc:
+        _run_inprocess(run_dir, [*SMALL, "trainer.resume=auto", *change])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "other privacy settings" in err and f"{field}:" in err
+    after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    assert after == before  # nothing already written was touched
+
+
+def test_resume_path_and_bad_paths(tmp_path, capsys):
+    src = tmp_path / "src"
+    _run_inprocess(src, SMALL)
+    # resuming a finished run from a PATH into a new folder: no further step, same epsilon
+    dst = tmp_path / "dst"
+    _run_inprocess(dst, [*SMALL, f"trainer.resume={src / ckpt.FILENAME}"])
+    a, b = (json.loads((d / "privacy.json").read_text()) for d in (src, dst))
+    assert b["epsilon"] == a["epsilon"] and b["resumed_from_step"] == a["steps"]
+    with pytest.raises(SystemExit):
+        _run_inprocess(tmp_path / "x", [*SMALL, f"trainer.resume={tmp_path / 'nope.pt'}"])
+    assert "trainer.resume=" in capsys.readouterr().err
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / ckpt.FILENAME).write_bytes(b"not a checkpoint")
+    with pytest.raises(SystemExit):
+        _run_inprocess(bad, [*SMALL, "trainer.resume=auto"])
+    assert "cannot be read" in capsys.readouterr().err
+    assert not (bad / "privacy.json").exists()
+    # auto with no checkpoint: a fresh run
+    _run_inprocess(tmp_path / "fresh", [*SMALL, "trainer.resume=auto"])
+    assert json.loads((tmp_path / "fresh" / "privacy.json").read_text())["resumed_from_step"] == 0
+
+
+def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
+    path = tmp_path / ckpt.FILENAME
+    ckpt.atomic_torch_save({"format": ckpt.FORMAT, "step": 1}, path)
+    good = path.read_bytes()
+
+    def torn_save(obj, fh):
+        fh.write(b"PK\x03\x04 half a zip")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", torn_save)
+    with pytest.raises(OSError):
+        ckpt.atomic_torch_save({"format": ckpt.FORMAT, "step": 2}, path)
+    assert path.read_bytes() == good
+    assert [p.name for p in tmp_path.iterdir()] == [ckpt.FILENAME]  # temporary file removed
+
+
+def test_budget_stops_at_the_last_step_within_it(tmp_path):
+    run_dir = tmp_path / "b"
+    budget = 0.8
+    _run_inprocess(run_dir, [*SMALL, "privacy.noise_multiplier=1.0", f"privacy.max_epsilon={budget}"])
+    rep = json.loads((run_dir / "privacy.json").read_text())
+    q, sigma, delta, k = rep["sample_rate"], rep["noise_multiplier"], rep["delta"], rep["steps"]
+    assert rep["stopped_early"] and k < rep["planned_steps"]
+    assert "privacy.max_epsilon=0.8" in rep["stop_reason"]
+    assert rep["epsilon"] <= budget
+    # independent check of the stopping point: k steps fit, k + 1 do not
+    assert rdp_epsilon(sample_rate=q, noise_multiplier=sigma, steps=k, delta=delta) <= budget
+    assert rdp_epsilon(sample_rate=q, noise_multiplier=sigma, steps=k + 1, delta=delta) > budget
+    assert "privacy budget" in (run_dir / "privacy.txt").read_text() or "max_epsilon" in (
+        run_dir / "privacy.txt").read_text()
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["train/steps"] == k
+
+
+def test_budget_holds_across_resume(tmp_path):
+    """First run without a budget is interrupted; the resume sets a budget below what the
+    whole planned run would spend: the resumed run stops within it, counting the steps done
+    before the crash."""
+    run_dir = tmp_path / "r"
+    real_save = ckpt.save_checkpoint
+    calls = []
+
+    def save_then_crash(path, **kw):
+        real_save(path, **kw)
+        calls.append(kw["step"])
+        if kw["step"] >= 10:
+            raise KeyboardInterrupt
+
+    import dptrain.checkpoint
+
+    dptrain.checkpoint.save_checkpoint = save_then_crash
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _run_inprocess(run_dir, [*SMALL, "privacy.noise_multiplier=1.0"])
+    finally:
+        dptrain.checkpoint.save_checkpoint = real_save
+    fp = ckpt.load_checkpoint(run_dir / ckpt.FILENAME)["fingerprint"]
+    assert fp["planned_steps"] > 25
+    # a budget that allows exactly 20 steps in all: 10 before the crash, 10 after
+    budget = rdp_epsilon(sample_rate=fp["sample_rate"], noise_multiplier=1.0, steps=20, delta=fp["delta"]) * (1 + 1e-9)
+    _run_inprocess(run_dir, [*SMALL, "privacy.noise_multiplier=1.0", f"privacy.max_epsilon={budget!r}",
+                             "trainer.resume=auto"])
+    rep = json.loads((run_dir / "privacy.json").read_text())
+    assert rep["resumed_from_step"] == 10
+    assert rep["steps"] == 20
+    assert rep["epsilon"] <= budget and rep["stopped_early"]
+    q, sigma, delta = rep["sample_rate"], rep["noise_multiplier"], rep["delta"]
+    assert rdp_epsilon(sample_rate=q, noise_multiplier=sigma, steps=rep["steps"] + 1, delta=delta) > budget
+    # a budget already spent by the resumed history: no further step, and the report says so
+    _run_inprocess(run_dir, [*SMALL, "privacy.noise_multiplier=1.0", "privacy.max_epsilon=0.01",
+                             "trainer.resume=auto"])
+    rep2 = json.loads((run_dir / "privacy.json").read_text())
+    assert rep2["steps"] == rep["steps"] and "already exceeded" in rep2["stop_reason"]
+
+
+def test_bad_budget_and_checkpoint_settings_are_refused(tmp_path, capsys):
+    for override, name in [("privacy.max_epsilon=0", "privacy.max_epsilon"),
+                           ("privacy.max_epsilon=-1", "privacy.max_epsilon"),
+                           ("privacy.max_epsilon=inf", "privacy.max_epsilon"),
+                           ("trainer.checkpoint_every=-5", "trainer.checkpoint_every")]:
+        with pytest.raises(SystemExit):
+            _run_inprocess(tmp_path / name, [*SMALL, override])
+        assert name in capsys.readouterr().err
+        assert not (tmp_path / name / "privacy.json").exists()
