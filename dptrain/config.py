@@ -17,6 +17,9 @@ accountant's q = B/N uses it), so reading it is not a leak.
 from __future__ import annotations
 
 import math
+import numbers
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -87,10 +90,10 @@ class PrivacyConfig:
     delta: Optional[float] = None
     accountant: str = "rdp"  # rdp | pld
     calibration_rtol: float = 1e-3
+    max_epsilon: Optional[float] = None  # budget: stop at the last step whose epsilon is <= it
 
 
 @dataclass
-    max_epsilon: Optional[float] = None  # budget: stop at the last step whose epsilon is <= it
 class TrainerConfig:
     """The training loop. ``batch_size`` is the EXPECTED batch size B of Poisson sampling
     (q = B / N); ``epochs`` may be fractional (steps = round(epochs / q))."""
@@ -103,11 +106,11 @@ class TrainerConfig:
     baseline: bool = True  # fit the non-private sklearn baseline on the same features
     progress: bool = True
     threads: int = 0  # torch threads; 0 leaves torch's default
+    checkpoint_every: int = 100  # steps between checkpoints (0: only at the end); always one at the end
+    resume: Optional[str] = None  # null (fresh) | auto (this run folder's checkpoint, if any) | PATH
 
 
 @dataclass
-    checkpoint_every: int = 100  # steps between checkpoints (0: only at the end); always one at the end
-    resume: Optional[str] = None  # null (fresh) | auto (this run folder's checkpoint, if any) | PATH
 class DomainConfig:
     """The PUBLIC domain of (x, y); rows are clipped into it (release.clip) or refused."""
 
@@ -194,12 +197,172 @@ _ENUMS = {
 
 
 def _finite_positive(setting: str, value: Any) -> None:
-    if value is None or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if not _is_real(value) or not _is_finite(value) or value <= 0:
         raise _bad(setting, value, "must be a finite number > 0")
+
+
+#: Ranges a run's numerics are built for (float32 training, the accountants' domain). Values
+#: outside them crashed deep inside torch / dp-accounting, overflowed, or ran for hours.
+SIGMA_RANGE = (1e-2, 1e6)  # privacy.noise_multiplier: 0 (no noise) or in here; calibration's search range
+MAX_TARGET_EPSILON = 100.0  # privacy.target_epsilon
+GRAD_NORM_RANGE = (1e-6, 1e6)  # privacy.max_grad_norm (C and sigma * C stay far inside float32)
+MAX_STEPS = 10_000_000  # steps = round(epochs * N / B): the training loop and the accountants
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_finite(value: Any) -> bool:
+    try:
+        return math.isfinite(value)
+    except (OverflowError, TypeError, ValueError):  # 10**400, ...
+        return False
+
+
+def _real(setting: str, value: Any, allowed: str, *, lo: float = -math.inf, hi: float = math.inf,
+          lo_open: bool = False, hi_open: bool = False) -> float:
+    """``value`` as a float if it is a finite real number in the interval, else ConfigError."""
+    ok = _is_real(value) and _is_finite(value)
+    if ok:
+        ok = (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
+    if not ok:
+        raise _bad(setting, value, allowed)
+    return float(value)
+
+
+def _integer(setting: str, value: Any, lo: int, allowed: str | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lo:
+        raise _bad(setting, value, allowed or f"must be an integer >= {lo}")
+    return int(value)
+
+
+def _flag(setting: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise _bad(setting, value, "must be true or false")
+
+
+def _field(obj: Any, name: str, default: Any = None) -> Any:
+    return obj.get(name, default) if isinstance(obj, Mapping) else getattr(obj, name, default)
+
+
+def validate_settings(cfg: Config) -> None:
+    """Type and range of every single setting :func:`validate` relies on. Hydra enforces the
+    declared types when it composes a config, but a Config built in Python may hold anything,
+    and ``model`` / ``optim`` are free-form: a wrong type must be a ConfigError naming the
+    setting, never a TypeError from a comparison or a crash inside torch later."""
+    _integer("seed", cfg.seed, 0)
+    d = cfg.data
+    if d.path is not None and not isinstance(d.path, (str, os.PathLike)):
+        raise _bad("data.path", d.path, "must be the path of a CSV, Parquet or .dta file (or null)")
+    if not isinstance(d.target, str):
+        raise _bad("data.target", d.target, "must be the name of the label column")
+    _real("data.test_fraction", d.test_fraction, "must be a number in (0, 1)", lo=0, hi=1, lo_open=True, hi_open=True)
+    numeric = d.numeric if d.numeric is not None else {}
+    categorical = d.categorical if d.categorical is not None else {}
+    if not isinstance(numeric, Mapping):
+        raise _bad("data.numeric", numeric, "must map column names to {lower: ..., upper: ...}")
+    if not isinstance(categorical, Mapping):
+        raise _bad("data.categorical", categorical, "must map column names to lists of category labels")
+    for col, spec in numeric.items():
+        if spec is None or isinstance(spec, (str, bytes, bool, numbers.Number, list, tuple)):
+            raise _bad(f"data.numeric.{col}", spec, "must be {lower: ..., upper: ...} (optionally transform: log1p)")
+        for bound in ("lower", "upper"):
+            _real(f"data.numeric.{col}.{bound}", _field(spec, bound), "must be a finite number (a public bound)")
+    for col, cats in categorical.items():
+        if not isinstance(cats, (list, tuple)):
+            raise _bad(f"data.categorical.{col}", cats, "must be a list of category labels")
+        for c in cats:
+            if c is not None and not isinstance(c, (str, numbers.Number)):
+                raise _bad(f"data.categorical.{col}", list(cats), "every label must be a string or a number")
+    if cfg.task == "release":
+        return
+    p, t = cfg.privacy, cfg.trainer
+    _flag("privacy.enabled", p.enabled)
+    if p.enabled:
+        s = p.noise_multiplier
+        lo, hi = SIGMA_RANGE
+        if s is not None and not (_is_real(s) and _is_finite(s) and (s == 0 or lo <= s <= hi)):
+            raise _bad("privacy.noise_multiplier", s,
+                       f"must be 0 (no noise: epsilon = inf, NO guarantee) or a number in [{lo:g}, {hi:g}] "
+                       "(the range the accountants and float32 training handle; calibration searches it too)")
+        if p.target_epsilon is not None:
+            _real("privacy.target_epsilon", p.target_epsilon,
+                  f"must be a number in (0, {MAX_TARGET_EPSILON:g}] (an epsilon above {MAX_TARGET_EPSILON:g} "
+                  "protects nothing; privacy.enabled=false trains without privacy and says so)",
+                  lo=0, hi=MAX_TARGET_EPSILON, lo_open=True)
+        lo, hi = GRAD_NORM_RANGE
+        _real("privacy.max_grad_norm", p.max_grad_norm,
+              f"must be a number in [{lo:g}, {hi:g}] (the per-example clipping norm C > 0)", lo=lo, hi=hi)
+        if p.delta is not None:
+            _real("privacy.delta", p.delta, "must be in (0, 1/N) (or null for the default)",
+                  lo=0, hi=1, lo_open=True, hi_open=True)
+        _real("privacy.calibration_rtol", p.calibration_rtol, "must be in (0, 0.1)", lo=0, hi=0.1,
+              lo_open=True, hi_open=True)
+    _real("trainer.epochs", t.epochs,
+          f"must be a finite number > 0 (and give at most {MAX_STEPS:,} steps = epochs * N / B)", lo=0, lo_open=True)
+    _integer("trainer.batch_size", t.batch_size, 1, "must be an integer > 0 (and <= N)")
+    _integer("trainer.eval_every", t.eval_every, 1, "must be an integer > 0")
+    _integer("trainer.log_every", t.log_every, 1, "must be an integer > 0")
+    _integer("trainer.threads", t.threads, 0, "must be an integer >= 0 (0 = torch default)")
+    for name in ("baseline", "progress"):
+        _flag(f"trainer.{name}", getattr(t, name))
+    _flag("logger.tensorboard", cfg.logger.tensorboard)
+    validate_model(cfg.model)
+    validate_optim(cfg.optim)
+
+
+def _build_error(setting: str, value: Any, exc: BaseException, allowed: str) -> ConfigError:
+    cause = exc
+    while cause.__cause__ is not None:  # Hydra wraps the constructor's own error
+        cause = cause.__cause__
+    return ConfigError(f"{setting}={value!r} is not allowed: {type(cause).__name__}: {cause}; allowed: {allowed}")
+
+
+def validate_model(model: Any) -> None:
+    """``model``: a mapping with ``_target_`` (model=logit | mlp); an MLP's ``hidden`` widths are
+    integers > 0. The model is built once with tiny widths so that a bad argument (an unknown
+    activation, an unknown key) is refused here and not after the data is read."""
+    if not isinstance(model, Mapping) or not isinstance(model.get("_target_"), str):
+        raise _bad("model", model, "choose a model: model=logit or model=mlp (a mapping with _target_)")
+    probe = dict(model)
+    if "hidden" in model:
+        hidden = model["hidden"]
+        if not isinstance(hidden, (list, tuple)) or any(
+                isinstance(h, bool) or not isinstance(h, numbers.Integral) or h < 1 for h in hidden):
+            raise _bad("model.hidden", hidden, "must be a list of integer layer widths > 0, e.g. [64, 64]")
+        probe["hidden"] = [1] * len(hidden)
+    try:
+        from hydra.utils import instantiate
+
+        instantiate(OmegaConf.create(probe), in_features=1)
+    except Exception as exc:  # noqa: BLE001 - any failure to build is a bad setting
+        raise _build_error("model", dict(model), exc, "arguments that the model's _target_ accepts "
+                           "(model.hidden: widths > 0; model.activation: relu, tanh, gelu, silu, elu, leaky_relu)") from None
+
+
+def validate_optim(optim: Any) -> None:
+    """``optim``: a mapping with ``_target_`` (a torch.optim class) and ``_partial_: true``;
+    ``lr`` a finite number > 0. The optimiser is built once on a dummy parameter, so torch's own
+    checks (momentum, betas, weight decay, ...) are refused here, by name."""
+    if not isinstance(optim, Mapping) or not isinstance(optim.get("_target_"), str):
+        raise _bad("optim", optim, "choose an optimiser: optim=sgd or optim=adam (a mapping with _target_)")
+    if "lr" in optim:
+        _real("optim.lr", optim["lr"], "must be a finite number > 0 (the learning rate)", lo=0, lo_open=True)
+    if optim.get("_partial_") is not True:
+        raise _bad("optim._partial_", optim.get("_partial_"), "must be true (the parameters are passed at build time)")
+    try:
+        import torch
+        from hydra.utils import instantiate
+
+        instantiate(OmegaConf.create(dict(optim)))(params=[torch.nn.Parameter(torch.zeros(1))])
+    except Exception as exc:  # noqa: BLE001 - any failure to build is a bad setting
+        raise _build_error("optim", dict(optim), exc, f"arguments that {optim['_target_']} accepts") from None
 
 
 def validate(cfg: Config) -> None:
     """Check values and combinations that types cannot express. Raises :class:`ConfigError`."""
+    validate_settings(cfg)
     for setting, allowed in _ENUMS.items():
         obj: Any = cfg
         for part in setting.split("."):
@@ -233,7 +396,13 @@ def validate(cfg: Config) -> None:
             raise _bad("privacy.delta", p.delta, "must be in (0, 1/N) (or null for the default)")
         if not (0 < p.calibration_rtol < 0.1):
             raise _bad("privacy.calibration_rtol", p.calibration_rtol, "must be in (0, 0.1)")
+        if p.max_epsilon is not None:
+            _finite_positive("privacy.max_epsilon", p.max_epsilon)
     _finite_positive("trainer.epochs", t.epochs)
+    if t.checkpoint_every < 0:
+        raise _bad("trainer.checkpoint_every", t.checkpoint_every, "must be an integer >= 0 (0: only at the end)")
+    if t.resume is not None and not str(t.resume).strip():
+        raise _bad("trainer.resume", t.resume, "must be null, auto, or the path of a checkpoint or run folder")
     if t.batch_size <= 0:
         raise _bad("trainer.batch_size", t.batch_size, "must be an integer > 0 (and <= N)")
     for name in ("eval_every", "log_every"):
@@ -299,15 +468,16 @@ def validate_against_size(cfg: Config, n: int) -> float:
         raise ConfigError("the training data has 0 rows: nothing to train on")
     if cfg.trainer.batch_size > n:
         raise _bad("trainer.batch_size", cfg.trainer.batch_size, f"must be <= N = {n} (training rows)")
+    if cfg.task != "release":
+        steps = cfg.trainer.epochs * n / cfg.trainer.batch_size  # fit() runs max(1, round(this)) steps
+        if not steps <= MAX_STEPS:
+            raise _bad("trainer.epochs", cfg.trainer.epochs,
+                       f"gives {steps:.4g} steps (epochs * N / B with N = {n}, B = {cfg.trainer.batch_size}); "
+                       f"allowed: at most {MAX_STEPS:,} steps, i.e. epochs <= "
+                       f"{MAX_STEPS * cfg.trainer.batch_size / n:.6g}")
     if not cfg.privacy.enabled:
         return float("nan")
     delta = cfg.privacy.delta if cfg.privacy.delta is not None else default_delta(n)
     if delta >= 1.0 / n:
         raise _bad("privacy.delta", delta, f"must be < 1/N = {1.0 / n:.3g} (N = {n} training rows)")
     return delta
-        if p.max_epsilon is not None:
-            _finite_positive("privacy.max_epsilon", p.max_epsilon)
-    if t.checkpoint_every < 0:
-        raise _bad("trainer.checkpoint_every", t.checkpoint_every, "must be an integer >= 0 (0: only at the end)")
-    if t.resume is not None and not str(t.resume).strip():
-        raise _bad("trainer.resume", t.resume, "must be null, auto, or the path of a checkpoint or run folder")

@@ -14,8 +14,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -45,6 +46,7 @@ __all__ = [
     "encode_features",
     "load_adult_frame",
     "load_dataset",
+    "numeric_spec",
     "read_table",
     "schema_from_config",
     "verify_sha256",
@@ -91,7 +93,7 @@ def verify_sha256(path: str | Path, expected: str) -> None:
         )
 
 
-def load_adult_frame(path: Optional[str | Path] = None, *, columns: Optional[Sequence[str]] = None) -> pd.DataFrame:
+def load_adult_frame(path: str | Path | None = None, *, columns: Sequence[str] | None = None) -> pd.DataFrame:
     """The shipped Adult table (48,842 rows incl. the ``split`` column), SHA-256 verified.
     ``path`` (for tests) reads another copy, still checked against the shipped SHA256SUMS."""
     p = Path(path) if path is not None else ADULT_FILE

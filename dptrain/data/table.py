@@ -11,6 +11,11 @@ Nothing here is fitted on the rows (PRIVACY.md, "What leaks outside the accounta
 * train/test split: the ``split_column`` ("train"/"test") or a permutation drawn from the seed
   (it depends on the seed and the row count only).
 
+Refused (DataError): empty / header-only files, non-UTF-8 CSV, CSV rows whose field count differs
+from the header's (pandas would pad, truncate or shift them silently), duplicate column names,
+missing declared columns, non-numeric / non-finite numeric entries, nested (list / struct)
+labels, a target that is not binary or whose training rows are all in one class.
+
 Error messages name the setting, the column and counts of rows; they never quote a value read
 from the file (a headerless file's "column names" are row values, so those are not quoted
 either).
@@ -26,10 +31,12 @@ import logging
 import lzma
 import math
 import re
+import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -112,10 +119,10 @@ class Schema:
     """The public schema, checked. Built by :func:`schema_from_config`."""
 
     target: str
-    positive: Optional[str]
+    positive: str | None
     numeric: tuple[NumericSpec, ...]
     categorical: tuple[tuple[str, tuple[str, ...]], ...]
-    split_column: Optional[str] = None
+    split_column: str | None = None
     nonfinite: str = "error"
     test_fraction: float = 0.25
 
@@ -159,7 +166,7 @@ def numeric_spec(name: str, spec: Any) -> NumericSpec:
     return NumericSpec(name, lo, hi, transform)
 
 
-def schema_from_config(cfg: Any, *, numeric: Optional[Mapping[str, Any]] = None) -> Schema:
+def schema_from_config(cfg: Any, *, numeric: Mapping[str, Any] | None = None) -> Schema:
     """Check the data config's schema part and return it normalised. Raises ConfigError."""
     target = _get(cfg, "target")
     if not isinstance(target, str) or not target.strip():
@@ -280,28 +287,89 @@ def _check_duplicates(p: Path, names: Sequence[str]) -> None:
         )
 
 
-def _csv_header(p: Path) -> list[str]:
+class _BigFields:
+    """Lift the csv module's per-field size limit (128 KiB by default; pandas has none) while
+    scanning, so a long text cell is not mistaken for a broken file."""
+
+    def __enter__(self) -> None:
+        self.old = csv.field_size_limit()
+        csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+
+    def __exit__(self, *exc: object) -> None:
+        csv.field_size_limit(self.old)
+
+
+def _is_blank(row: Sequence[str]) -> bool:
+    return not any(cell.strip() for cell in row)
+
+
+def _csv_scan(p: Path) -> tuple[list[str], int, int, int]:
+    """The header and the shape of the data rows, in one streaming pass with the csv module:
+    ``(header, data rows, ragged rows, line of the first ragged row)``. A ragged row has more or
+    fewer fields than the header; pandas would silently pad it with NaN, drop its extra fields
+    (with ``usecols``) or, when every row has one extra field, shift all columns by turning the
+    first one into the index. Blank lines are skipped, as pandas does."""
     try:
-        with _open_binary(p) as fb:
+        with _BigFields(), _open_binary(p) as fb:
             f = io.TextIOWrapper(fb, encoding="utf-8-sig", newline="")
-            for row in csv.reader(f):
-                if any(cell.strip() for cell in row):
-                    return row
+            reader = csv.reader(f)
+            header = None
+            for row in reader:
+                if not _is_blank(row):
+                    header = row
+                    break
+            if header is None:
+                raise DataError(f"data.path={str(p)!r}: the file is empty (no header line, 0 rows); "
+                                "allowed: a header line and at least one row")
+            width = len(header)
+            counts = Counter(map(len, reader))
+            n_rows = sum(c for k, c in counts.items() if k > 0)
+            if all(k in (0, width) for k in counts):
+                return header, n_rows, 0, 0
+        # second pass only for a broken file: exact count (whitespace-only lines are blank) and
+        # where the first bad row is
+        with _BigFields(), _open_binary(p) as fb:
+            reader = csv.reader(io.TextIOWrapper(fb, encoding="utf-8-sig", newline=""))
+            seen_header, n_rows, bad, first = False, 0, 0, 0
+            for row in reader:
+                if _is_blank(row):
+                    continue
+                if not seen_header:
+                    seen_header = True
+                    continue
+                n_rows += 1
+                if len(row) != width:
+                    bad += 1
+                    first = first or reader.line_num
+            return header, n_rows, bad, first
     except UnicodeDecodeError:
         raise _non_utf8(p) from None
     except (OSError, EOFError, csv.Error) as exc:
         raise _unreadable(p, "csv", exc) from None
-    raise DataError(f"data.path={str(p)!r}: the file is empty (no header line, 0 rows); allowed: a header line and at least one row")
 
 
-def read_table(path: str | Path, *, fmt: str = "auto", columns: Optional[Sequence[str]] = None) -> pd.DataFrame:
+def _csv_header(p: Path) -> list[str]:
+    """The header of a CSV file; refuses an empty file and rows whose field count differs from
+    the header's (counts and a line number only, never a value)."""
+    header, n_rows, bad, first = _csv_scan(p)
+    if bad:
+        raise DataError(
+            f"data.path={str(p)!r}: {bad} of {n_rows} data rows have a different number of fields than "
+            f"the header ({len(header)} columns; the first such row ends on line {first}); allowed: "
+            f"exactly {len(header)} comma-separated fields in every row (quote fields that contain commas "
+            "or line breaks, and close every quote)"
+        )
+    return header
+
+
+def read_table(path: str | Path, *, fmt: str = "auto", columns: Sequence[str] | None = None) -> pd.DataFrame:
     """Read a CSV (``.csv``, ``.csv.gz``/``.bz2``/``.xz``), Parquet (``.parquet``, ``.pq``) or
     Stata (``.dta``) file. ``fmt``: ``auto`` (by suffix), ``csv``, ``parquet`` or ``dta``.
 
     Column names are stripped of surrounding spaces; duplicate names are refused. ``columns``
     (optional) reads only those columns (faster for wide files); names not in the file are
     skipped silently, the caller checks. Raises :class:`DataError` (missing file, empty file,
-    unreadable, non-UTF-8 CSV, duplicate names) or ConfigError (bad ``fmt``)."""
+    unreadable, non-UTF-8 CSV, ragged CSV rows, duplicate names) or ConfigError (bad ``fmt``)."""
     p = Path(path)
     if not p.exists():
         raise DataError(f"data.path={str(path)!r}: no such file; allowed: an existing CSV, Parquet or .dta file")
@@ -353,7 +421,7 @@ def read_table(path: str | Path, *, fmt: str = "auto", columns: Optional[Sequenc
 # --------------------------------------------------------------------------------------------
 
 
-def _label(v: Any) -> Optional[str]:
+def _label(v: Any) -> str | None:
     """A cell as the stripped string it is compared with (1.0 -> "1"); None for missing."""
     if v is None or v is pd.NA or v is pd.NaT:
         return None
@@ -371,11 +439,32 @@ def _label(v: Any) -> Optional[str]:
     return str(v).strip()
 
 
-def label_codes(col: pd.Series, labels: Sequence[str], *, lower: bool = False) -> np.ndarray:
+_NESTED = (list, tuple, dict, set, frozenset, np.ndarray, Mapping)
+
+
+def _nested_entries(col: pd.Series) -> int:
+    """Rows whose cell is a container (a Parquet list/struct/map value), not a scalar label."""
+    if col.dtype != object:
+        return 0
+    return int(col.map(lambda v: isinstance(v, _NESTED)).sum())
+
+
+def label_codes(col: pd.Series, labels: Sequence[str], *, lower: bool = False,
+                setting: str | None = None) -> np.ndarray:
     """Index of each cell's stripped-string label in ``labels``; -1 if absent or missing.
     Vectorised: only the distinct values are converted to strings. ``lower``: compare the
-    cells lower-cased (``labels`` must then be lower-case)."""
-    codes, uniques = pd.factorize(col, use_na_sentinel=True)
+    cells lower-cased (``labels`` must then be lower-case). A column of nested values (lists,
+    structs) is refused with a DataError naming ``setting`` and the count of such rows."""
+    try:
+        codes, uniques = pd.factorize(col, use_na_sentinel=True)
+    except TypeError:  # unhashable cells: Parquet lists / structs / maps (no value is quoted)
+        where = setting or f"column {col.name!r}"
+        n_nested = _nested_entries(col)
+        what = f"{n_nested} nested entries (lists/structs/maps)" if n_nested else "values that cannot be compared as labels"
+        raise DataError(
+            f"{where}: column {col.name!r} has {what} of {len(col)} rows; allowed: one scalar label "
+            "(text or number) per row"
+        ) from None
     if len(uniques) == 0:
         return np.full(len(col), -1, dtype=np.int64)
     as_str = [_label(u) for u in uniques]
@@ -418,7 +507,7 @@ def _target(col: pd.Series, schema: Schema, rows: np.ndarray) -> np.ndarray:
     n = len(rows)
     setting = f"data.target={schema.target!r}"
     if schema.positive is not None:
-        y = (label_codes(col, [schema.positive]) == 0)[rows]
+        y = (label_codes(col, [schema.positive], setting=setting) == 0)[rows]
         if not y.any():
             raise DataError(
                 f"data.positive={schema.positive!r}: no row of column {schema.target!r} ({n} rows) has "
@@ -442,13 +531,28 @@ def _target(col: pd.Series, schema: Schema, rows: np.ndarray) -> np.ndarray:
     return v.astype(np.float32)
 
 
+def _check_two_classes(y_train: np.ndarray, schema: Schema) -> None:
+    """Refuse a target whose training rows are all in one class: no classifier can be fitted
+    (the non-private baseline would crash) and test AUC is meaningless. Counts only."""
+    nt, pos = len(y_train), int(y_train.sum())
+    if 0 < pos < nt:
+        return
+    rule = (f"label 1 where it equals data.positive={schema.positive!r}" if schema.positive is not None
+            else "data.positive=null: numeric 0/1")
+    raise DataError(
+        f"data.target={schema.target!r}: all {nt} training rows are in one class ({pos} positive, "
+        f"{nt - pos} negative; {rule}); allowed: a binary target with both classes among the training "
+        "rows (check data.target, data.positive and data.split_column)"
+    )
+
+
 def _split(df: pd.DataFrame, schema: Schema, keep: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Row indices (into df) of the train and test parts, each ascending."""
     idx = np.flatnonzero(keep)
     n = len(idx)
     if schema.split_column is not None:
         col = schema.split_column
-        codes = label_codes(df[col], ["train", "test"], lower=True)[idx]
+        codes = label_codes(df[col], ["train", "test"], lower=True, setting=f"data.split_column={col!r}")[idx]
         bad = int((codes < 0).sum())
         if bad:
             raise DataError(
@@ -462,7 +566,7 @@ def _split(df: pd.DataFrame, schema: Schema, keep: np.ndarray, seed: int) -> tup
         return train, test
     if n < 2:
         raise DataError(f"the data has {n} row(s); a random train/test split needs at least 2")
-    n_test = min(max(int(round(schema.test_fraction * n)), 1), n - 1)
+    n_test = min(max(round(schema.test_fraction * n), 1), n - 1)
     is_test = np.zeros(n, dtype=bool)
     is_test[split_rng(seed).permutation(n)[:n_test]] = True
     return idx[~is_test], idx[is_test]
@@ -479,8 +583,8 @@ def _seed(seed: Any) -> int:
     return int(seed)
 
 
-def encode_features(df: pd.DataFrame, schema: Schema, rows: Optional[np.ndarray] = None,
-                    numeric: Optional[dict[str, np.ndarray]] = None) -> np.ndarray:
+def encode_features(df: pd.DataFrame, schema: Schema, rows: np.ndarray | None = None,
+                    numeric: dict[str, np.ndarray] | None = None) -> np.ndarray:
     """Encode ``df`` (rows ``rows``, default all) with the public schema -> float32 (n, d).
 
     Numeric columns must be finite here (``numeric`` may pass pre-parsed float64 columns)."""
@@ -497,7 +601,7 @@ def encode_features(df: pd.DataFrame, schema: Schema, rows: Optional[np.ndarray]
     for col, cats in schema.categorical:
         if len(cats) == 0:
             raise ConfigError(f"data.categorical.{col}=[] is not allowed: a category list must not be empty")
-        codes = label_codes(df[col], cats)[rows]
+        codes = label_codes(df[col], cats, setting=f"data.categorical.{col}")[rows]
         codes[codes < 0] = len(cats)  # the other slot
         x[ar, j + codes] = 1.0
         j += len(cats) + 1
@@ -556,6 +660,7 @@ def build_dataset(df: pd.DataFrame, schema: Schema, *, seed: int, source: str, o
     y = _target(df[schema.target], schema, rows)
     x = encode_features(df, schema, rows, nums)
     nt = len(train)
+    _check_two_classes(y[:nt], schema)
     return Dataset(
         x_train=torch.from_numpy(x[:nt]),
         y_train=torch.from_numpy(np.ascontiguousarray(y[:nt])),
