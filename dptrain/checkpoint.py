@@ -35,7 +35,7 @@ FILENAME = "checkpoint.pt"
 #: the settings that define the mechanism the accountant describes; a resume must match them
 PRIVACY_FIELDS = (
     "enabled", "noise_multiplier", "max_grad_norm", "sample_rate", "expected_batch_size",
-    "dataset_size", "delta", "planned_steps", "accountant",
+    "dataset_size", "delta", "planned_steps", "accountant", "world_size",
 )
 
 
@@ -97,8 +97,9 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
 def save_checkpoint(
     path: Path, *, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     accountant_state: dict, sample_rng: np.random.Generator, noise_gen: torch.Generator,
-    fingerprint: dict[str, Any], train_seconds: float, stopped: dict[str, Any] | None = None,
+    fingerprint: dict[str, Any], train_seconds: float, samplers: list | None = None,
 ) -> None:
+    """``samplers``: every rank's sampler state in a distributed job (rank 0 writes)."""
     atomic_torch_save({
         "format": FORMAT,
         "step": int(step),
@@ -107,12 +108,12 @@ def save_checkpoint(
         "accountant": accountant_state,
         "rng": {
             "sampler": sample_rng.bit_generator.state,
+            "samplers": samplers,
             "noise": noise_gen.get_state(),
             "torch_global": torch.get_rng_state(),
         },
         "fingerprint": dict(fingerprint),
         "train_seconds": float(train_seconds),
-        "stopped": stopped,
     }, path)
 
 
@@ -149,7 +150,7 @@ def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], path: Path
 
 def restore(
     state: dict[str, Any], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-    sample_rng: np.random.Generator, noise_gen: torch.Generator, path: Path,
+    sample_rng: np.random.Generator, noise_gen: torch.Generator, path: Path, rank: int = 0,
 ) -> None:
     """Load model, optimizer and every random state from ``state`` (in place)."""
     try:
@@ -160,6 +161,7 @@ def restore(
             f"checkpoint {path} holds a different model architecture than model=... of this run ({first})"
         ) from None
     optimizer.load_state_dict(state["optimizer"])
-    sample_rng.bit_generator.state = state["rng"]["sampler"]
+    per_rank = state["rng"].get("samplers")
+    sample_rng.bit_generator.state = per_rank[rank] if per_rank else state["rng"]["sampler"]
     noise_gen.set_state(state["rng"]["noise"])
     torch.set_rng_state(state["rng"]["torch_global"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+import tempfile
 from pathlib import Path
 
 import hydra
@@ -49,14 +50,29 @@ def run(cfg: DictConfig, *, run_dir: Path) -> float:
     except (ConfigError, DataError) as err:
         _fail(err)
 
-    tracker = Tracker(run_dir, tensorboard=conf.logger.tensorboard)
+    dist_ctx = None
+    if conf.trainer.distributed:
+        from dptrain.distributed import DistributedError, init_from_env
+
+        try:
+            dist_ctx = init_from_env()
+        except DistributedError as err:
+            _fail(err)
+        log.info("distributed: rank %d of %d (backend %s)", dist_ctx.rank, dist_ctx.world_size, dist_ctx.backend)
+        # every rank resumes from (and rank 0 writes to) rank 0's run folder
+        run_dir = Path(dist_ctx.all_gather_objects(str(run_dir))[0])
+    main_rank = dist_ctx is None or dist_ctx.is_main
+    tracker = Tracker(run_dir, tensorboard=conf.logger.tensorboard and main_rank)
     try:
-        result = fit(conf, data, delta=delta, tracker=tracker, run_dir=run_dir)
+        result = fit(conf, data, delta=delta, tracker=tracker, run_dir=run_dir, dist_ctx=dist_ctx)
     except (ConfigError, AccountingError, CheckpointError) as err:
         tracker.close()
         _fail(err)
-    private = conf.privacy.enabled
-    epsilons = final_epsilons(result, delta=delta) if private else None
+    if not main_rank:  # only rank 0 writes artifacts
+        from dptrain.distributed import shutdown
+
+        shutdown()
+        return float(result.metrics["test/acc"])
     # Hydra saves the composed config with interpolations; keep the resolved values beside it
     # (written only once training has succeeded: a refused resume must not overwrite the record).
     atomic_write_text(run_dir / ".hydra" / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
@@ -104,9 +120,16 @@ def run(cfg: DictConfig, *, run_dir: Path) -> float:
     for line in lines:
         log.info(line)
     return float(m["test/acc"])
+    if dist_ctx is not None:
+        lines.append(f"distributed: {dist_ctx.world_size} processes ({dist_ctx.backend}); noise added once per "
+                     "step on rank 0; only rank 0 wrote these outputs")
 
 
 def run_hparams(conf: Config, report: dict) -> dict:
+    if dist_ctx is not None:
+        from dptrain.distributed import shutdown
+
+        shutdown()
     """The settings that make runs of a sweep comparable trials in TensorBoard's HParams view."""
     model = conf.model if isinstance(conf.model, dict) else {}
     optim = conf.optim if isinstance(conf.optim, dict) else {}
@@ -151,3 +174,12 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    from dptrain.distributed import env_rank
+
+    if env_rank() > 0:
+        # torchrun starts one process per rank; only rank 0 writes a run folder. The others get
+        # no Hydra output folder and no log file (and so cannot race rank 0 for its files).
+        sys.argv = [a for a in sys.argv if not a.startswith(("hydra.run.dir=", "hydra.output_subdir=",
+                                                              "hydra/job_logging="))]
+        sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout",
+                     f"hydra.run.dir={Path(tempfile.gettempdir()) / 'dptrain-rank-unused'}"]

@@ -108,6 +108,7 @@ class TrainerConfig:
     threads: int = 0  # torch threads; 0 leaves torch's default
     checkpoint_every: int = 100  # steps between checkpoints (0: only at the end); always one at the end
     resume: Optional[str] = None  # null (fresh) | auto (this run folder's checkpoint, if any) | PATH
+    distributed: bool = False  # one job across torchrun processes (dptrain.distributed)
 
 
 @dataclass

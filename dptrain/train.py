@@ -34,9 +34,13 @@ class TrainResult:
     accountant: PrivacyAccountant = field(default_factory=PrivacyAccountant)
 
 
-def _generators(seed: int) -> tuple[np.random.Generator, torch.Generator]:
-    """Independent streams for Poisson sampling (numpy) and for noise (torch), from the run seed."""
+def _generators(seed: int, rank: int = 0, world_size: int = 1) -> tuple[np.random.Generator, torch.Generator]:
+    """Independent streams for Poisson sampling (numpy) and for noise (torch), from the run seed.
+    In a distributed job every rank gets its own sampling stream (identical streams would make
+    the ranks' Poisson choices identical); only rank 0 draws noise."""
     sample_seq, noise_seq = np.random.SeedSequence(seed).spawn(2)
+    if world_size > 1:
+        sample_seq = sample_seq.spawn(world_size)[rank]
     noise_seed = int(noise_seq.generate_state(1, dtype=np.uint64)[0])
     return np.random.default_rng(sample_seq), torch.Generator().manual_seed(noise_seed)
 
@@ -82,7 +86,7 @@ def resolve_noise(cfg: Config, *, sample_rate: float, steps: int, delta: float) 
 
 
 def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: Path | None = None,
-        on_engine: Callable[[GradientEngine], None] | None = None) -> TrainResult:
+        on_engine: Callable[[GradientEngine], None] | None = None, dist_ctx: Any = None) -> TrainResult:
     """Train with Poisson-sampled DP-SGD; returns the model, test metrics and mechanism.
 
     With ``run_dir``, checkpoints go to ``run_dir/checkpoint.pt`` every
@@ -91,7 +95,11 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: 
     the last step whose epsilon (headline accountant, whole history) stays within the budget.
 
     ``on_engine`` (tests and the privacy audit only) is called with the engine before the first
-    step, e.g. to break it on purpose and check that the audit notices."""
+    step, e.g. to break it on purpose and check that the audit notices.
+
+    ``dist_ctx`` (a :class:`dptrain.distributed.DistContext`): one job across processes; each
+    rank Poisson-samples its own shard, the clipped sums are all-reduced, rank 0 adds the noise
+    once, and only rank 0 evaluates and writes (see :mod:`dptrain.distributed`)."""
     from dptrain.checkpoint import (
         FILENAME, CheckpointError, check_fingerprint, load_checkpoint, resolve_resume, restore,
         save_checkpoint,
@@ -101,7 +109,9 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: 
     if t.threads > 0:
         torch.set_num_threads(t.threads)
     torch.manual_seed(cfg.seed)
-    sample_gen, noise_gen = _generators(cfg.seed)
+    rank, world = (dist_ctx.rank, dist_ctx.world_size) if dist_ctx is not None else (0, 1)
+    main = rank == 0
+    sample_gen, noise_gen = _generators(cfg.seed, rank, world)
     n, batch = data.n_train, t.batch_size
     q = batch / n
     planned = max(1, round(t.epochs / q))
@@ -112,6 +122,7 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: 
         "sample_rate": q, "expected_batch_size": batch, "dataset_size": n,
         "delta": delta if private else None, "planned_steps": planned,
         "accountant": p.accountant if private else None,
+        "world_size": world,
     }
 
     model = instantiate(OmegaConf.create(cfg.model) if isinstance(cfg.model, dict) else cfg.model,
@@ -127,7 +138,7 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: 
         state = load_checkpoint(resume_path)
         check_fingerprint(state["fingerprint"], fingerprint, resume_path)
         restore(state, model=model, optimizer=optimizer, sample_rng=sample_gen, noise_gen=noise_gen,
-                path=resume_path)
+                path=resume_path, rank=rank)
         accountant.load_state_dict(state["accountant"])
         done, train_seconds = int(state["step"]), float(state["train_seconds"])
         if accountant.steps != (done if private else 0):
@@ -142,6 +153,9 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: 
         model, engine=t.engine, private=private, max_grad_norm=p.max_grad_norm,
         noise_multiplier=sigma, expected_batch_size=batch, generator=noise_gen,
     )
+    if dist_ctx is not None:
+        dist_ctx.broadcast_parameters(model)
+        engine.dist = dist_ctx
     if on_engine is not None:
         on_engine(engine)
 
@@ -169,27 +183,32 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: 
             log.warning("privacy budget: %s", stop_reason)
     tracker.purge_after(done)  # a resumed run overwrites TensorBoard points logged after its checkpoint
     log.info("engine=%s, N=%d, B=%d, q=%.6g, steps=%d, sigma=%g", engine.name, n, batch, q, steps, sigma)
-    sampler = PoissonSampler(num_rows=n, sample_rate=q, rng=sample_gen)
+    # this rank's shard (all rows when not distributed): rows rank, rank + W, rank + 2W, ...
+    x_train, y_train = (data.x_train, data.y_train) if world == 1 else (
+        data.x_train[rank::world].contiguous(), data.y_train[rank::world].contiguous())
+    sampler = PoissonSampler(num_rows=x_train.shape[0], sample_rate=q, rng=sample_gen)
     checkpoint_path = run_dir / FILENAME if run_dir is not None else None
 
     def checkpoint(step: int) -> None:
-        if checkpoint_path is not None:
+        samplers = (dist_ctx.all_gather_objects(sample_gen.bit_generator.state)
+                    if dist_ctx is not None and checkpoint_path is not None else None)
+        if checkpoint_path is not None and main:
             save_checkpoint(
                 checkpoint_path, step=step, model=model, optimizer=optimizer,
                 accountant_state=accountant.state_dict(), sample_rng=sample_gen, noise_gen=noise_gen,
-                fingerprint=fingerprint, train_seconds=train_seconds,
+                fingerprint=fingerprint, train_seconds=train_seconds, samplers=samplers,
             )
 
     sizes, window = 0, 0  # realised batch sizes since the last log line (a non-private diagnostic)
     loop_start = time.perf_counter()
-    bar = tqdm(total=steps, initial=min(done, steps), disable=not t.progress,
+    bar = tqdm(total=steps, initial=min(done, steps), disable=not (t.progress and main),
                desc="dp-sgd" if private else "sgd", dynamic_ncols=True)
     for step in range(done + 1, steps + 1):
         log_now = step % t.log_every == 0 or step == steps
         engine.collect_stats = log_now  # diagnostics only on logged steps: off the hot path
         t0 = time.perf_counter()
         idx = sampler.sample()
-        stats = engine(data.x_train.index_select(0, idx), data.y_train.index_select(0, idx))
+        stats = engine(x_train.index_select(0, idx), y_train.index_select(0, idx))
         optimizer.step()
         train_seconds += time.perf_counter() - t0
         if private:
@@ -200,7 +219,7 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: 
             diag = {  # the logged step's own batch (non-private: computed on training rows)
                 "diagnostics_nonprivate/train_loss": stats.loss_sum / seen,
                 "diagnostics_nonprivate/train_acc": stats.correct / seen,
-                "diagnostics_nonprivate/batch_size": sizes / window,
+                "diagnostics_nonprivate/batch_size": sizes / window if world == 1 else stats.batch_size,
             }
             if private:
                 diag["diagnostics_nonprivate/clip_fraction"] = stats.clipped / seen
@@ -212,7 +231,7 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: 
                 postfix["eps"] = f"{diag['privacy/epsilon']:.3f}"
             bar.set_postfix(postfix, refresh=False)
             sizes, window = 0, 0
-        if step % t.eval_every == 0 and step != steps:
+        if step % t.eval_every == 0 and step != steps and main:
             tracker.scalars({f"test/{k}": v for k, v in evaluate(model, data.x_test, data.y_test).items()}, step=step)
         if t.checkpoint_every > 0 and step % t.checkpoint_every == 0 and step != steps:
             checkpoint(step)
@@ -222,11 +241,11 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: 
     final_step = max(steps, done)
     checkpoint(final_step)
 
-    test = evaluate(model, data.x_test, data.y_test)
+    test = evaluate(model, data.x_test, data.y_test)  # identical parameters on every rank
     tracker.scalars({f"test/{k}": v for k, v in test.items()}, step=final_step)
     metrics: dict[str, float] = {f"test/{k}": v for k, v in test.items()}
     metrics["baseline/majority_acc"] = float(max(data.y_test.mean(), 1 - data.y_test.mean()))
-    if t.baseline:
+    if t.baseline and main:
         metrics["baseline/nonprivate_acc"] = nonprivate_baseline(data, seed=cfg.seed)
     metrics.update({
         "train/steps": final_step,
@@ -259,6 +278,13 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: 
         "resumed_from_step": done,
         "resumed_from": str(resume_path) if resume_path is not None else None,
         "checkpoint": str(checkpoint_path) if checkpoint_path is not None else None,
+        "distributed": None if dist_ctx is None else {
+            "world_size": world, "backend": dist_ctx.backend,
+            "sharding": "disjoint shards (row i on rank i mod W), each Poisson-sampled at the job's q "
+            "with a rank-specific stream",
+            "reduction": "all_reduce of the clipped sums; noise N(0, sigma^2 C^2) drawn once per step on "
+            "rank 0; divided by the global expected batch size",
+        },
     }
     return TrainResult(model=model, metrics=metrics, privacy=mechanism, accountant=accountant)
 

@@ -112,6 +112,8 @@ class GradientEngine:
         #: compute the non-private diagnostics (loss, accuracy, clipped count) of each step;
         #: the training loop switches it on only for the steps it logs.
         self.collect_stats = True
+        #: a :class:`dptrain.distributed.DistContext` when one job runs across processes
+        self.dist = None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> StepStats:
         if x.shape[0] == 0:
@@ -119,6 +121,8 @@ class GradientEngine:
             stats = StepStats(0, 0.0, 0, 0)
         else:
             sums, stats = self.clipped_sum(x, y)
+        if self.dist is not None:
+            return self._distributed_finish(sums, stats)
         inv_b = 1.0 / self.expected_batch_size
         std = self.noise_multiplier * self.max_grad_norm * inv_b
         # one Gaussian draw per coordinate per step, for the whole sum: N(0, sigma^2 C^2) / B
@@ -130,6 +134,24 @@ class GradientEngine:
             if z is not None:
                 total.add_(z.view_as(total))
             p.grad = total
+        return stats
+
+    def _distributed_finish(self, sums: list[torch.Tensor], stats: StepStats) -> StepStats:
+        """Across processes: rank 0 adds the step's ONE noise draw N(0, sigma^2 C^2) to its local
+        clipped sum, one all_reduce adds every rank's sum, then all ranks divide by the GLOBAL
+        expected batch size B (dptrain.distributed)."""
+        flat = torch.cat([s.reshape(-1) for s in sums])
+        std = self.noise_multiplier * self.max_grad_norm
+        if self.dist.is_main and std > 0:
+            flat.add_(torch.empty_like(flat).normal_(0.0, std, generator=self.generator))
+        self.dist.all_reduce_sum(flat)
+        flat.mul_(1.0 / self.expected_batch_size)
+        for p, chunk in zip(self.params, flat.split(self._sizes)):
+            p.grad = chunk.view_as(p).clone()
+        if self.collect_stats:  # job-wide diagnostics on logged steps (non-private)
+            t = torch.tensor([stats.batch_size, stats.loss_sum, stats.correct, stats.clipped], dtype=torch.float64)
+            self.dist.all_reduce_sum(t)
+            return StepStats(int(t[0]), float(t[1]), int(t[2]), int(t[3]))
         return stats
 
     def step_stats(self, logits: torch.Tensor, y: torch.Tensor, losses: torch.Tensor | None = None,

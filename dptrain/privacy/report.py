@@ -67,6 +67,7 @@ def build_report(
         "max_epsilon": mechanism.get("max_epsilon"),
         "resumed_from_step": mechanism.get("resumed_from_step", 0),
         "resumed_from": mechanism.get("resumed_from"),
+        "distributed": mechanism.get("distributed"),
         "versions": _versions(),
     }
     if not mechanism["enabled"]:
@@ -143,6 +144,9 @@ def format_report(report: dict[str, Any]) -> str:
         *([f"resumed from a checkpoint at step {report['resumed_from_step']} ({report['resumed_from']}); "
            "the accountant's full history was restored, so epsilon covers the whole run"]
           if report["resumed_from"] else []),
+        *([f"distributed: {report['distributed']['world_size']} processes ({report['distributed']['backend']}); "
+           f"{report['distributed']['sharding']}; {report['distributed']['reduction']}"]
+          if report.get("distributed") else []),
         f"randomness: {report['randomness']}, seed = {report['seed']}",
         "versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
         "",
