@@ -247,6 +247,8 @@ def fast_path_blocker(model: nn.Module) -> str | None:
             return f"layer {type(m).__name__} is not Linear or an elementwise activation"
     if any(p.requires_grad and id(p) not in seen for p in model.parameters()):
         return "a trainable parameter is not in a Linear layer"
+    if any(not p.requires_grad for m in model if isinstance(m, nn.Linear) for p in m.parameters()):
+        return "a Linear layer has frozen parameters"
     return None
 
 
@@ -269,6 +271,9 @@ class FastLinearEngine(GradientEngine):
             len(linears) == 1 and linears[0].out_features == 1 and isinstance(self.layers[0], nn.Linear)
             and all(type(m).__name__ == "Squeeze" for m in self.layers[1:])
         )
+        self.linears = linears
+        first = linears[0]
+        self._backward_target = [first.bias if first.bias is not None else first.weight]
 
     @torch.no_grad()
     def _logistic_clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
@@ -287,32 +292,49 @@ class FastLinearEngine(GradientEngine):
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
         if self.closed_form:
             return self._logistic_clipped_sum(x, y)
+        # Forward pass keeping each Linear layer's input a_l (the activations autograd saves
+        # anyway) and a hook on its output z_l that captures the output gradient g_l during the
+        # backward pass. The pre-activations z_l themselves are NOT kept (holding them for
+        # autograd.grad(outputs=z) cost one extra (B, width) tensor per layer).
         inputs: list[torch.Tensor] = []
-        outputs: list[torch.Tensor] = []
-        linears: list[nn.Linear] = []
+        out_grads: list[torch.Tensor | None] = [None] * len(self.linears)
         h = x
         for m in self.layers:
             if isinstance(m, nn.Linear):
                 inputs.append(h.detach())
                 h = m(h)
-                outputs.append(h)
-                linears.append(m)
+                h.register_hook(self._capture(out_grads, len(inputs) - 1))
             else:
                 h = m(h)
         losses = per_example_loss(h, y)
-        out_grads = torch.autograd.grad(losses.sum(), outputs)
+        # Backward only as far as the first layer's output gradient: ask for the cheapest leaf
+        # on that path (the first bias: a column sum), so no weight gradient is ever formed.
+        torch.autograd.grad(losses.sum(), self._backward_target)
+        has_bias = [lin.bias is not None for lin in self.linears]
         sq = torch.zeros(x.shape[0], dtype=x.dtype)
-        for a, g, lin in zip(inputs, out_grads, linears):
-            sq += _row_sq_norms(g) * (_row_sq_norms(a) + (1.0 if lin.bias is not None else 0.0))
+        for a, g, bias in zip(inputs, out_grads, has_bias):
+            sq += _row_sq_norms(g) * (_row_sq_norms(a) + (1.0 if bias else 0.0))
         factors = self.clip_factors(sq)
         grad_of: dict[int, torch.Tensor] = {}
-        for a, g, lin in zip(inputs, out_grads, linears):
-            cg = g.mul_(factors[:, None])  # autograd.grad returned fresh tensors: scale in place
-            grad_of[id(lin.weight)] = cg.T @ a
+        for a, g, lin in zip(inputs, out_grads, self.linears):
+            # sum_i c_i g_i^T a_i: scale the narrower operand by c (fewer multiplications)
+            if a.shape[1] < g.shape[1]:
+                grad_of[id(lin.weight)] = g.T @ (a * factors[:, None])
+            else:
+                grad_of[id(lin.weight)] = g.mul_(factors[:, None]).T @ a  # g is a fresh tensor
+                if lin.bias is not None:
+                    grad_of[id(lin.bias)] = g.sum(0)
+                continue
             if lin.bias is not None:
-                grad_of[id(lin.bias)] = cg.sum(0)
+                grad_of[id(lin.bias)] = factors @ g
         sums = [grad_of[id(p)] for p in self.params]
         return sums, self.step_stats(h.detach(), y, losses.detach(), sq)
+
+    @staticmethod
+    def _capture(store: list, k: int):
+        def hook(grad: torch.Tensor) -> None:
+            store[k] = grad
+        return hook
 
 
 def make_engine(
