@@ -43,6 +43,8 @@ def run(cfg: DictConfig, *, run_dir: Path) -> float:
     conf: Config = OmegaConf.to_object(cfg)
     if conf.task == "release":
         return run_release_task(conf, run_dir=run_dir)
+    if conf.task == "audit":
+        return run_audit_task(conf, cfg, run_dir=run_dir)
     try:
         validate(conf)
         data = load_dataset(conf.data, seed=conf.seed)
@@ -161,6 +163,27 @@ def run_release_task(conf: Config, *, run_dir: Path) -> float:
         return run_release(conf, run_dir)
     except (ConfigError, DataError, ReleaseError) as err:
         _fail(err)
+
+
+def run_audit_task(conf: Config, cfg: DictConfig, *, run_dir: Path) -> float:
+    """task=audit (experiment=audit_logit / audit_mlp): one training run with canaries, then an
+    epsilon lower bound beside the claimed epsilon (:mod:`dptrain.audit`). Returns the bound."""
+    from dptrain.audit import format_audit, run_audit
+    from dptrain.data import DataError, load_dataset
+    from dptrain.privacy.accounting import AccountingError
+    from dptrain.tracking import atomic_write_text
+
+    try:
+        validate(conf)
+        data = load_dataset(conf.data, seed=conf.seed)
+        atomic_write_text(run_dir / ".hydra" / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        report = run_audit(conf, data, run_dir=run_dir)
+    except (ConfigError, DataError, AccountingError) as err:
+        _fail(err)
+    for line in format_audit(report):
+        (log.warning if report["broken"] or report["claim_refuted"] else log.info)("%s", line)
+    log.info("audit outputs in %s (audit.json, audit_canaries.csv, metrics.json)", run_dir)
+    return float(report["epsilon_lower_bound"])
 
 
 @hydra.main(version_base="1.3", config_path="pkg://dptrain.conf", config_name="config")

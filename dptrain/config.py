@@ -154,6 +154,25 @@ class LoggerConfig:
 
 
 @dataclass
+class AuditConfig:
+    """The one-run privacy audit (task=audit; :mod:`dptrain.audit`, Steinke, Nasr, Jagielski 2023).
+
+    ``canaries`` (m) records are each added to the training set independently with probability
+    1/2; after training they are scored and the auditor guesses "in" for the k highest, "out"
+    for the k lowest (k = floor(f m / 2) for each f in ``guess_fractions``; a union bound over
+    the list pays for picking the best). ``mutation: no_noise`` switches the noise off while the
+    accountant still claims the configured sigma: a deliberately broken run the audit must catch.
+    ``seed: null`` derives the canaries' coin flips from the run seed."""
+
+    canaries: int = 1000
+    guess_fractions: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.5, 1.0])
+    confidence: float = 0.95
+    mutation: str = "none"  # none | no_noise (deliberately broken: NO guarantee)
+    score: str = "logit_delta"  # logit_delta (white-box: minus the initial canary column) | logit
+    seed: int | None = None
+
+
+@dataclass
 class Config:
     task: str = "train"
     seed: int = 0
@@ -164,6 +183,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     release: ReleaseConfig = field(default_factory=ReleaseConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
 
 
 def sigma_unless_target(sigma: float | None, target_epsilon: float | None) -> float | None:
@@ -182,7 +202,9 @@ def register_configs() -> None:
 
 
 _ENUMS = {
-    "task": ("train", "release"),
+    "task": ("train", "release", "audit"),
+    "audit.mutation": ("none", "no_noise"),
+    "audit.score": ("logit_delta", "logit"),
     "data.name": ("adult", "table", "synthetic", "atlas"),
     "data.generator": ("atlas", "figure2"),
     "release.statistic": ("p25", "p75", "slope", "custom"),
@@ -373,6 +395,8 @@ def validate(cfg: Config) -> None:
     if cfg.task == "release":
         validate_release(cfg)
         return
+    if cfg.task == "audit":
+        validate_audit(cfg)
     p, t, d = cfg.privacy, cfg.trainer, cfg.data
     if d.name == "atlas":
         raise _bad("data", d.name, "simulated Atlas cells are for task=release (experiment=mos_atlas)")
@@ -456,6 +480,33 @@ def validate_release(cfg: Config) -> None:
         raise _bad("data.path", d.path, "data=table needs the path of a CSV, Parquet or .dta file")
     if d.name == "atlas" and d.n_cells < 2:
         raise _bad("data.n_cells", d.n_cells, "must be >= 2")
+
+
+MAX_CANARIES = 20000  # audit.canaries: each adds a feature column (N x m floats in memory)
+
+
+def validate_audit(cfg: Config) -> None:
+    """Value checks of an audit run (task=audit), before any row is read; the training
+    settings are checked by :func:`validate` as for task=train."""
+    a = cfg.audit
+    if not (2 <= a.canaries <= MAX_CANARIES):
+        raise _bad("audit.canaries", a.canaries,
+                   f"must be an integer in [2, {MAX_CANARIES}] (each canary adds a feature column)")
+    if len(a.guess_fractions) == 0:
+        raise _bad("audit.guess_fractions", list(a.guess_fractions), "give at least one fraction in (0, 1]")
+    for f in a.guess_fractions:
+        if not (isinstance(f, (int, float)) and 0 < f <= 1):
+            raise _bad("audit.guess_fractions", list(a.guess_fractions), "every fraction must be in (0, 1]")
+        if math.floor(f * a.canaries / 2) < 1:
+            raise _bad("audit.guess_fractions", list(a.guess_fractions),
+                       f"fraction {f} of audit.canaries={a.canaries} gives no guess (need f * m / 2 >= 1)")
+    if not (0.5 < a.confidence < 1):
+        raise _bad("audit.confidence", a.confidence, "must be in (0.5, 1), e.g. 0.95")
+    if not cfg.privacy.enabled:
+        raise _bad("privacy.enabled", False, "task=audit audits a DP-SGD run: needs privacy.enabled=true "
+                   "(audit.mutation=no_noise audits a deliberately broken one)")
+    if getattr(cfg.trainer, "resume", None) is not None:
+        raise _bad("trainer.resume", cfg.trainer.resume, "must be null for task=audit (an audit is one fresh run)")
 
 
 def default_delta(n: int) -> float:

@@ -1,0 +1,385 @@
+"""Empirical privacy audit in one training run (Steinke, Nasr, Jagielski 2023, "Privacy
+Auditing with One (1) Training Run", NeurIPS 2023).
+
+``python -m dptrain experiment=audit_logit`` (or ``audit_mlp``) trains the configured DP-SGD
+model once, with m canary records each added to the training set independently with
+probability 1/2, scores every canary after training, guesses which ones were trained on, and
+turns the number of correct guesses into an epsilon LOWER BOUND at the stated confidence. It
+reports the bound beside the epsilon the run CLAIMS (its accountant's epsilon at its delta).
+
+What the bound means. If the training run really is (epsilon, delta)-DP for every canary as a
+record (add/remove), then with probability >= ``confidence`` over the canaries' coin flips and
+the training randomness, the reported bound is <= epsilon. A bound ABOVE the claimed epsilon is
+therefore evidence (at that confidence) that the claim is false: a bug, or a broken run. A bound
+below it proves nothing about privacy: it is a lower bound for this configuration, these
+canaries and this scoring rule, usually far below the claim (one run, final model only).
+
+Design choices
+--------------
+
+Canaries. Each canary j gets its own feature column: m columns are appended to the public
+schema, 0 in every real row (train and test); canary j is the row with 1 in column j, 0
+elsewhere, label 1. Only canary j (if it was sampled) and the noise move the first layer's
+weights of column j, so its gradient is "Dirac-like" (the ideal canary of the paper's
+white-box experiments) while going through the ordinary data path: Poisson sampling, flat
+clipping, noise, the optimiser. Nothing in the mechanism changes, so the run's DP guarantee
+applies to each canary as a record. The real data (e.g. UCI Adult) stays in, so the audited run
+is the configured run plus m/2 rows. q = B/N with N counting the included canaries, as every run
+does (N is treated as public, PRIVACY.md); one canary changes q by a relative 1/N, far below
+anything this audit can detect.
+
+Scores. ``logit_delta`` (default): the model's logit on canary j's input minus the logit of the
+same final model with column j of the first layer put back to its initial value. For logistic
+regression this is exactly w_j(final) - w_j(init); for an MLP it is the effect of column j's
+change on the canary's own prediction. It is sign-aware (training on a label-1 canary raises its
+logit; noise moves it either way) and removes the random initial weight, which is independent of
+the data and may be published with the final model without touching the guarantee (DP-SGD's
+analysis covers every iterate, the initial one included). The norm of the column change is not
+used: noise adds to it whatever the sign, so it separates worse. ``logit`` (black-box): the
+final model's logit on the canary's input, i.e. the canary's loss, with the initial weight as
+extra noise.
+
+Guesses and the union bound. The scores are sorted (ties broken by canary index, which is
+independent of the coin flips); for a fixed k the auditor guesses "in" for the k highest, "out"
+for the k lowest and abstains on the rest: r = 2k guesses, v correct. k = floor(f m / 2) for each
+f in ``audit.guess_fractions``, all fixed before training. The reported bound is the largest
+over the list, each computed at confidence 1 - (1 - confidence) / K for the K distinct k (a union
+bound), so choosing the best k after seeing the scores is paid for and the reported bound holds
+at ``confidence``.
+
+The bound. For eps-DP the number of correct guesses is stochastically dominated by
+Binomial(r, e^eps / (1 + e^eps)) (the paper's Theorem 3.1); for (eps, delta)-DP the tail gains
+2 m delta max_i (f(v - i) - f(v)) / i with f(v) = P[Binomial(r, e^eps/(1+e^eps)) >= v] (their
+Theorem 5.2). :func:`p_value` is that tail; :func:`epsilon_lower_bound` is the end of the
+interval [0, eps) of epsilons it rejects at level 1 - confidence (the first eps whose p-value
+reaches that level, so a non-monotone delta term can only make the bound smaller). With
+delta = 0 it is the exact binomial (Clopper-Pearson) bound.
+
+``audit.mutation=no_noise`` sets the engine's noise multiplier to 0 (``fit(on_engine=...)``)
+while the accountant still records the configured sigma: the run then claims an epsilon it does
+not have, and the audit must report a bound above that claim. Its report says so loudly.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import optimize, special, stats
+from torch import nn
+
+from dptrain.config import Config, ConfigError
+from dptrain.data import Dataset
+
+log = logging.getLogger(__name__)
+
+CANARY_DESIGN = (
+    "dedicated-column canaries: m extra feature columns, 0 in every real row; canary j has 1 in "
+    "column j (other features 0) and label 1, included independently with probability 1/2"
+)
+SCORE_DESCRIPTION = {
+    "logit_delta": "logit on canary j's input minus the same model's logit with first-layer column j "
+                   "reset to its initial value (white-box; = w_j(final) - w_j(init) for logistic regression)",
+    "logit": "the final model's logit on canary j's input (black-box)",
+}
+BROKEN_WARNING = (
+    "DELIBERATELY BROKEN RUN (audit.mutation=no_noise): the noise was switched off while the "
+    "accountant still claims sigma; this model has NO privacy guarantee and its claimed epsilon is false"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# The lower bound (pure functions)
+# --------------------------------------------------------------------------------------------
+
+
+def _check_counts(m: int, r: int, v: int) -> None:
+    if not (0 <= v <= r <= m):
+        raise ValueError(f"need 0 <= v <= r <= m, got m={m}, r={r}, v={v}")
+
+
+def p_value(*, m: int, r: int, v: int, epsilon: float, delta: float) -> float:
+    """Largest probability of >= v correct guesses out of r (m canaries) that an
+    (epsilon, delta)-DP run allows (Steinke, Nasr, Jagielski 2023, Theorems 3.1 and 5.2):
+
+        f(v) + 2 m delta max_{1<=i<=v} (f(v - i) - f(v)) / i,   f(u) = P[Binomial(r, p) >= u],
+
+    with p = e^eps / (1 + e^eps), capped at 1. (i > v adds nothing: f(v - i) = 1 there.)"""
+    _check_counts(m, r, v)
+    if not (epsilon >= 0 and 0 <= delta <= 1):
+        raise ValueError(f"need epsilon >= 0 and delta in [0, 1], got {epsilon}, {delta}")
+    p = special.expit(epsilon)
+    tail = float(stats.binom.sf(v - 1, r, p))  # P[B >= v]
+    if delta > 0 and v >= 1:
+        below = stats.binom.pmf(np.arange(v - 1, -1, -1), r, p)  # P[B = v-1], P[B = v-2], ..., P[B = 0]
+        slope = float(np.max(np.cumsum(below) / np.arange(1, v + 1)))  # max_i P[v-i <= B < v] / i
+        tail += 2.0 * m * delta * slope
+    return min(tail, 1.0)
+
+
+def _pure_dp_bound(r: int, v: int, level: float) -> float:
+    """delta = 0: the eps where P[Binomial(r, p(eps)) >= v] = level, from the exact identity
+    P[Binomial(r, p) >= v] = I_p(v, r - v + 1) (regularised incomplete beta), i.e. p is the
+    ``level`` quantile of Beta(v, r - v + 1); 1 - p is taken from the mirrored Beta so that
+    the logit keeps its precision when p is close to 1."""
+    p = float(stats.beta.ppf(level, v, r - v + 1))
+    one_minus_p = float(stats.beta.isf(level, r - v + 1, v))
+    if p <= 0.5:
+        return 0.0
+    return max(0.0, math.log(p) - math.log(one_minus_p))
+
+
+def epsilon_lower_bound(*, m: int, r: int, v: int, delta: float, confidence: float = 0.95) -> float:
+    """Epsilon lower bound at ``confidence`` from v correct guesses out of r (m canaries):
+    the largest eps such that every eps' < eps has :func:`p_value` < 1 - confidence. 0 when
+    nothing is rejected (always the case for v <= r / 2). An (eps, delta)-DP run reports a bound
+    above eps with probability at most 1 - confidence."""
+    _check_counts(m, r, v)
+    if not (0.5 < confidence < 1):
+        raise ValueError(f"confidence={confidence} must be in (0.5, 1)")
+    level = 1.0 - confidence
+    if r == 0 or v <= r / 2:
+        return 0.0
+
+    def excess(eps: float) -> float:
+        return p_value(m=m, r=r, v=v, epsilon=eps, delta=delta) - level
+
+    if excess(0.0) >= 0:
+        return 0.0
+    pure = _pure_dp_bound(r, v, level)
+    if delta == 0:
+        return pure
+    # p_value(delta) >= p_value(0), which crosses the level exactly at `pure` and increases, so
+    # the first crossing lies in (0, pure]: scan a grid for it, then solve in its bracket.
+    grid = np.linspace(0.0, pure, 201)
+    lo = 0.0
+    for eps in grid[1:]:
+        if excess(float(eps)) >= 0:
+            return float(optimize.brentq(excess, lo, float(eps), xtol=1e-10, rtol=1e-12))
+        lo = float(eps)
+    return pure  # not reached: p_value(pure) >= level
+
+
+# --------------------------------------------------------------------------------------------
+# Guessing
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Guesses:
+    k: int  # guesses "in" for the k highest scores and "out" for the k lowest
+    r: int  # number of guesses, 2k
+    v: int  # correct guesses
+    lower_bound: float  # at the union-bound-adjusted confidence
+
+
+def count_correct(scores: np.ndarray, included: np.ndarray, k: int) -> tuple[int, int]:
+    """(r, v): guess "in" for the k highest scores, "out" for the k lowest (ties broken by
+    index, which is independent of the coin flips), abstain on the rest."""
+    m = len(scores)
+    if not (1 <= k <= m // 2):
+        raise ValueError(f"k={k} must be in [1, m/2] for m={m}")
+    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+    top, bottom = order[:k], order[m - k:]
+    v = int(np.sum(included[top])) + int(np.sum(~included[bottom]))
+    return 2 * k, v
+
+
+def guess_counts(m: int, fractions: list[float]) -> list[int]:
+    """The distinct k = floor(f m / 2) of the configured guess fractions, ascending."""
+    return sorted({max(1, math.floor(f * m / 2)) for f in fractions})
+
+
+def audit_scores(scores: np.ndarray, included: np.ndarray, *, fractions: list[float], delta: float,
+                 confidence: float) -> tuple[Guesses, list[Guesses]]:
+    """Every k of the list with its bound at confidence 1 - (1 - confidence) / K (union bound
+    over the K distinct k), and the one with the largest bound (the smallest k on ties)."""
+    m = len(scores)
+    ks = guess_counts(m, fractions)
+    each = 1.0 - (1.0 - confidence) / len(ks)
+    rows = []
+    for k in ks:
+        r, v = count_correct(scores, included, k)
+        rows.append(Guesses(k=k, r=r, v=v, lower_bound=epsilon_lower_bound(m=m, r=r, v=v, delta=delta,
+                                                                            confidence=each)))
+    best = max(rows, key=lambda g: (g.lower_bound, -g.k))
+    return best, rows
+
+
+# --------------------------------------------------------------------------------------------
+# Canaries and scores
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Canaries:
+    data: Dataset  # the real rows plus the included canaries, m extra (canary) feature columns
+    inputs: torch.Tensor  # (m, d + m): canary j's feature row
+    included: np.ndarray  # (m,) bool: canary j is in the training set
+    columns: torch.Tensor  # (m,) the feature column of canary j
+
+
+def add_canaries(data: Dataset, *, m: int, rng: np.random.Generator) -> Canaries:
+    """Append m canary columns (0 in every real row) and the canaries that win their coin flip
+    (probability 1/2 each) as extra training rows; the test rows get the zero columns too."""
+    included = rng.random(m) < 0.5
+    d = data.n_features
+    columns = torch.arange(d, d + m)
+    inputs = torch.zeros(m, d + m)
+    inputs[torch.arange(m), columns] = 1.0
+    keep = torch.from_numpy(np.flatnonzero(included))
+    x_train = torch.cat([torch.cat([data.x_train, torch.zeros(data.n_train, m)], 1), inputs[keep]])
+    y_train = torch.cat([data.y_train, torch.ones(len(keep))])
+    x_test = torch.cat([data.x_test, torch.zeros(data.n_test, m)], 1)
+    audited = Dataset(
+        x_train=x_train.contiguous(), y_train=y_train.contiguous(), x_test=x_test.contiguous(),
+        y_test=data.y_test, feature_names=(*data.feature_names, *(f"canary_{j}" for j in range(m))),
+        source=f"{data.source}; plus {len(keep)} of {m} audit canaries",
+    )
+    return Canaries(data=audited, inputs=inputs, included=included, columns=columns)
+
+
+def first_linear(model: nn.Module) -> nn.Linear:
+    """The layer that reads the features (the canary columns): the model's first module."""
+    first = next(iter(model.children()), None)
+    if not isinstance(first, nn.Linear):
+        raise ConfigError(
+            f"model={type(model).__name__} is not allowed for task=audit: the audit needs a model whose "
+            "first layer is nn.Linear (dptrain.models.logit or dptrain.models.mlp)"
+        )
+    return first
+
+
+@torch.no_grad()
+def canary_scores(model: nn.Module, canaries: Canaries, initial_weight: torch.Tensor, *, method: str) -> np.ndarray:
+    """One score per canary, higher = more likely trained on (see the module docstring)."""
+    model.eval()
+    trained = model(canaries.inputs)
+    if method == "logit":
+        return trained.double().numpy()
+    if method != "logit_delta":
+        raise ValueError(f"audit.score={method!r} is not allowed: must be logit_delta or logit")
+    reset = copy.deepcopy(model)
+    layer = first_linear(reset)
+    layer.weight[:, canaries.columns] = initial_weight[:, canaries.columns]
+    return (trained.double() - reset(canaries.inputs).double()).numpy()
+
+
+# --------------------------------------------------------------------------------------------
+# The audit run
+# --------------------------------------------------------------------------------------------
+
+
+def _canary_rng(conf: Config) -> np.random.Generator:
+    """The canaries' coin flips: from audit.seed, or derived from the run seed (a stream of
+    its own, independent of the sampling and noise streams of :func:`dptrain.train.fit`)."""
+    seed = conf.audit.seed if conf.audit.seed is not None else conf.seed
+    return np.random.default_rng(np.random.SeedSequence([int(seed), 0xA0D17]))
+
+
+def run_audit(conf: Config, data: Dataset, *, run_dir: Path | None = None) -> dict[str, Any]:
+    """Train once with canaries, score them, guess, bound. Writes ``audit.json``,
+    ``audit_canaries.csv`` and ``metrics.json`` to ``run_dir`` (when given) and returns the
+    report. ``data`` is the real data set; ``conf`` must have passed :func:`dptrain.config.validate`."""
+    from dptrain.config import validate_against_size
+    from dptrain.tracking import Tracker, atomic_write_text, write_json
+    from dptrain.train import final_epsilons, fit
+
+    start = time.perf_counter()
+    a = conf.audit
+    canaries = add_canaries(data, m=a.canaries, rng=_canary_rng(conf))
+    delta = validate_against_size(conf, canaries.data.n_train)
+    broken = a.mutation == "no_noise"
+    initial: dict[str, torch.Tensor] = {}
+
+    def on_engine(engine) -> None:
+        initial["weight"] = first_linear(engine.model).weight.detach().clone()
+        if broken:
+            engine.noise_multiplier = 0.0  # the accountant still records the configured sigma
+
+    if broken:
+        log.warning("%s", BROKEN_WARNING)
+    tracker = Tracker(run_dir, tensorboard=conf.logger.tensorboard) if run_dir is not None else Tracker(
+        Path("."), tensorboard=False)
+    try:
+        result = fit(conf, canaries.data, delta=delta, tracker=tracker, on_engine=on_engine)
+    finally:
+        tracker.close()
+    epsilons = final_epsilons(result, delta=delta)
+    claimed = epsilons[conf.privacy.accountant]
+    scores = canary_scores(result.model, canaries, initial["weight"], method=a.score)
+    best, rows = audit_scores(scores, canaries.included, fractions=list(a.guess_fractions), delta=delta,
+                              confidence=a.confidence)
+    refuted = best.lower_bound > claimed
+    report: dict[str, Any] = {
+        "claimed_epsilon": claimed,
+        "accountant": conf.privacy.accountant,
+        "epsilons": epsilons,
+        "delta": delta,
+        "epsilon_lower_bound": best.lower_bound,
+        "confidence": a.confidence,
+        "claim_refuted": refuted,
+        "m": a.canaries,
+        "canaries_included": int(canaries.included.sum()),
+        "r": best.r,
+        "v": best.v,
+        "k_plus": best.k,
+        "k_minus": best.k,
+        "k_tried": [g.k for g in rows],
+        "selection": (f"best of {len(rows)} k fixed in advance (audit.guess_fractions), union bound: each at "
+                      f"confidence {1 - (1 - a.confidence) / len(rows):.6g}"),
+        "per_k": [{"k": g.k, "r": g.r, "v": g.v, "epsilon_lower_bound": g.lower_bound} for g in rows],
+        "score": a.score,
+        "score_description": SCORE_DESCRIPTION[a.score],
+        "canary_design": CANARY_DESIGN,
+        "mutation": a.mutation,
+        "broken": broken,
+        "warning": BROKEN_WARNING if broken else None,
+        "meaning": (
+            "a lower bound on the epsilon of THIS configuration with THESE canaries: if the run were "
+            f"(epsilon, delta)-DP, a bound above epsilon would appear with probability <= {1 - a.confidence:.3g}. "
+            "A bound below the claim is not a proof of privacy."
+        ),
+        "bound": "Steinke, Nasr, Jagielski 2023 (one training run), Theorems 3.1 / 5.2",
+        "mechanism": result.privacy,
+        "test": {k: v for k, v in result.metrics.items() if k.startswith("test/")},
+        "seed": conf.seed,
+        "audit_seed": a.seed,
+        "seconds": time.perf_counter() - start,
+    }
+    if run_dir is not None:
+        write_json(run_dir / "audit.json", report)
+        write_json(run_dir / "metrics.json", result.metrics)
+        lines = ["canary,included,score"] + [
+            f"{j},{int(inc)},{s:.9g}" for j, (inc, s) in enumerate(zip(canaries.included, scores))]
+        atomic_write_text(run_dir / "audit_canaries.csv", "\n".join(lines) + "\n")
+    return report
+
+
+def format_audit(report: dict[str, Any]) -> list[str]:
+    """The lines an audit run prints."""
+    lines = []
+    if report["broken"]:
+        lines.append("!" * 20 + " " + report["warning"] + " " + "!" * 20)
+    verdict = (
+        "CLAIM REFUTED: the lower bound exceeds the claimed epsilon"
+        if report["claim_refuted"] else "consistent with the claim (a lower bound, not a proof of privacy)"
+    )
+    lines.append(
+        f"audit: epsilon lower bound = {report['epsilon_lower_bound']:.4g} at {report['confidence']:.0%} confidence "
+        f"vs claimed epsilon = {report['claimed_epsilon']:.4g} ({report['accountant']}, delta = {report['delta']:.3g}): "
+        f"{verdict}"
+    )
+    lines.append(
+        f"audit: m = {report['m']} canaries ({report['canaries_included']} included), r = {report['r']} guesses "
+        f"(k = {report['k_plus']} in + {report['k_minus']} out, best of k in {report['k_tried']}, union bound), "
+        f"v = {report['v']} correct; score = {report['score']}; {report['seconds']:.1f} s"
+    )
+    return lines
