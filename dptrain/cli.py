@@ -78,6 +78,8 @@ def run(cfg: DictConfig, *, run_dir: Path) -> float:
     # Hydra saves the composed config with interpolations; keep the resolved values beside it
     # (written only once training has succeeded: a refused resume must not overwrite the record).
     atomic_write_text(run_dir / ".hydra" / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    private = conf.privacy.enabled
+    epsilons = final_epsilons(result, delta=delta) if private else None
     report = build_report(
         mechanism=result.privacy, epsilons=epsilons, accountant=conf.privacy.accountant,
         seed=conf.seed, data_source=data.source,
@@ -112,26 +114,26 @@ def run(cfg: DictConfig, *, run_dir: Path) -> float:
             + f"), sigma = {report['noise_multiplier']:.4g}, C = {report['max_grad_norm']}, "
             f"q = {report['sample_rate']:.4g}, steps = {report['steps']}"
         )
-        if not math.isfinite(eps):
-            lines.append("WARNING: epsilon is infinite: this run has NO privacy guarantee (sigma = 0)")
         if result.privacy["stopped_early"]:
             lines.append(f"privacy budget: {result.privacy['stop_reason']}")
+        if not math.isfinite(eps):
+            lines.append("WARNING: epsilon is infinite: this run has NO privacy guarantee (sigma = 0)")
     else:
         lines.append("privacy: OFF (privacy.enabled=false): no differential privacy guarantee")
-    lines.append(f"train loop: {m['time/train_seconds']:.1f} s for {m['train/steps']} steps; outputs in {run_dir}")
-    for line in lines:
-        log.info(line)
-    return float(m["test/acc"])
     if dist_ctx is not None:
         lines.append(f"distributed: {dist_ctx.world_size} processes ({dist_ctx.backend}); noise added once per "
                      "step on rank 0; only rank 0 wrote these outputs")
-
-
-def run_hparams(conf: Config, report: dict) -> dict:
+    lines.append(f"train loop: {m['time/train_seconds']:.1f} s for {m['train/steps']} steps; outputs in {run_dir}")
+    for line in lines:
+        log.info(line)
     if dist_ctx is not None:
         from dptrain.distributed import shutdown
 
         shutdown()
+    return float(m["test/acc"])
+
+
+def run_hparams(conf: Config, report: dict) -> dict:
     """The settings that make runs of a sweep comparable trials in TensorBoard's HParams view."""
     model = conf.model if isinstance(conf.model, dict) else {}
     optim = conf.optim if isinstance(conf.optim, dict) else {}
@@ -192,11 +194,6 @@ def _hydra_main(cfg: DictConfig) -> float:
 
 
 def main() -> None:
-    _hydra_main()
-
-
-if __name__ == "__main__":
-    main()
     from dptrain.distributed import env_rank
 
     if env_rank() > 0:
@@ -206,3 +203,8 @@ if __name__ == "__main__":
                                                               "hydra/job_logging="))]
         sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout",
                      f"hydra.run.dir={Path(tempfile.gettempdir()) / 'dptrain-rank-unused'}"]
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()
