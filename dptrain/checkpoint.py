@@ -96,7 +96,7 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
 
 def save_checkpoint(
     path: Path, *, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-    accountant_state: dict, sample_rng: np.random.Generator, noise_gen: torch.Generator,
+    accountant_state: dict, sample_rng: np.random.Generator, noise_state: torch.Tensor,
     fingerprint: dict[str, Any], train_seconds: float, samplers: list | None = None,
 ) -> None:
     """``samplers``: every rank's sampler state in a distributed job (rank 0 writes)."""
@@ -109,7 +109,7 @@ def save_checkpoint(
         "rng": {
             "sampler": sample_rng.bit_generator.state,
             "samplers": samplers,
-            "noise": noise_gen.get_state(),
+            "noise": noise_state,
             "torch_global": torch.get_rng_state(),
         },
         "fingerprint": dict(fingerprint),

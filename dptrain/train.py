@@ -195,7 +195,7 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: 
         if checkpoint_path is not None and main:
             save_checkpoint(
                 checkpoint_path, step=step, model=model, optimizer=optimizer,
-                accountant_state=accountant.state_dict(), sample_rng=sample_gen, noise_gen=noise_gen,
+                accountant_state=accountant.state_dict(), sample_rng=sample_gen, noise_state=engine.noise_generator_state(),
                 fingerprint=fingerprint, train_seconds=train_seconds, samplers=samplers,
             )
 

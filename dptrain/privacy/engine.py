@@ -114,6 +114,49 @@ class GradientEngine:
         self.collect_stats = True
         #: a :class:`dptrain.distributed.DistContext` when one job runs across processes
         self.dist = None
+        #: draw the next step's standard-normal vector in a background thread while this step
+        #: computes (the draw is data-independent; the stream of draws is the same as drawing
+        #: each step in turn). Turn off to draw synchronously.
+        self.prefetch_noise = True
+        self._pending = None  # (future of the next N(0, I) draw, generator state before it)
+        self._executor = None
+
+    # ------------------------------------------------------------------ noise
+    def _draw(self) -> torch.Tensor:
+        return torch.empty(sum(self._sizes)).normal_(0.0, 1.0, generator=self.generator)
+
+    def _standard_normal(self) -> torch.Tensor:
+        """This step's N(0, I) vector (one per step, whole model), and the next one queued."""
+        if not self.prefetch_noise:
+            self.discard_prefetched_noise()
+            return self._draw()
+        if self._pending is None:
+            z = self._draw()
+        else:
+            z = self._pending[0].result()
+        if self._executor is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dptrain-noise")
+        state = self.generator.get_state()
+        self._pending = (self._executor.submit(self._draw), state)
+        return z
+
+    def discard_prefetched_noise(self) -> None:
+        """Forget a queued draw and rewind the generator to before it (as if never drawn)."""
+        if self._pending is not None:
+            future, state = self._pending
+            future.result()
+            self.generator.set_state(state)
+            self._pending = None
+
+    def noise_generator_state(self) -> torch.Tensor:
+        """The noise generator's state as a sequential run would have it now (for checkpoints):
+        a queued, not yet used draw does not count."""
+        if self._pending is not None:
+            self._pending[0].result()
+            return self._pending[1].clone()
+        return self.generator.get_state()
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> StepStats:
         if x.shape[0] == 0:
@@ -126,13 +169,12 @@ class GradientEngine:
         inv_b = 1.0 / self.expected_batch_size
         std = self.noise_multiplier * self.max_grad_norm * inv_b
         # one Gaussian draw per coordinate per step, for the whole sum: N(0, sigma^2 C^2) / B
-        noise = (torch.empty(sum(self._sizes), dtype=sums[0].dtype).normal_(0.0, std, generator=self.generator)
-                 if std > 0 else None)
+        noise = self._standard_normal() if std > 0 else None
         chunks = noise.split(self._sizes) if noise is not None else [None] * len(sums)
         for p, total, z in zip(self.params, sums, chunks):
             total.mul_(inv_b)  # sums are fresh tensors: in place is safe
             if z is not None:
-                total.add_(z.view_as(total))
+                total.add_(z.view_as(total), alpha=std)
             p.grad = total
         return stats
 
@@ -143,7 +185,7 @@ class GradientEngine:
         flat = torch.cat([s.reshape(-1) for s in sums])
         std = self.noise_multiplier * self.max_grad_norm
         if self.dist.is_main and std > 0:
-            flat.add_(torch.empty_like(flat).normal_(0.0, std, generator=self.generator))
+            flat.add_(self._standard_normal(), alpha=std)
         self.dist.all_reduce_sum(flat)
         flat.mul_(1.0 / self.expected_batch_size)
         for p, chunk in zip(self.params, flat.split(self._sizes)):
