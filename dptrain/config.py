@@ -21,7 +21,7 @@ import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
@@ -56,14 +56,14 @@ class DataConfig:
     """
 
     name: str = "adult"
-    path: Optional[str] = None
+    path: str | None = None
     format: str = "auto"  # auto | csv | parquet | dta
     target: str = "income"
-    positive: Optional[str] = None  # label of the positive class (binary target)
+    positive: str | None = None  # label of the positive class (binary target)
     numeric: dict[str, NumericColumn] = field(default_factory=dict)
     categorical: dict[str, list[str]] = field(default_factory=dict)
     nonfinite: str = "error"  # error | drop : policy for NaN / inf in numeric columns
-    split_column: Optional[str] = None  # column holding "train"/"test"; else a seeded split
+    split_column: str | None = None  # column holding "train"/"test"; else a seeded split
     test_fraction: float = 0.25
     # synthetic generator only
     n_rows: int = 20000
@@ -84,13 +84,13 @@ class PrivacyConfig:
     """
 
     enabled: bool = True
-    noise_multiplier: Optional[float] = None
-    target_epsilon: Optional[float] = None
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = None
     max_grad_norm: float = 1.0
-    delta: Optional[float] = None
+    delta: float | None = None
     accountant: str = "rdp"  # rdp | pld
     calibration_rtol: float = 1e-3
-    max_epsilon: Optional[float] = None  # budget: stop at the last step whose epsilon is <= it
+    max_epsilon: float | None = None  # budget: stop at the last step whose epsilon is <= it
 
 
 @dataclass
@@ -107,7 +107,7 @@ class TrainerConfig:
     progress: bool = True
     threads: int = 0  # torch threads; 0 leaves torch's default
     checkpoint_every: int = 100  # steps between checkpoints (0: only at the end); always one at the end
-    resume: Optional[str] = None  # null (fresh) | auto (this run folder's checkpoint, if any) | PATH
+    resume: str | None = None  # null (fresh) | auto (this run folder's checkpoint, if any) | PATH
     distributed: bool = False  # one job across torchrun processes (dptrain.distributed)
 
 
@@ -130,7 +130,7 @@ class ReleaseConfig:
     y: str = "y"
     cells: list[str] = field(default_factory=lambda: ["cell"])
     statistic: str = "p25"  # p25 | p75 | slope | custom (release.stat_fn, brute-force refits)
-    stat_fn: Optional[str] = None  # "package.module:function" f(x, y) -> float, for statistic=custom
+    stat_fn: str | None = None  # "package.module:function" f(x, y) -> float, for statistic=custom
     neighbors: str = "add_remove"  # add | add_remove
     noise: str = "laplace"  # laplace | normal
     method: str = "mos"  # what release.csv holds: mos | suppression | ss_laplace | noisy_stats | ...
@@ -139,7 +139,7 @@ class ReleaseConfig:
     chi_by: list[str] = field(default_factory=list)  # [] = one chi over all cells
     domain: DomainConfig = field(default_factory=DomainConfig)
     clip: bool = True
-    seed: Optional[int] = None  # None: noise seeded from the OS CSPRNG; an int: reproducible
+    seed: int | None = None  # None: noise seeded from the OS CSPRNG; an int: reproducible
     compare: bool = True  # run every baseline on the same cells -> comparison.csv/.md
     suppression_k: list[int] = field(default_factory=lambda: [5, 10, 20])
     rate_outcome: bool = False  # y is 0/1: suppression also needs N p >= k and N (1 - p) >= k

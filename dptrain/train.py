@@ -6,9 +6,10 @@ import logging
 import math
 import time
 import warnings
-from pathlib import Path
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -101,7 +102,12 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: 
     rank Poisson-samples its own shard, the clipped sums are all-reduced, rank 0 adds the noise
     once, and only rank 0 evaluates and writes (see :mod:`dptrain.distributed`)."""
     from dptrain.checkpoint import (
-        FILENAME, CheckpointError, check_fingerprint, load_checkpoint, resolve_resume, restore,
+        FILENAME,
+        CheckpointError,
+        check_fingerprint,
+        load_checkpoint,
+        resolve_resume,
+        restore,
         save_checkpoint,
     )
 

@@ -44,28 +44,27 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # must precede `import torch`
 
-import argparse  # noqa: E402
-import gc  # noqa: E402
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
+import argparse
+import gc
+import hashlib
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
 
-import numpy as np  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-import warnings  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import torch  # noqa: E402
+import numpy as np
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from dptrain.models import logit, mlp  # noqa: E402
-from dptrain.privacy.engine import PoissonSampler, make_engine, per_example_loss  # noqa: E402
+from dptrain.models import logit, mlp
+from dptrain.privacy.engine import PoissonSampler, make_engine, per_example_loss
 
 IN_FEATURES = 100
 C = 1.0

@@ -9,12 +9,12 @@ import random
 import time
 from pathlib import Path
 
+import dp_accounting
 import numpy as np
 import pytest
+from dp_accounting import rdp as dp_rdp
 from scipy import optimize, stats
 
-import dp_accounting
-from dp_accounting import rdp as dp_rdp
 from dptrain.privacy.accounting import (
     ACCOUNTANTS,
     RDP_ORDERS,

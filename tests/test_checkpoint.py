@@ -21,7 +21,7 @@ import torch
 from hydra import compose, initialize_config_module
 
 import dptrain.checkpoint as ckpt
-import dptrain.cli as cli
+from dptrain import cli
 from dptrain.privacy.accounting import rdp_epsilon
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-import dptrain.cli as cli
+from dptrain import cli
 from dptrain.config import Config, validate
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import dptrain.data as data
+from dptrain import data
 from dptrain.config import ConfigError, DataConfig, NumericColumn
 from dptrain.data import DataError, Dataset, load_dataset, read_table
 from dptrain.data.synthetic import make_synthetic

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 
-import dptrain.cli as cli
+from dptrain import cli
 
 SMALL = ["data.n_cells=120", "release.tail_epsilons=[1,4]"]
 

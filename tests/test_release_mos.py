@@ -213,7 +213,7 @@ def test_bad_settings_refused_by_name():
     with pytest.raises(ReleaseError, match="release.neighbors"):
         release_mos(c, statistic="p25", neighbors="replace", **kw)
     with pytest.raises(ReleaseError, match="release.epsilon_split"):
-        release_mos(c, statistic="p25", epsilon_split=(1, 0, 1), **{**kw})
+        release_mos(c, statistic="p25", epsilon_split=(1, 0, 1), **kw)
 
 
 def test_not_dp_sentence_and_normal_noise_caveat():

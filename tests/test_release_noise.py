@@ -7,7 +7,14 @@ import pytest
 from scipy import stats
 
 from dptrain.release.cells import ReleaseError
-from dptrain.release.noise import GRID_BITS, add_noise, calibrate, grid_step, laplace_noise, make_rng
+from dptrain.release.noise import (
+    GRID_BITS,
+    add_noise,
+    calibrate,
+    grid_step,
+    laplace_noise,
+    make_rng,
+)
 
 
 def _is_integer(a: np.ndarray) -> bool:

@@ -15,7 +15,8 @@ import functools
 import logging
 import math
 import numbers
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import dp_accounting
 import numpy as np

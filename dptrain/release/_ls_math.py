@@ -22,8 +22,8 @@ parameters are packed into one (G, k) array and gathered with one fancy index pe
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import numpy as np
 

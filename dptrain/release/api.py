@@ -14,13 +14,21 @@ from the private data; the guarantee is only epsilon-DP conditional on chi.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 
-from dptrain.release.cells import Cells, Domain, ReleaseError, group_cells, ols, standard_error, statistic
+from dptrain.release.cells import (
+    Cells,
+    Domain,
+    ReleaseError,
+    group_cells,
+    ols,
+    standard_error,
+    statistic,
+)
 from dptrain.release.mos import NOT_DP, MOSRelease, chi, release_mos
 from dptrain.release.noise import add_noise, calibrate, make_rng
 from dptrain.release.sensitivity import Sensitivity, brute_force_cells, local_sensitivity

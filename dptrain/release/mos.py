@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .cells import STATISTICS, Cells, ReleaseError, ols, standard_error, statistic as cell_statistic
+from .cells import STATISTICS, Cells, ReleaseError, ols, standard_error
+from .cells import statistic as cell_statistic
 from .noise import NOISE_KINDS, add_noise, calibrate, make_rng
 
 NEIGHBORS: tuple[str, ...] = ("add", "add_remove")

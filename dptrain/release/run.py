@@ -9,15 +9,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from dptrain.config import Config
 from dptrain.release import baselines as bl
-from dptrain.release.cells import Cells, Domain, ReleaseError, group_cells, ols, standard_error, statistic
+from dptrain.release.cells import (
+    Cells,
+    Domain,
+    ReleaseError,
+    group_cells,
+    ols,
+    standard_error,
+    statistic,
+)
 from dptrain.release.evaluate import compare_methods, evaluate_release, to_markdown
 from dptrain.release.mos import NOT_DP, release_mos
 from dptrain.release.noise import make_rng
@@ -111,7 +120,7 @@ def release_json(mos, conf: Config, *, source: str, method: str, method_meta: di
         "composition); disjoint cells compose in parallel, so the release's total is the per-cell sum",
         "chi": mos.chi_table.to_dict(orient="records"),
         "chi_by": list(conf.release.chi_by) or "all cells",
-        "cells": int(len(frame)),
+        "cells": len(frame),
         "cells_released": int(frame["released"].sum()),
         "cells_not_released": {str(k): int(v) for k, v in not_released.items()},
         "randomness": mos.info.get("rng"),
@@ -203,7 +212,7 @@ def run_custom(cells: Cells, conf: Config, run_dir: Path, source: str) -> float:
     frame = rel.frame
     write_json(run_dir / "release.json", {
         **{k: v for k, v in rel.info.items()}, "stat_fn": r.stat_fn, "data": source, "epsilon": rel.epsilon,
-        "cells": int(len(frame)), "cells_released": int(frame["released"].sum()),
+        "cells": len(frame), "cells_released": int(frame["released"].sum()),
         "cells_not_released": {str(k): int(v) for k, v in frame.loc[~frame.released, "reason"].value_counts().items()},
         "note": "custom statistic: theta and N released (no SE); no baseline comparison (baselines need OLS)",
     })

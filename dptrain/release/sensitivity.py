@@ -24,8 +24,8 @@ after removing one row"); under ``add`` it is finite.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
