@@ -114,35 +114,37 @@ def test_sigkill_and_resume_gives_the_uninterrupted_run(tmp_path):
     assert not list(crash_dir.glob(".checkpoint.pt.*"))
 
 
-def test_resume_inprocess_equals_uninterrupted(tmp_path):
-    """Stopping early (fewer epochs is NOT allowed: planned steps differ) is simulated by a
-    budget-free checkpoint taken mid-run: copy the mid-run checkpoint, resume from it."""
-    ref_dir = tmp_path / "ref"
-    _run_inprocess(ref_dir, [*SMALL, "trainer.checkpoint_every=7"])
-    ref = json.loads((ref_dir / "privacy.json").read_text())
-    # rebuild a mid-run checkpoint by running with a callback that stops the loop: kill via exception
-    mid_dir = tmp_path / "mid"
+class _Crash(RuntimeError):
+    pass
 
-    class Crash(RuntimeError):
-        pass
 
+def _crash_after_checkpoint(monkeypatch, run_dir: Path, overrides: list[str], at_step: int) -> list[int]:
+    """Run in-process and crash right after the checkpoint of ``at_step`` is written (the
+    real save runs first, as a kill just after it would leave it). Returns the saved steps."""
     real_save = ckpt.save_checkpoint
-    saves = []
+    saves: list[int] = []
 
     def save_then_crash(path, **kw):
         real_save(path, **kw)
         saves.append(kw["step"])
-        if len(saves) == 3:
-            raise Crash()
+        if kw["step"] >= at_step:
+            raise _Crash()
 
-    import dptrain.checkpoint
+    monkeypatch.setattr(ckpt, "save_checkpoint", save_then_crash)
+    with pytest.raises(_Crash):
+        _run_inprocess(run_dir, overrides)
+    monkeypatch.setattr(ckpt, "save_checkpoint", real_save)
+    return saves
 
-    dptrain.checkpoint.save_checkpoint = save_then_crash
-    try:
-        with pytest.raises(Crash):
-            _run_inprocess(mid_dir, [*SMALL, "trainer.checkpoint_every=7"])
-    finally:
-        dptrain.checkpoint.save_checkpoint = real_save
+
+def test_resume_inprocess_equals_uninterrupted(tmp_path, monkeypatch):
+    """A run crashed after its third checkpoint and resumed ends bit-identical to an
+    uninterrupted run in the same process."""
+    ref_dir = tmp_path / "ref"
+    _run_inprocess(ref_dir, [*SMALL, "trainer.checkpoint_every=7"])
+    ref = json.loads((ref_dir / "privacy.json").read_text())
+    mid_dir = tmp_path / "mid"
+    saves = _crash_after_checkpoint(monkeypatch, mid_dir, [*SMALL, "trainer.checkpoint_every=7"], at_step=21)
     assert saves == [7, 14, 21]
     _run_inprocess(mid_dir, [*SMALL, "trainer.checkpoint_every=7", "trainer.resume=auto"])
     got = json.loads((mid_dir / "privacy.json").read_text())
@@ -236,28 +238,12 @@ def test_budget_stops_at_the_last_step_within_it(tmp_path):
     assert metrics["train/steps"] == k
 
 
-def test_budget_holds_across_resume(tmp_path):
+def test_budget_holds_across_resume(tmp_path, monkeypatch):
     """First run without a budget is interrupted; the resume sets a budget below what the
     whole planned run would spend: the resumed run stops within it, counting the steps done
     before the crash."""
     run_dir = tmp_path / "r"
-    real_save = ckpt.save_checkpoint
-    calls = []
-
-    def save_then_crash(path, **kw):
-        real_save(path, **kw)
-        calls.append(kw["step"])
-        if kw["step"] >= 10:
-            raise KeyboardInterrupt
-
-    import dptrain.checkpoint
-
-    dptrain.checkpoint.save_checkpoint = save_then_crash
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            _run_inprocess(run_dir, [*SMALL, "privacy.noise_multiplier=1.0"])
-    finally:
-        dptrain.checkpoint.save_checkpoint = real_save
+    _crash_after_checkpoint(monkeypatch, run_dir, [*SMALL, "privacy.noise_multiplier=1.0"], at_step=10)
     fp = ckpt.load_checkpoint(run_dir / ckpt.FILENAME)["fingerprint"]
     assert fp["planned_steps"] > 25
     # a budget that allows exactly 20 steps in all: 10 before the crash, 10 after
