@@ -39,7 +39,6 @@ from dptrain.privacy.engine import (
     OpacusEngine,
     PoissonSampler,
     make_engine,
-    per_example_loss,
 )
 
 ENGINES = {
@@ -122,37 +121,22 @@ def _realised_batch_mutant():
     return call
 
 
-def _fast_clipped_sum(*, bias_in_norm: bool):
-    """FastLinearEngine.clipped_sum (general path, also used for logit); with
+def _fast_sq_norms(*, bias_in_norm: bool):
+    """FastLinearEngine.per_example_sq_norms, re-implemented (every fast path -- logit closed
+    form, buffered stack, autograd -- takes its per-example norms from it); with
     ``bias_in_norm=False`` the bias part ||g_i||^2 is left out of each per-example norm."""
 
-    def clipped_sum(self, x, y):
-        inputs, outputs, linears = [], [], []
-        h = x
-        for m in self.layers:
-            if isinstance(m, nn.Linear):
-                inputs.append(h.detach())
-                h = m(h)
-                outputs.append(h)
-                linears.append(m)
-            else:
-                h = m(h)
-        losses = per_example_loss(h, y)
-        out_grads = torch.autograd.grad(losses.sum(), outputs)
-        sq = torch.zeros(x.shape[0], dtype=x.dtype)
-        for a, g, lin in zip(inputs, out_grads, linears):
-            bias = 1.0 if (bias_in_norm and lin.bias is not None) else 0.0
-            sq = sq + g.pow(2).sum(1) * (a.pow(2).sum(1) + bias)
-        factors = self.clip_factors(sq)
-        grad_of = {}
-        for a, g, lin in zip(inputs, out_grads, linears):
-            cg = g * factors[:, None]
-            grad_of[id(lin.weight)] = cg.T @ a
-            if lin.bias is not None:
-                grad_of[id(lin.bias)] = cg.sum(0)
-        return [grad_of[id(p)] for p in self.params], self.step_stats(h.detach(), y, losses.detach(), sq)
+    def per_example_sq_norms(self, inputs, out_grads, has_bias, out=None):
+        sq = torch.zeros(inputs[0].shape[0], dtype=inputs[0].dtype)
+        for a, g, bias in zip(inputs, out_grads, has_bias):
+            extra = 1.0 if (bias_in_norm and bias) else 0.0
+            sq = sq + g.pow(2).sum(1) * (a.pow(2).sum(1) + extra)
+        if out is not None:
+            out.copy_(sq)
+            return out
+        return sq
 
-    return clipped_sum
+    return per_example_sq_norms
 
 
 def _sampler_mutant(kind: str):
@@ -287,9 +271,9 @@ def test_fast_and_opacus_agree(model_name):
     print(check_engines_agree(FastLinearEngine, OpacusEngine, _model(model_name)))
 
 
-def test_fast_clipped_sum_replacement_is_faithful(monkeypatch):
+def test_fast_sq_norms_replacement_is_faithful(monkeypatch):
     # control for mutation 7: the replacement with the bias term kept passes
-    monkeypatch.setattr(FastLinearEngine, "clipped_sum", _fast_clipped_sum(bias_in_norm=True))
+    monkeypatch.setattr(FastLinearEngine, "per_example_sq_norms", _fast_sq_norms(bias_in_norm=True))
     for name in MODELS:
         check_engines_agree(FastLinearEngine, OpacusEngine, _model(name))
         check_matches_reference(FastLinearEngine, _model(name))
@@ -449,7 +433,7 @@ def test_mutation_noise_shape(monkeypatch, kind, message):
 def test_mutation_fast_engine_drops_bias_from_norm(monkeypatch, model_name):
     # seen (logit / mlp): engines differ by 0.0096 / 0.029, loop reference by 0.0145 / 0.112,
     # a contribution of norm 1.037 C / 1.133 C
-    monkeypatch.setattr(FastLinearEngine, "clipped_sum", _fast_clipped_sum(bias_in_norm=False))
+    monkeypatch.setattr(FastLinearEngine, "per_example_sq_norms", _fast_sq_norms(bias_in_norm=False))
     with pytest.raises(AssertionError, match="engines' updates differ"):
         check_engines_agree(FastLinearEngine, OpacusEngine, _model(model_name))
     with pytest.raises(AssertionError, match="per-example loop reference"):

@@ -15,7 +15,9 @@ Engines:
 * :class:`FastLinearEngine` ("fast"): models made of ``nn.Linear`` layers and elementwise
   activations. Per-example gradient norms from ``||g_i||^2 (||a_i||^2 + 1)`` per layer and the
   clipped sum as one matrix product per layer (book-keeping; Goodfellow 2015, Li et al. 2022,
-  Bu et al. 2023; ENGINE.md). Never materialises per-example gradients.
+  Bu et al. 2023; ENGINE.md). Never materialises per-example gradients. A plain stack
+  (Linear, activation, ..., Linear(., 1)) runs without autograd on buffers reused from step to
+  step, with the bias gradients, 1/B and the noise folded into the same matrix products.
 * :class:`OpacusEngine` ("opacus"): any model Opacus' ``GradSampleModule`` supports; per-example
   gradients are materialised by Opacus' hooks, clipping and noise are done here.
 * :class:`NonPrivateEngine`: the same pipeline with no clipping and no noise (sum / B).
@@ -24,6 +26,8 @@ Engines:
 from __future__ import annotations
 
 import logging
+import math
+import os
 import warnings
 from dataclasses import dataclass
 
@@ -35,6 +39,15 @@ from torch.nn import functional as F
 log = logging.getLogger(__name__)
 
 _CLIP_EPS = 1e-6  # as Opacus: factor = C / (norm + 1e-6), capped at 1
+
+
+def _lowest_cpu_priority() -> None:
+    """Run the calling thread only when a CPU would otherwise idle (Linux SCHED_IDLE), so a
+    background noise draw fills gaps instead of slowing the step's parallel regions."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):  # not Linux, or not permitted: an ordinary thread
+        pass
 
 
 class PoissonSampler:
@@ -93,6 +106,9 @@ class GradientEngine:
 
     name = "base"
     PREFETCH_MIN_PARAMS = 1 << 15
+    #: True when :meth:`noisy_grads` computes the whole ``.grad`` in one pass (clipped sum,
+    #: division by B and the noise folded into each layer's matrix product)
+    fused = False
 
     def __init__(
         self,
@@ -119,6 +135,8 @@ class GradientEngine:
         #: computes (the draw is data-independent; the stream of draws is the same as drawing
         #: each step in turn). Only worth it when a draw costs more than handing it to a thread
         #: (~0.1 ms for 2^15 numbers here): on for the MLP (91k parameters), off for the logit.
+        #: The thread runs at the lowest CPU priority (SCHED_IDLE): it fills idle CPU time and
+        #: does not slow the step's parallel regions (with equal priority it did, by ~0.1x).
         self.prefetch_noise = sum(self._sizes) >= self.PREFETCH_MIN_PARAMS
         self._pending = None  # (future of the next N(0, I) draw, generator state before it)
         self._executor = None
@@ -139,7 +157,8 @@ class GradientEngine:
         if self._executor is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dptrain-noise")
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dptrain-noise",
+                                                initializer=_lowest_cpu_priority)
         state = self.generator.get_state()
         self._pending = (self._executor.submit(self._draw), state)
         return z
@@ -161,6 +180,8 @@ class GradientEngine:
         return self.generator.get_state()
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> StepStats:
+        if self.dist is None and x.shape[0] > 0 and self.fused:
+            return self._fused_call(x, y)
         if x.shape[0] == 0:
             sums = [torch.zeros_like(p) for p in self.params]
             stats = StepStats(0, 0.0, 0, 0)
@@ -179,6 +200,22 @@ class GradientEngine:
                 total.add_(z.view_as(total), alpha=std)
             p.grad = total
         return stats
+
+    def _fused_call(self, x: torch.Tensor, y: torch.Tensor) -> StepStats:
+        inv_b = 1.0 / self.expected_batch_size
+        std = self.noise_multiplier * self.max_grad_norm * inv_b
+        # one Gaussian draw per coordinate per step, for the whole sum: N(0, sigma^2 C^2) / B
+        noise = self._standard_normal() if std > 0 else None
+        grads, stats = self.noisy_grads(x, y, noise=noise, noise_scale=std, sum_scale=inv_b)
+        for p, g in zip(self.params, grads):
+            p.grad = g
+        return stats
+
+    def noisy_grads(self, x: torch.Tensor, y: torch.Tensor, *, noise: torch.Tensor | None,
+                    noise_scale: float, sum_scale: float) -> tuple[list[torch.Tensor], StepStats]:
+        """``sum_scale * sum_i clip_C(grad_i) + noise_scale * noise`` per parameter, written
+        into ``noise`` (a flat N(0, I) vector, consumed) or into a fresh buffer when None."""
+        raise NotImplementedError
 
     def _distributed_finish(self, sums: list[torch.Tensor], stats: StepStats) -> StepStats:
         """Across processes: rank 0 adds the step's ONE noise draw N(0, sigma^2 C^2) to its local
@@ -296,11 +333,143 @@ def fast_path_blocker(model: nn.Module) -> str | None:
     return None
 
 
+class _Activation:
+    """Forward and backward of one elementwise activation on reusable buffers (no autograd).
+
+    ``in_place``: the output overwrites the pre-activation z and the derivative is computed
+    from the output h alone (ReLU, Tanh, Sigmoid, LeakyReLU / ELU with a non-negative slope /
+    alpha: the same formulas autograd uses). Otherwise (GELU, SiLU, ...) h goes to its own
+    buffer and the derivative is computed from z, which is kept, as autograd keeps it.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        aten = torch.ops.aten
+        self.module = module
+        if isinstance(module, nn.ReLU):
+            self.in_place = True
+            self.fwd = lambda z, h: torch.relu_(z)
+            self.bwd = lambda d, z, h: aten.threshold_backward.grad_input(d, h, 0, grad_input=d)
+        elif isinstance(module, nn.Tanh):
+            self.in_place = True
+            self.fwd = lambda z, h: torch.tanh_(z)
+            self.bwd = lambda d, z, h: aten.tanh_backward.grad_input(d, h, grad_input=d)
+        elif isinstance(module, nn.Sigmoid):
+            self.in_place = True
+            self.fwd = lambda z, h: torch.sigmoid_(z)
+            self.bwd = lambda d, z, h: aten.sigmoid_backward.grad_input(d, h, grad_input=d)
+        elif isinstance(module, nn.LeakyReLU):
+            s = float(module.negative_slope)
+            self.in_place = s >= 0  # then sign(h) = sign(z)
+            if self.in_place:
+                self.fwd = lambda z, h: aten.leaky_relu_(z, s)
+                self.bwd = lambda d, z, h: aten.leaky_relu_backward.grad_input(d, h, s, True, grad_input=d)
+            else:
+                self.fwd = lambda z, h: aten.leaky_relu.out(z, s, out=h)
+                self.bwd = lambda d, z, h: aten.leaky_relu_backward.grad_input(d, z, s, False, grad_input=d)
+        elif isinstance(module, nn.ELU):
+            a = float(module.alpha)
+            self.in_place = a >= 0  # then z <= 0 <=> h <= 0 and dh/dz = h + alpha there
+            if self.in_place:
+                self.fwd = lambda z, h: aten.elu_(z, a, 1, 1)
+                self.bwd = lambda d, z, h: aten.elu_backward.grad_input(d, a, 1, 1, True, h, grad_input=d)
+            else:
+                self.fwd = lambda z, h: aten.elu.out(z, a, 1, 1, out=h)
+                self.bwd = lambda d, z, h: aten.elu_backward.grad_input(d, a, 1, 1, False, z, grad_input=d)
+        elif isinstance(module, nn.GELU):
+            approx = module.approximate
+            self.in_place = False
+            # (gelu.out ignores a non-contiguous ``out`` in torch 2.13: copy, then in place)
+            self.fwd = lambda z, h: aten.gelu_(h.copy_(z), approximate=approx)
+            self.bwd = lambda d, z, h: aten.gelu_backward.grad_input(d, z, approximate=approx, grad_input=d)
+        elif isinstance(module, nn.SiLU):
+            self.in_place = False
+            self.fwd = lambda z, h: aten.silu.out(z, out=h)
+            self.bwd = lambda d, z, h: aten.silu_backward.grad_input(d, z, grad_input=d)
+        else:
+            raise TypeError(f"no buffered forward/backward for {type(module).__name__}")
+
+
+def _buffered_plan(model: nn.Sequential) -> list[tuple[nn.Linear, _Activation | None]] | None:
+    """``[(Linear, activation or None), ...]`` when the model is Linear, [activation], Linear,
+    [activation], ..., ending in a width-1 Linear [activation] and a Squeeze; else None."""
+    layers = list(model)
+    if not layers or type(layers[-1]).__name__ != "Squeeze":
+        return None
+    plan: list[tuple[nn.Linear, _Activation | None]] = []
+    for m in layers[:-1]:
+        if isinstance(m, nn.Linear):
+            plan.append((m, None))
+        elif isinstance(m, nn.Identity):
+            continue
+        elif plan and plan[-1][1] is None and isinstance(m, _ELEMENTWISE):
+            try:
+                plan[-1] = (plan[-1][0], _Activation(m))
+            except TypeError:
+                return None
+        else:  # an activation before the first Linear, two in a row, a Squeeze inside
+            return None
+    if not plan or plan[-1][0].out_features != 1:
+        return None
+    return plan
+
+
+class _Workspace:
+    """Buffers of ``capacity`` rows, reused from step to step (the Poisson batch size varies:
+    rows [:n] are used). Reusing them keeps a step free of fresh allocations, which on this
+    CPU cost page faults comparable to the arithmetic.
+
+    Each hidden layer's output lives in ``aug[k]``, a (capacity, width + 1) buffer whose last
+    column is 1: the next layer's input with a ones column, so that one matrix product gives
+    its weight AND bias gradient, ``g^T [a | 1] = [grad_W | grad_b]``, and its forward pass
+    ``[a | 1] [W | b]^T`` needs no broadcast of the bias.
+    """
+
+    def __init__(self, plan, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
+        def buf(*shape: int) -> torch.Tensor:
+            return torch.empty(*shape, dtype=dtype, device=device)
+
+        last = len(plan) - 1
+        self.capacity = capacity
+        self.aug: list[torch.Tensor | None] = []  # [h_k | 1] for hidden layers k < last
+        self.z: list[torch.Tensor | None] = []  # pre-activations, where h is not computed in place
+        for k, (lin, act) in enumerate(plan):
+            if k < last:
+                a = buf(capacity, lin.out_features + 1)
+                a[:, -1] = 1.0
+                self.aug.append(a)
+                self.z.append(buf(capacity, lin.out_features) if act is not None and not act.in_place else None)
+            else:
+                self.aug.append(None)
+                self.z.append(buf(capacity, lin.out_features))
+        act = plan[last][1]
+        self.last_h = buf(capacity, 1) if act is not None and not act.in_place else None
+        self.d = [buf(capacity, lin.out_features) for lin, _ in plan]  # output gradients g_k
+        # [grad_W | grad_b] of each layer with a bias; [W | b] for the forward of layers k >= 1
+        self.wt = [buf(lin.out_features, lin.in_features + 1) if lin.bias is not None else None for lin, _ in plan]
+        self.waug = [buf(lin.out_features, lin.in_features + 1) if k > 0 and lin.bias is not None else None
+                     for k, (lin, _) in enumerate(plan)]
+        first = plan[0][0]
+        # [c * x | c]: the first layer's input scaled by the clip factors (when narrower than g)
+        self.x_aug = buf(capacity, first.in_features + 1) if first.in_features < first.out_features else None
+        self.sq = buf(capacity)
+
+
 class FastLinearEngine(GradientEngine):
     """Book-keeping DP-SGD for Sequential(Linear, activation, ..., Linear): no per-example
     gradients. For a Linear layer z = a W^T + b and output gradients g (one row per example,
     from the SUM of per-example losses): ||grad_W,i||^2 = ||g_i||^2 ||a_i||^2,
-    ||grad_b,i||^2 = ||g_i||^2, and sum_i c_i grad_W,i = (c * g)^T a (ENGINE.md)."""
+    ||grad_b,i||^2 = ||g_i||^2, and sum_i c_i grad_W,i = (c * g)^T a (ENGINE.md).
+
+    Three implementations of the same arithmetic:
+
+    * logistic regression (one Linear to one logit): closed form, g_i = sigmoid(z_i) - y_i;
+    * a plain stack (Linear, one activation, ..., Linear(., 1), Squeeze): forward and backward
+      written out on reusable buffers (:class:`_Workspace`), without autograd, and the step's
+      ``.grad`` formed by one ``addmm`` per weight that folds in the clip factors, 1/B and the
+      noise: ``grad_W = (sigma C / B) z_W + (1 / B) (c * g)^T a`` (``fused``);
+    * any other Sequential of Linear layers and elementwise activations: autograd with a hook
+      on each Linear output that captures its output gradient.
+    """
 
     name = "fast"
 
@@ -318,6 +487,21 @@ class FastLinearEngine(GradientEngine):
         self.linears = linears
         first = linears[0]
         self._backward_target = [first.bias if first.bias is not None else first.weight]
+        self.plan = None if self.closed_form else _buffered_plan(model)
+        self.fused = self.plan is not None
+        self._ws: _Workspace | None = None
+
+    # ------------------------------------------------------------------ shared pieces
+    def per_example_sq_norms(self, inputs: list[torch.Tensor], out_grads: list[torch.Tensor],
+                             has_bias: list[bool], out: torch.Tensor | None = None) -> torch.Tensor:
+        """||grad_i||^2 over all layers: sum_l ||g_l,i||^2 (||a_l,i||^2 + [layer l has a bias])."""
+        sq = torch.zeros(inputs[0].shape[0], dtype=inputs[0].dtype) if out is None else out.zero_()
+        for a, g, bias in zip(inputs, out_grads, has_bias):
+            an = _row_sq_norms(a)
+            if bias:
+                an.add_(1.0)
+            sq.addcmul_(_row_sq_norms(g), an)
+        return sq
 
     @torch.no_grad()
     def _logistic_clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
@@ -326,7 +510,7 @@ class FastLinearEngine(GradientEngine):
         lin = self.layers[0]
         z = F.linear(x, lin.weight, lin.bias).squeeze(-1)
         g = torch.sigmoid(z) - y
-        sq = g.square() * (_row_sq_norms(x) + (1.0 if lin.bias is not None else 0.0))
+        sq = self.per_example_sq_norms([x], [g[:, None]], [lin.bias is not None])
         cg = g * self.clip_factors(sq)
         grad_of = {id(lin.weight): (cg @ x).unsqueeze(0)}
         if lin.bias is not None:
@@ -336,6 +520,113 @@ class FastLinearEngine(GradientEngine):
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
         if self.closed_form:
             return self._logistic_clipped_sum(x, y)
+        if self.plan is not None:
+            return self.noisy_grads(x, y, noise=None, noise_scale=0.0, sum_scale=1.0)
+        return self._autograd_clipped_sum(x, y)
+
+    # ------------------------------------------------------------------ buffered path
+    def _workspace(self, n: int, dtype: torch.dtype) -> _Workspace:
+        ws = self._ws
+        if ws is None or ws.capacity < n or ws.sq.dtype != dtype:
+            # room for the batch-size fluctuations of Poisson sampling (sd ~ sqrt(B))
+            cap = n + 4 * math.isqrt(n) + 16
+            self._ws = ws = None  # free the old buffers first
+            self._ws = ws = _Workspace(self.plan, cap, dtype, self.params[0].device)
+        return ws
+
+    @torch.no_grad()
+    def noisy_grads(self, x: torch.Tensor, y: torch.Tensor, *, noise: torch.Tensor | None,
+                    noise_scale: float, sum_scale: float) -> tuple[list[torch.Tensor], StepStats]:
+        if self.plan is None:
+            return super().noisy_grads(x, y, noise=noise, noise_scale=noise_scale, sum_scale=sum_scale)
+        n = x.shape[0]
+        ws = self._workspace(n, x.dtype)
+        plan, last = self.plan, len(self.plan) - 1
+        # ---- forward: z_k = a_k W_k^T + b_k, h_k = act(z_k) (in place where the derivative
+        # needs only h); h_k is written into the first columns of [h_k | 1]
+        inputs: list[torch.Tensor] = []  # a_k, (n, in_k)
+        aug_inputs: list[torch.Tensor | None] = []  # [a_k | 1], (n, in_k + 1), for k >= 1
+        pre: list[torch.Tensor] = []
+        post: list[torch.Tensor] = []
+        a, a_aug = x, None
+        for k, (lin, act) in enumerate(plan):
+            inputs.append(a)
+            aug_inputs.append(a_aug)
+            out = ws.aug[k][:n, :-1] if k < last else (ws.last_h[:n] if ws.last_h is not None else ws.z[k][:n])
+            z = ws.z[k][:n] if ws.z[k] is not None else out
+            if lin.bias is None:
+                torch.mm(a, lin.weight.t(), out=z)
+            elif a_aug is not None:
+                wb = ws.waug[k]
+                wb[:, :-1].copy_(lin.weight)
+                wb[:, -1].copy_(lin.bias)
+                torch.mm(a_aug, wb.t(), out=z)
+            else:
+                torch.addmm(lin.bias, a, lin.weight.t(), out=z)
+            if act is not None:
+                act.fwd(z, out)
+            pre.append(z)
+            post.append(out)
+            a, a_aug = out, None
+            if k < last:
+                a_aug = ws.aug[k][:n]
+                a_aug[:, -1].fill_(1.0)  # the ones column (the last step may have scaled it by c)
+        logits = a.view(n)
+        losses = per_example_loss(logits, y) if self.collect_stats else None
+        # ---- backward of the SUM of per-example losses: output gradients g_k (n, out_k)
+        out_grads: list[torch.Tensor] = [None] * len(plan)  # type: ignore[list-item]
+        g = ws.d[last][:n]
+        torch.sigmoid(logits, out=g.view(n)).sub_(y)  # d BCE(z, y) / dz = sigmoid(z) - y
+        for k in range(last, -1, -1):
+            act = plan[k][1]
+            if act is not None:
+                act.bwd(g, pre[k], post[k])
+            out_grads[k] = g
+            if k > 0:
+                torch.mm(g, plan[k][0].weight, out=ws.d[k - 1][:n])
+                g = ws.d[k - 1][:n]
+        has_bias = [lin.bias is not None for lin, _ in plan]
+        sq = self.per_example_sq_norms(inputs, out_grads, has_bias, out=ws.sq[:n])
+        stats = self.step_stats(logits, y, losses, sq)
+        factors = self.clip_factors(sq)
+        col = factors[:, None]
+        # ---- .grad = sum_scale * sum_i c_i grad_i + noise_scale * noise, per layer: scale the
+        # narrower operand by c, one matrix product, then one add into the noise buffer
+        total = sum(self._sizes)
+        flat = noise if noise is not None else torch.zeros(total, dtype=x.dtype)
+        beta = noise_scale if noise is not None else 0.0
+        views = {id(p): v.view_as(p) for p, v in zip(self.params, flat.split(self._sizes))}
+        for k, ((lin, _), a, a_aug, g) in enumerate(zip(plan, inputs, aug_inputs, out_grads)):
+            gw = views[id(lin.weight)]
+            if lin.bias is None:
+                if a.shape[1] < g.shape[1]:
+                    a = torch.mul(a, col, out=ws.x_aug[:n, :-1]) if k == 0 else a.mul_(col)
+                else:
+                    g.mul_(col)
+                gw.addmm_(g.t(), a, beta=beta, alpha=sum_scale)
+                continue
+            gb, t = views[id(lin.bias)], ws.wt[k]
+            if k == 0 and ws.x_aug is not None:  # [c * x | c]
+                a_aug = ws.x_aug[:n]
+                torch.mul(a, col, out=a_aug[:, :-1])
+                a_aug[:, -1].copy_(factors)
+            elif k == 0:  # the input is wider than the layer: scale g, bias from a column sum
+                g.mul_(col)
+                torch.addmm(t[:, :-1], g.t(), a, beta=0.0, alpha=sum_scale, out=t[:, :-1])
+                torch.sum(g, 0, out=t[:, -1]).mul_(sum_scale)
+                a_aug = None
+            elif g.shape[1] <= a_aug.shape[1]:
+                g.mul_(col)
+            else:
+                a_aug.mul_(col)  # also turns the ones column into c
+            if a_aug is not None:
+                torch.addmm(t, g.t(), a_aug, beta=0.0, alpha=sum_scale, out=t)
+            torch.add(t[:, :-1], gw, alpha=beta, out=gw)
+            torch.add(t[:, -1], gb, alpha=beta, out=gb)
+        return [views[id(p)] for p in self.params], stats
+
+    # ------------------------------------------------------------------ autograd path
+    def _autograd_clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
         # Forward pass keeping each Linear layer's input a_l (the activations autograd saves
         # anyway) and a hook on its output z_l that captures the output gradient g_l during the
         # backward pass. The pre-activations z_l themselves are NOT kept (holding them for
@@ -355,22 +646,21 @@ class FastLinearEngine(GradientEngine):
         # on that path (the first bias: a column sum), so no weight gradient is ever formed.
         torch.autograd.grad(losses.sum(), self._backward_target)
         has_bias = [lin.bias is not None for lin in self.linears]
-        sq = torch.zeros(x.shape[0], dtype=x.dtype)
-        for a, g, bias in zip(inputs, out_grads, has_bias):
-            sq += _row_sq_norms(g) * (_row_sq_norms(a) + (1.0 if bias else 0.0))
-        factors = self.clip_factors(sq)
-        grad_of: dict[int, torch.Tensor] = {}
-        for a, g, lin in zip(inputs, out_grads, self.linears):
-            # sum_i c_i g_i^T a_i: scale the narrower operand by c (fewer multiplications)
-            if a.shape[1] < g.shape[1]:
-                grad_of[id(lin.weight)] = g.T @ (a * factors[:, None])
-            else:
-                grad_of[id(lin.weight)] = g.mul_(factors[:, None]).T @ a  # g is a fresh tensor
+        with torch.no_grad():
+            sq = self.per_example_sq_norms(inputs, out_grads, has_bias)
+            factors = self.clip_factors(sq)
+            grad_of: dict[int, torch.Tensor] = {}
+            for a, g, lin in zip(inputs, out_grads, self.linears):
+                # sum_i c_i g_i^T a_i: scale the narrower operand by c (fewer multiplications)
+                if a.shape[1] < g.shape[1]:
+                    grad_of[id(lin.weight)] = g.T @ (a * factors[:, None])
+                else:
+                    grad_of[id(lin.weight)] = g.mul_(factors[:, None]).T @ a  # g is a fresh tensor
+                    if lin.bias is not None:
+                        grad_of[id(lin.bias)] = g.sum(0)
+                    continue
                 if lin.bias is not None:
-                    grad_of[id(lin.bias)] = g.sum(0)
-                continue
-            if lin.bias is not None:
-                grad_of[id(lin.bias)] = factors @ g
+                    grad_of[id(lin.bias)] = factors @ g
         sums = [grad_of[id(p)] for p in self.params]
         return sums, self.step_stats(h.detach(), y, losses.detach(), sq)
 
