@@ -20,6 +20,7 @@ no arbitrary objects are unpickled from a checkpoint file.
 
 from __future__ import annotations
 
+import glob
 import math
 import os
 import tempfile
@@ -44,9 +45,15 @@ class CheckpointError(ValueError):
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    """``torch.save`` to a temporary file in the same folder, fsync, rename over ``path``."""
+    """``torch.save`` to a temporary file in the same folder, fsync, rename over ``path``.
+
+    A writer killed mid-write (SIGKILL, power loss) leaves its temporary file behind; ``path``
+    itself is then still the previous complete checkpoint. Such leftovers (``.NAME.*.tmp`` next
+    to ``path``) are removed before the next write: a path has one writer at a time."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        stale.unlink(missing_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:

@@ -220,6 +220,21 @@ def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, monke
     assert [p.name for p in tmp_path.iterdir()] == [ckpt.FILENAME]  # temporary file removed
 
 
+def test_leftover_of_a_killed_write_is_removed_by_the_next_write(tmp_path):
+    """SIGKILL between mkstemp and the rename leaves ``.checkpoint.pt.XXXX.tmp``; the next save
+    removes it (and nothing else)."""
+    path = tmp_path / ckpt.FILENAME
+    ckpt.atomic_torch_save({"format": ckpt.FORMAT, "step": 1}, path)
+    stale = tmp_path / f".{ckpt.FILENAME}.k1ll3d.tmp"
+    stale.write_bytes(b"PK\x03\x04 torn")
+    other = tmp_path / ".other.pt.abc.tmp"
+    other.write_bytes(b"not ours")
+    ckpt.atomic_torch_save({"format": ckpt.FORMAT, "step": 2}, path)
+    assert not stale.exists() and other.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([ckpt.FILENAME, other.name])
+    assert ckpt.load_checkpoint(path)["step"] == 2
+
+
 def test_budget_stops_at_the_last_step_within_it(tmp_path):
     run_dir = tmp_path / "b"
     budget = 0.8
