@@ -123,17 +123,16 @@ def _realised_batch_mutant():
 
 def _fast_sq_norms(*, bias_in_norm: bool):
     """FastLinearEngine.per_example_sq_norms, re-implemented (every fast path -- logit closed
-    form, buffered stack, autograd -- takes its per-example norms from it); with
+    form, buffered stack, autograd -- takes its per-example norms from it; a vector g is a
+    width-1 layer's output gradient); with
     ``bias_in_norm=False`` the bias part ||g_i||^2 is left out of each per-example norm."""
 
-    def per_example_sq_norms(self, inputs, out_grads, has_bias, out=None):
+    def per_example_sq_norms(self, inputs, out_grads, has_bias):
         sq = torch.zeros(inputs[0].shape[0], dtype=inputs[0].dtype)
         for a, g, bias in zip(inputs, out_grads, has_bias):
             extra = 1.0 if (bias_in_norm and bias) else 0.0
-            sq = sq + g.pow(2).sum(1) * (a.pow(2).sum(1) + extra)
-        if out is not None:
-            out.copy_(sq)
-            return out
+            g2 = g.pow(2) if g.dim() == 1 else g.pow(2).sum(1)
+            sq = sq + g2 * (a.pow(2).sum(1) + extra)
         return sq
 
     return per_example_sq_norms

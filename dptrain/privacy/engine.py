@@ -451,7 +451,6 @@ class _Workspace:
         first = plan[0][0]
         # [c * x | c]: the first layer's input scaled by the clip factors (when narrower than g)
         self.x_aug = buf(capacity, first.in_features + 1) if first.in_features < first.out_features else None
-        self.sq = buf(capacity)
 
 
 class FastLinearEngine(GradientEngine):
@@ -488,46 +487,53 @@ class FastLinearEngine(GradientEngine):
         first = linears[0]
         self._backward_target = [first.bias if first.bias is not None else first.weight]
         self.plan = None if self.closed_form else _buffered_plan(model)
-        self.fused = self.plan is not None
+        self.fused = self.closed_form or self.plan is not None
         self._ws: _Workspace | None = None
 
     # ------------------------------------------------------------------ shared pieces
     def per_example_sq_norms(self, inputs: list[torch.Tensor], out_grads: list[torch.Tensor],
-                             has_bias: list[bool], out: torch.Tensor | None = None) -> torch.Tensor:
-        """||grad_i||^2 over all layers: sum_l ||g_l,i||^2 (||a_l,i||^2 + [layer l has a bias])."""
-        sq = torch.zeros(inputs[0].shape[0], dtype=inputs[0].dtype) if out is None else out.zero_()
+                             has_bias: list[bool]) -> torch.Tensor:
+        """||grad_i||^2 over all layers: sum_l ||g_l,i||^2 (||a_l,i||^2 + [layer l has a bias]).
+        An output gradient given as a vector (n,) is a width-1 layer's."""
+        sq = None
         for a, g, bias in zip(inputs, out_grads, has_bias):
-            an = _row_sq_norms(a)
+            term = _row_sq_norms(a)
             if bias:
-                an.add_(1.0)
-            sq.addcmul_(_row_sq_norms(g), an)
+                term.add_(1.0)
+            term.mul_(g.square() if g.dim() == 1 else _row_sq_norms(g))
+            sq = term if sq is None else sq.add_(term)
         return sq
 
     @torch.no_grad()
-    def _logistic_clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
+    def _logistic_noisy_grads(self, x: torch.Tensor, y: torch.Tensor, *, noise: torch.Tensor | None,
+                              noise_scale: float, sum_scale: float) -> tuple[list[torch.Tensor], StepStats]:
         """Logistic regression in closed form: dL_i/dz_i = sigmoid(z_i) - y_i, so example i's
-        gradient is g_i (x_i, 1), of squared norm g_i^2 (||x_i||^2 + 1) (ENGINE.md)."""
+        gradient is g_i (x_i, 1), of squared norm g_i^2 (||x_i||^2 + 1) (ENGINE.md). The
+        weight gradient is one matrix-vector product x^T (c * g) with the noise folded in."""
         lin = self.layers[0]
-        z = F.linear(x, lin.weight, lin.bias).squeeze(-1)
-        g = torch.sigmoid(z) - y
-        sq = self.per_example_sq_norms([x], [g[:, None]], [lin.bias is not None])
-        cg = g * self.clip_factors(sq)
-        grad_of = {id(lin.weight): (cg @ x).unsqueeze(0)}
-        if lin.bias is not None:
-            grad_of[id(lin.bias)] = cg.sum().reshape(1)
-        return [grad_of[id(p)] for p in self.params], self.step_stats(z, y, None, sq)
+        bias = lin.bias is not None
+        z = torch.addmv(lin.bias, x, lin.weight[0]) if bias else torch.mv(x, lin.weight[0])
+        g = torch.sigmoid(z).sub_(y)
+        sq = self.per_example_sq_norms([x], [g], [bias])
+        stats = self.step_stats(z, y, None, sq)
+        g.mul_(self.clip_factors(sq))
+        flat = noise if noise is not None else torch.zeros(sum(self._sizes), dtype=x.dtype)
+        beta = noise_scale if noise is not None else 0.0
+        views = {id(p): v.view_as(p) for p, v in zip(self.params, flat.split(self._sizes))}
+        views[id(lin.weight)].view(-1).addmv_(x.t(), g, beta=beta, alpha=sum_scale)
+        if bias:
+            views[id(lin.bias)].mul_(beta).add_(g.sum(), alpha=sum_scale)
+        return [views[id(p)] for p in self.params], stats
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
-        if self.closed_form:
-            return self._logistic_clipped_sum(x, y)
-        if self.plan is not None:
+        if self.closed_form or self.plan is not None:
             return self.noisy_grads(x, y, noise=None, noise_scale=0.0, sum_scale=1.0)
         return self._autograd_clipped_sum(x, y)
 
     # ------------------------------------------------------------------ buffered path
     def _workspace(self, n: int, dtype: torch.dtype) -> _Workspace:
         ws = self._ws
-        if ws is None or ws.capacity < n or ws.sq.dtype != dtype:
+        if ws is None or ws.capacity < n or ws.d[0].dtype != dtype:
             # room for the batch-size fluctuations of Poisson sampling (sd ~ sqrt(B))
             cap = n + 4 * math.isqrt(n) + 16
             self._ws = ws = None  # free the old buffers first
@@ -537,6 +543,8 @@ class FastLinearEngine(GradientEngine):
     @torch.no_grad()
     def noisy_grads(self, x: torch.Tensor, y: torch.Tensor, *, noise: torch.Tensor | None,
                     noise_scale: float, sum_scale: float) -> tuple[list[torch.Tensor], StepStats]:
+        if self.closed_form:
+            return self._logistic_noisy_grads(x, y, noise=noise, noise_scale=noise_scale, sum_scale=sum_scale)
         if self.plan is None:
             return super().noisy_grads(x, y, noise=noise, noise_scale=noise_scale, sum_scale=sum_scale)
         n = x.shape[0]
@@ -586,7 +594,7 @@ class FastLinearEngine(GradientEngine):
                 torch.mm(g, plan[k][0].weight, out=ws.d[k - 1][:n])
                 g = ws.d[k - 1][:n]
         has_bias = [lin.bias is not None for lin, _ in plan]
-        sq = self.per_example_sq_norms(inputs, out_grads, has_bias, out=ws.sq[:n])
+        sq = self.per_example_sq_norms(inputs, out_grads, has_bias)
         stats = self.step_stats(logits, y, losses, sq)
         factors = self.clip_factors(sq)
         col = factors[:, None]
