@@ -80,6 +80,7 @@ MODES = ["nonprivate", "dptrain-fast", "dptrain-opacus", "opacus-hooks", "opacus
 BATCHES = [256, 1024, 4096]
 GOAL_RATIO = 1.3  # DP / non-private step time, logit and MLP at B = 1024, 4096
 GOAL_GHOST = 2.0  # opacus-ghost / dptrain-fast step time, MLP
+GOAL_MEMORY = 1.5  # peak extra memory dptrain-fast / nonprivate (where nonprivate >= 1 MB)
 
 warnings.filterwarnings("ignore", category=UserWarning)  # Opacus' hook warnings; not timing-relevant
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -374,6 +375,8 @@ def machine_description() -> list[str]:
         f"cpu: {cpu}; logical cpus: {os.cpu_count()}; usable: {len(os.sched_getaffinity(0))}; RAM {mem_gib:.1f} GiB",
         f"python {platform.python_version()}; torch {torch.__version__}; opacus {opacus.__version__}; {backend}",
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; dptrain engine.py sha256[:12]={digest}",
+        "malloc settings: " + (", ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
+                                         if k == "GLIBC_TUNABLES" or k.startswith("MALLOC_")) or "glibc defaults"),
         f"load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}",
     ]
 
@@ -486,7 +489,8 @@ def main() -> None:
                     ratio = base_rate / r["steps_per_s"]
                     mem = memory.get((model_name, b, mode))
                     mem_s = "-" if mem is None else ("<0.5" if mem < 0.5 else f"{mem:.1f}")
-                    mem_x = "-" if mem is None or base_mem is None or base_mem < 1.0 else f"{mem / base_mem:.1f}"
+                    mem_x = ("-" if mem is None or mem < 0.5 or base_mem is None or base_mem < 1.0
+                             else f"{mem / base_mem:.1f}")
                     rate_s = f"{r['steps_per_s']:.3g}" if r["steps_per_s"] < 100 else f"{r['steps_per_s']:.0f}"
                     spread = f"[{r['q1']:.4g}-{r['q3']:.4g}]"
                     print(fmt_row([model_name, b, mode, rate_s, spread, f"{ratio:.2f}", mem_s, mem_x], widths))
@@ -500,6 +504,12 @@ def main() -> None:
                     fast = base_rate / res["dptrain-fast"]["steps_per_s"]
                     if b in (1024, 4096):
                         goals.append((threads, f"{model_name} B={b}: dptrain-fast / nonprivate = {fast:.2f}", fast <= GOAL_RATIO, f"<= {GOAL_RATIO}"))
+                    mem, base_mem = memory.get((model_name, b, "dptrain-fast")), memory.get((model_name, b, "nonprivate"))
+                    if (b in (1024, 4096) and threads == args.threads[0] and mem is not None
+                            and base_mem is not None and base_mem >= 1.0):
+                        mx = mem / base_mem
+                        goals.append((threads, f"{model_name} B={b}: peak memory dptrain-fast / nonprivate = {mx:.2f}",
+                                      mx <= GOAL_MEMORY, f"<= {GOAL_MEMORY}"))
                     if model_name == "mlp" and "opacus-ghost" in res:
                         sp = res["dptrain-fast"]["steps_per_s"] / res["opacus-ghost"]["steps_per_s"]
                         goals.append((threads, f"mlp B={b}: opacus-ghost / dptrain-fast = {sp:.2f}", sp >= GOAL_GHOST, f">= {GOAL_GHOST}"))

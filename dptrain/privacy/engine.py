@@ -202,6 +202,8 @@ class GradientEngine:
         return stats
 
     def _fused_call(self, x: torch.Tensor, y: torch.Tensor) -> StepStats:
+        for p in self.params:  # the last step's gradients (the optimiser has consumed them) are
+            p.grad = None      # freed before this step's noise vector becomes the new ones
         inv_b = 1.0 / self.expected_batch_size
         std = self.noise_multiplier * self.max_grad_norm * inv_b
         # one Gaussian draw per coordinate per step, for the whole sum: N(0, sigma^2 C^2) / B
@@ -535,7 +537,7 @@ class FastLinearEngine(GradientEngine):
         ws = self._ws
         if ws is None or ws.capacity < n or ws.d[0].dtype != dtype:
             # room for the batch-size fluctuations of Poisson sampling (sd ~ sqrt(B))
-            cap = n + 4 * math.isqrt(n) + 16
+            cap = n + 3 * math.isqrt(n) + 8
             self._ws = ws = None  # free the old buffers first
             self._ws = ws = _Workspace(self.plan, cap, dtype, self.params[0].device)
         return ws
