@@ -52,3 +52,25 @@ def test_noise_changes_the_model_and_privacy_off_has_no_accountant(tmp_path):
     assert res.privacy["enabled"] is False and res.accountant.steps == 0
     assert res.privacy["engine"] == "nonprivate"
     assert res.metrics["test/acc"] > 0.7  # the synthetic logistic model is learnable
+
+
+def test_mlp_preset_trains_on_the_buffered_fast_path(tmp_path):
+    """`experiment=mlp` picks the fast engine's autograd-free path (no per-example gradients)
+    and its time/train_seconds is the time spent in those steps."""
+    from dptrain.privacy.engine import FastLinearEngine
+
+    with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
+        cfg = OmegaConf.to_object(compose(config_name="config", overrides=[
+            "experiment=mlp", "data=synthetic", "data.n_rows=3000", "trainer.progress=false",
+            "trainer.baseline=false", "trainer.epochs=2", "trainer.batch_size=100"]))
+    validate(cfg)
+    data = load_dataset(cfg.data, seed=cfg.seed)
+    delta = validate_against_size(cfg, data.n_train)
+    seen = []
+    res = fit(cfg, data, delta=delta, tracker=Tracker(tmp_path, tensorboard=False), on_engine=seen.append)
+    (engine,) = seen
+    assert type(engine) is FastLinearEngine and engine.fused and engine.plan is not None
+    assert engine._ws is not None and engine._ws.capacity >= 100  # the workspace was used
+    assert res.privacy["engine"] == "fast"
+    assert 0 < res.metrics["time/train_seconds"] <= res.metrics["time/loop_seconds"]
+    assert res.metrics["train/steps"] == res.privacy["steps"] > 0
