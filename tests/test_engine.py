@@ -390,3 +390,61 @@ def test_noise_thread_only_uses_idle_cpu():
             policies[t.name] = os.sched_getscheduler(t.native_id)
     assert policies and set(policies.values()) == {os.SCHED_IDLE}
     assert os.sched_getscheduler(0) != os.SCHED_IDLE  # the caller's own thread is untouched
+
+
+_ACTS = {
+    "none": None, "relu": torch.nn.ReLU, "tanh": torch.nn.Tanh, "sigmoid": torch.nn.Sigmoid,
+    "gelu": torch.nn.GELU, "silu": torch.nn.SiLU, "elu": torch.nn.ELU, "leaky": torch.nn.LeakyReLU,
+}
+
+
+def _random_stack(widths, acts, biases):
+    layers = []
+    for k, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        layers.append(L(a, b, bias=biases[k]))
+        if acts[k] is not None and (k < len(widths) - 2 or acts[k] is torch.nn.Tanh):
+            layers.append(acts[k]())
+    return _stack(*layers)
+
+
+def test_buffered_path_matches_per_example_loop_on_random_stacks():
+    """Property test: random depths, widths (narrower and wider than their inputs), activations,
+    bias flags, batch sizes and C: the buffered path equals the per-example loop, step after
+    step on the same engine."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        depth=st.integers(1, 4),
+        data=st.data(),
+        seed=st.integers(0, 2**16),
+    )
+    def check(depth, data, seed):
+        d_in = data.draw(st.integers(1, 12))
+        hidden = data.draw(st.lists(st.integers(1, 20), min_size=depth - 1, max_size=depth - 1))
+        widths = [d_in, *hidden, 1]
+        acts = [_ACTS[data.draw(st.sampled_from(sorted(_ACTS)))] for _ in range(depth)]
+        biases = [data.draw(st.booleans()) for _ in range(depth)]
+        sizes = data.draw(st.lists(st.integers(1, 70), min_size=1, max_size=3))
+        quantile = data.draw(st.floats(0.05, 0.95))
+        torch.manual_seed(seed)
+        model = _random_stack(widths, acts, biases)
+        eng = FastLinearEngine(model, max_grad_norm=1.0, noise_multiplier=0.0, expected_batch_size=30.0,
+                               generator=torch.Generator())
+        assert eng.fused and (eng.plan is not None or eng.closed_form)  # depth 1: the logit closed form
+        for step, n in enumerate(sizes):
+            x, y = _batch(n=n, d=d_in, seed=seed + step)
+            per_ex = _per_example_grads(model, x, y)
+            norms = sorted(math.sqrt(sum(float(g.pow(2).sum()) for g in gs)) for gs in per_ex)
+            i = int(quantile * (n - 1))  # C between two norms (no example exactly at C)
+            C = max((norms[i] + norms[i + 1]) / 2 if i + 1 < n else norms[i] * 1.5, 1e-3)
+            eng.max_grad_norm = C
+            expected, clipped = _clipped_reference(model, x, y, C)
+            st_ = eng(x, y)
+            if min(abs(v - C) for v in norms) > 1e-4 * C:  # the count is exact away from ties
+                assert st_.clipped == clipped
+            for p, e in zip(model.parameters(), expected):
+                torch.testing.assert_close(p.grad * 30.0, e, rtol=1e-4, atol=1e-5)
+
+    check()
