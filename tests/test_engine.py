@@ -448,3 +448,41 @@ def test_buffered_path_matches_per_example_loop_on_random_stacks():
                 torch.testing.assert_close(p.grad * 30.0, e, rtol=1e-4, atol=1e-5)
 
     check()
+
+
+def test_starved_background_draw_falls_back_to_inline_draws_with_the_same_stream():
+    """On an oversubscribed machine the idle-priority noise thread gets almost no CPU: a long
+    wait for it switches the engine to inline draws (64 steps, then 128, ...), and the noise
+    stream stays the one a sequential engine draws."""
+    import threading
+    import time as _time
+
+    x, y = _batch(n=20, d=12)
+    model = mlp(in_features=12, hidden=[32], activation="relu")
+    engines, grads, queued = [], [], {True: [], False: []}
+    for prefetch in (True, False):
+        m = copy.deepcopy(model)
+        eng = FastLinearEngine(m, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=20,
+                               generator=torch.Generator().manual_seed(3))
+        eng.prefetch_noise = prefetch
+        draw = eng._draw
+
+        def slow_in_background(draw=draw):
+            if threading.current_thread() is not threading.main_thread():
+                _time.sleep(0.03)  # a starved thread: far longer than STARVED_WAIT_S
+            return draw()
+
+        eng._draw = slow_in_background
+        out = []
+        for _ in range(70):
+            eng(x, y)
+            out.append(torch.cat([p.grad.reshape(-1) for p in eng.params]))
+            queued[prefetch].append(eng._pending is not None)
+        engines.append(eng)
+        grads.append(torch.stack(out))
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+    # step 1 queues a draw; step 2 waits 30 ms for it, so it and the next 63 steps draw inline (none
+    # queued); step 66 queues again, step 67 starves again: 128 inline steps next, then 256
+    q = queued[True]
+    assert q[:2] == [True, False] and not any(q[2:65]) and q[65] and not any(q[66:])
+    assert engines[0]._inline_steps == 256 and not any(queued[False])
