@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 
 import numpy as np
@@ -400,7 +401,7 @@ _ACTS = {
 
 def _random_stack(widths, acts, biases):
     layers = []
-    for k, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+    for k, (a, b) in enumerate(itertools.pairwise(widths)):
         layers.append(L(a, b, bias=biases[k]))
         if acts[k] is not None and (k < len(widths) - 2 or acts[k] is torch.nn.Tanh):
             layers.append(acts[k]())
