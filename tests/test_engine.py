@@ -117,10 +117,9 @@ def test_each_clipped_example_has_norm_at_most_C(cls):
             assert norm == pytest.approx(C, rel=1e-4)
 
 
-@pytest.mark.parametrize("model_name", list(MODELS))
-def test_fast_path_equals_opacus_with_noise(model_name):
-    torch.manual_seed(3)
-    model = MODELS[model_name]()
+def _assert_fast_equals_opacus_with_noise(model):
+    """Same batch (64 rows, C at the median per-example norm), same noise seed: the fast
+    engine's noisy update equals Opacus' per-example gradients + our clipping + the same draw."""
     x, y = _batch(n=64)
     per_ex = _per_example_grads(model, x, y)
     C = float(np.median([math.sqrt(sum(float(g.pow(2).sum()) for g in gs)) for gs in per_ex]))
@@ -128,6 +127,12 @@ def test_fast_path_equals_opacus_with_noise(model_name):
     opac, _ = _run(OpacusEngine, model, x, y, C=C, sigma=1.3, B=60.0, seed=11)
     for a, b in zip(fast, opac):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("model_name", list(MODELS))
+def test_fast_path_equals_opacus_with_noise(model_name):
+    torch.manual_seed(3)
+    _assert_fast_equals_opacus_with_noise(MODELS[model_name]())
 
 
 @pytest.mark.parametrize("cls", ENGINES)
@@ -344,14 +349,7 @@ def test_buffered_path_equals_opacus_with_noise(name):
     """Same batch, same noise seed: the fused update (noise added inside the matrix product)
     equals Opacus' per-example gradients + our clipping + the same draw."""
     torch.manual_seed(5)
-    model = STACKS[name]()
-    x, y = _batch(n=64)
-    per_ex = _per_example_grads(model, x, y)
-    C = float(np.median([math.sqrt(sum(float(g.pow(2).sum()) for g in gs)) for gs in per_ex]))
-    fast, _ = _run(FastLinearEngine, model, x, y, C=C, sigma=1.3, B=60.0, seed=11)
-    opac, _ = _run(OpacusEngine, model, x, y, C=C, sigma=1.3, B=60.0, seed=11)
-    for a, b in zip(fast, opac):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _assert_fast_equals_opacus_with_noise(STACKS[name]())
 
 
 def test_other_layouts_take_the_autograd_path_and_agree():

@@ -509,6 +509,7 @@ class FastLinearEngine(GradientEngine):
             and all(type(m).__name__ == "Squeeze" for m in self.layers[1:])
         )
         self.linears = linears
+        self._has_bias = [lin.bias is not None for lin in linears]
         first = linears[0]
         self._backward_target = [first.bias if first.bias is not None else first.weight]
         self.plan = None if self.closed_form else _buffered_plan(model)
@@ -529,6 +530,15 @@ class FastLinearEngine(GradientEngine):
             sq = term if sq is None else sq.add_(term)
         return sq
 
+    def _grad_views(self, noise: torch.Tensor | None, noise_scale: float,
+                    dtype: torch.dtype) -> tuple[float, dict[int, torch.Tensor]]:
+        """Where this step's ``.grad`` tensors are written: views (by parameter id) of the flat
+        noise vector, scaled by ``beta`` = noise_scale as the products add into it, or of a
+        zero buffer (beta = 0) when there is no noise."""
+        flat = noise if noise is not None else torch.zeros(sum(self._sizes), dtype=dtype)
+        beta = noise_scale if noise is not None else 0.0
+        return beta, {id(p): v.view_as(p) for p, v in zip(self.params, flat.split(self._sizes))}
+
     @torch.no_grad()
     def _logistic_noisy_grads(self, x: torch.Tensor, y: torch.Tensor, *, noise: torch.Tensor | None,
                               noise_scale: float, sum_scale: float) -> tuple[list[torch.Tensor], StepStats]:
@@ -542,9 +552,7 @@ class FastLinearEngine(GradientEngine):
         sq = self.per_example_sq_norms([x], [g], [bias])
         stats = self.step_stats(z, y, None, sq)
         g.mul_(self.clip_factors(sq))
-        flat = noise if noise is not None else torch.zeros(sum(self._sizes), dtype=x.dtype)
-        beta = noise_scale if noise is not None else 0.0
-        views = {id(p): v.view_as(p) for p, v in zip(self.params, flat.split(self._sizes))}
+        beta, views = self._grad_views(noise, noise_scale, x.dtype)
         views[id(lin.weight)].view(-1).addmv_(x.t(), g, beta=beta, alpha=sum_scale)
         if bias:
             views[id(lin.bias)].mul_(beta).add_(g.sum(), alpha=sum_scale)
@@ -561,7 +569,7 @@ class FastLinearEngine(GradientEngine):
         if ws is None or ws.capacity < n or ws.d[0].dtype != dtype:
             # room for the batch-size fluctuations of Poisson sampling (sd ~ sqrt(B))
             cap = n + 3 * math.isqrt(n) + 8
-            self._ws = ws = None  # free the old buffers first
+            self._ws = None  # free the old buffers first
             self._ws = ws = _Workspace(self.plan, cap, dtype, self.params[0].device)
         return ws
 
@@ -618,17 +626,13 @@ class FastLinearEngine(GradientEngine):
             if k > 0:
                 torch.mm(g, plan[k][0].weight, out=ws.d[k - 1][:n])
                 g = ws.d[k - 1][:n]
-        has_bias = [lin.bias is not None for lin, _ in plan]
-        sq = self.per_example_sq_norms(inputs, out_grads, has_bias)
+        sq = self.per_example_sq_norms(inputs, out_grads, self._has_bias)
         stats = self.step_stats(logits, y, losses, sq)
         factors = self.clip_factors(sq)
         col = factors[:, None]
         # ---- .grad = sum_scale * sum_i c_i grad_i + noise_scale * noise, per layer: scale the
         # narrower operand by c, one matrix product, then one add into the noise buffer
-        total = sum(self._sizes)
-        flat = noise if noise is not None else torch.zeros(total, dtype=x.dtype)
-        beta = noise_scale if noise is not None else 0.0
-        views = {id(p): v.view_as(p) for p, v in zip(self.params, flat.split(self._sizes))}
+        beta, views = self._grad_views(noise, noise_scale, x.dtype)
         for k, ((lin, _), a, a_aug, g) in enumerate(zip(plan, inputs, aug_inputs, out_grads)):
             gw = views[id(lin.weight)]
             if lin.bias is None:
@@ -678,9 +682,8 @@ class FastLinearEngine(GradientEngine):
         # Backward only as far as the first layer's output gradient: ask for the cheapest leaf
         # on that path (the first bias: a column sum), so no weight gradient is ever formed.
         torch.autograd.grad(losses.sum(), self._backward_target)
-        has_bias = [lin.bias is not None for lin in self.linears]
         with torch.no_grad():
-            sq = self.per_example_sq_norms(inputs, out_grads, has_bias)
+            sq = self.per_example_sq_norms(inputs, out_grads, self._has_bias)
             factors = self.clip_factors(sq)
             grad_of: dict[int, torch.Tensor] = {}
             for a, g, lin in zip(inputs, out_grads, self.linears):
