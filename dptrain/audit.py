@@ -24,9 +24,9 @@ weights of column j, so its gradient is "Dirac-like" (the ideal canary of the pa
 white-box experiments) while going through the ordinary data path: Poisson sampling, flat
 clipping, noise, the optimiser. Nothing in the mechanism changes, so the run's DP guarantee
 applies to each canary as a record. The real data (e.g. UCI Adult) stays in, so the audited run
-is the configured run plus m/2 rows. q = B/N with N counting the included canaries, as every run
-does (N is treated as public, PRIVACY.md); one canary changes q by a relative 1/N, far below
-anything this audit can detect.
+is the configured run plus about m/2 rows. The public N from which q = B/N, the planned steps and
+the default delta are computed is the real training rows plus ALL m canaries: nothing the run
+reports depends on how many canaries won their coin flip (which would otherwise show in q).
 
 Scores. ``logit_delta`` (default): the model's logit on canary j's input minus the logit of the
 same final model with column j of the first layer put back to its initial value. For logistic
@@ -284,18 +284,21 @@ def _canary_rng(conf: Config) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([int(seed), 0xA0D17]))
 
 
-def run_audit(conf: Config, data: Dataset, *, run_dir: Path | None = None) -> dict[str, Any]:
+def run_audit(conf: Config, data: Dataset, *, run_dir: Path | None = None, randomness: Any = None) -> dict[str, Any]:
     """Train once with canaries, score them, guess, bound. Writes ``audit.json``,
-    ``audit_canaries.csv`` and ``metrics.json`` to ``run_dir`` (when given) and returns the
-    report. ``data`` is the real data set; ``conf`` must have passed :func:`dptrain.config.validate`."""
+    ``audit_canaries.csv``, ``FILES.txt`` and ``private/metrics.json`` to ``run_dir`` (when
+    given) and returns the report. ``data`` is the real data set; ``conf`` must have passed
+    :func:`dptrain.config.validate`. ``randomness``: the secret streams of the training run
+    (default: fresh from the OS CSPRNG)."""
     from dptrain.config import validate_against_size
-    from dptrain.tracking import Tracker, atomic_write_text, write_json
+    from dptrain.tracking import Tracker, atomic_write_text, private_dir, write_json, write_manifest
     from dptrain.train import final_epsilons, fit
 
     start = time.perf_counter()
     a = conf.audit
     canaries = add_canaries(data, m=a.canaries, rng=_canary_rng(conf))
-    delta = validate_against_size(conf, canaries.data.n_train)
+    public_n = data.n_train + a.canaries  # not the drawn-in count: q, steps and delta must not depend on it
+    delta = validate_against_size(conf, public_n)
     broken = a.mutation == "no_noise"
     initial: dict[str, torch.Tensor] = {}
 
@@ -306,10 +309,11 @@ def run_audit(conf: Config, data: Dataset, *, run_dir: Path | None = None) -> di
 
     if broken:
         log.warning("%s", BROKEN_WARNING)
-    tracker = Tracker(run_dir, tensorboard=conf.logger.tensorboard) if run_dir is not None else Tracker(
+    tracker = Tracker(private_dir(run_dir), tensorboard=conf.logger.tensorboard) if run_dir is not None else Tracker(
         Path("."), tensorboard=False)
     try:
-        result = fit(conf, canaries.data, delta=delta, tracker=tracker, on_engine=on_engine)
+        result = fit(conf, canaries.data, delta=delta, tracker=tracker, on_engine=on_engine, randomness=randomness,
+                     dataset_size=public_n)
     finally:
         tracker.close()
     epsilons = final_epsilons(result, delta=delta)
@@ -349,17 +353,26 @@ def run_audit(conf: Config, data: Dataset, *, run_dir: Path | None = None) -> di
         ),
         "bound": "Steinke, Nasr, Jagielski 2023 (one training run), Theorems 3.1 / 5.2",
         "mechanism": result.privacy,
-        "test": {k: v for k, v in result.metrics.items() if k.startswith("test/")},
         "seed": conf.seed,
         "audit_seed": a.seed,
         "seconds": time.perf_counter() - start,
     }
     if run_dir is not None:
         write_json(run_dir / "audit.json", report)
-        write_json(run_dir / "metrics.json", result.metrics)
+        write_json(private_dir(run_dir) / "metrics.json", result.metrics)
         lines = ["canary,included,score"] + [
             f"{j},{int(inc)},{s:.9g}" for j, (inc, s) in enumerate(zip(canaries.included, scores))]
         atomic_write_text(run_dir / "audit_canaries.csv", "\n".join(lines) + "\n")
+        write_manifest(run_dir, publishable={
+            "audit.json": "the audit's result: scores of the trained (DP) model on synthetic canaries, post-processing",
+            "audit_canaries.csv": "each canary's coin flip and score (synthetic records, not data)",
+            "FILES.txt": "this list", ".hydra/": "the configuration",
+        }, private={
+            "private/metrics.json": "test metrics and timings of the audited run (rows of the data)",
+            "private/tb/": "TensorBoard curves of the audited run",
+            "private/dptrain.log": "the log",
+            "private/checkpoint.pt": "not written: an audit is one fresh run",
+        }, guarantee=f"the audited run claims ({claimed:.4g}, {delta:.3g})-DP; this audit is a lower bound, not a proof")
     return report
 
 

@@ -1,11 +1,16 @@
-"""Crash-safe training checkpoints (PRIVACY.md: "Resuming from a checkpoint restores the
-accountant's full history ... A checkpoint written under other privacy settings is refused").
+"""Crash-safe training checkpoints: resuming restores the accountant's full history, and a
+checkpoint written under other privacy settings is refused.
 
-A checkpoint holds everything the rest of the run depends on: model and optimizer state, the
-step reached, the accountant's full history, the time spent, and EVERY random state (the numpy
-Poisson sampler, the torch noise generator, torch's global generator). Resuming therefore
-continues the same random streams: a run killed at any point and resumed ends with the same
-epsilon and, for a fixed seed, the same parameters as an uninterrupted run.
+A checkpoint (``<run>/private/checkpoint.pt``, a PRIVATE file) holds what the rest of the run
+depends on: model and optimizer state, the step reached, the accountant's full history, the time
+spent and torch's global generator. The states of the SECRET streams (the Poisson sampler and
+the noise generator) are stored only when the run opted into reproducible noise
+(``privacy.noise_seed_file``): by default they never leave the process, because whoever holds
+them can regenerate the noise of every step. A default run resumed from a checkpoint therefore
+draws fresh streams from the OS CSPRNG: each later step's batch and noise are still independent
+and distributed exactly as the accountant assumes, so the resumed run ends with the same
+epsilon as an uninterrupted one (not the same parameters). With a seed file, the streams are
+restored and the resumed run also ends with the same parameters.
 
 It also holds the *privacy fingerprint* of the run (sigma, C, q, B, N, delta, planned steps,
 accountant): a resumed run whose settings differ in any of these is refused, naming the field,
@@ -30,14 +35,20 @@ from typing import Any
 import numpy as np
 import torch
 
-FORMAT = "dptrain-checkpoint-v1"
+FORMAT = "dptrain-checkpoint-v2"
 FILENAME = "checkpoint.pt"
+SUBDIR = "private"  # checkpoints are private files (dptrain.tracking.PRIVATE_DIR)
 
 #: the settings that define the mechanism the accountant describes; a resume must match them
 PRIVACY_FIELDS = (
     "enabled", "noise_multiplier", "max_grad_norm", "sample_rate", "expected_batch_size",
-    "dataset_size", "delta", "planned_steps", "accountant", "world_size",
+    "dataset_size", "delta", "planned_steps", "accountant", "world_size", "randomness",
 )
+
+
+def checkpoint_path_in(run_dir: Path) -> Path:
+    """Where a run folder keeps its checkpoint: ``<run_dir>/private/checkpoint.pt``."""
+    return Path(run_dir) / SUBDIR / FILENAME
 
 
 class CheckpointError(ValueError):
@@ -88,25 +99,26 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
     if resume is None:
         return None
     if resume == "auto":
-        path = Path(run_dir) / FILENAME
+        path = checkpoint_path_in(run_dir)
         return path if path.is_file() else None
     path = Path(resume).expanduser()
     if path.is_dir():
-        path = path / FILENAME
+        path = checkpoint_path_in(path) if checkpoint_path_in(path).is_file() else path / FILENAME
     if not path.is_file():
         raise CheckpointError(
             f"trainer.resume={resume!r} is not allowed: no checkpoint file at {path} "
-            "(give auto, a checkpoint file, or a run folder holding checkpoint.pt)"
+            "(give auto, a checkpoint file, or a run folder holding private/checkpoint.pt)"
         )
     return path
 
 
 def save_checkpoint(
     path: Path, *, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-    accountant_state: dict, sample_rng: np.random.Generator, noise_state: torch.Tensor,
+    accountant_state: dict, sample_rng: np.random.Generator | None, noise_state: torch.Tensor | None,
     fingerprint: dict[str, Any], train_seconds: float, samplers: list | None = None,
 ) -> None:
-    """``samplers``: every rank's sampler state in a distributed job (rank 0 writes)."""
+    """``sample_rng`` / ``noise_state`` / ``samplers`` (every rank's sampler state in a
+    distributed job): the secret streams, None unless the run opted into reproducible noise."""
     atomic_torch_save({
         "format": FORMAT,
         "step": int(step),
@@ -114,7 +126,7 @@ def save_checkpoint(
         "optimizer": optimizer.state_dict(),
         "accountant": accountant_state,
         "rng": {
-            "sampler": sample_rng.bit_generator.state,
+            "sampler": sample_rng.bit_generator.state if sample_rng is not None else None,
             "samplers": samplers,
             "noise": noise_state,
             "torch_global": torch.get_rng_state(),
@@ -130,6 +142,10 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         state = torch.load(Path(path), map_location="cpu", weights_only=True)
     except Exception as err:  # corrupt, truncated, or not a torch file
         raise CheckpointError(f"checkpoint {path} cannot be read ({type(err).__name__}): {err}") from None
+    if isinstance(state, dict) and state.get("format") == "dptrain-checkpoint-v1":
+        raise CheckpointError(f"checkpoint {path} was written by an older dptrain (dptrain-checkpoint-v1), whose "
+                              "runs derived their noise from the published seed; refusing to resume it. Start a "
+                              "new run folder")
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} is not a {FORMAT} file")
     return state
@@ -159,7 +175,9 @@ def restore(
     state: dict[str, Any], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     sample_rng: np.random.Generator, noise_gen: torch.Generator, path: Path, rank: int = 0,
 ) -> None:
-    """Load model, optimizer and every random state from ``state`` (in place)."""
+    """Load model, optimizer and torch's global generator from ``state`` (in place), and the
+    secret streams' states where the checkpoint holds them (reproducible-noise runs only;
+    otherwise the fresh streams the caller built are kept)."""
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as err:
@@ -169,6 +187,29 @@ def restore(
         ) from None
     optimizer.load_state_dict(state["optimizer"])
     per_rank = state["rng"].get("samplers")
-    sample_rng.bit_generator.state = per_rank[rank] if per_rank else state["rng"]["sampler"]
-    noise_gen.set_state(state["rng"]["noise"])
+    sampler = per_rank[rank] if per_rank else state["rng"].get("sampler")
+    if sampler is not None:
+        sample_rng.bit_generator.state = sampler
+    if state["rng"].get("noise") is not None:
+        noise_gen.set_state(state["rng"]["noise"])
     torch.set_rng_state(state["rng"]["torch_global"])
+
+
+MODEL_FORMAT = "dptrain-model-v1"
+MODEL_FILENAME = "model.pt"
+
+
+def save_model(path: Path, *, model: torch.nn.Module, model_config: dict, feature_names: list[str],
+               schema: dict, guarantee: str) -> None:
+    """The publishable model file: final weights, the model's config (to rebuild it) and the
+    PUBLIC feature encoder (feature names, declared bounds and categories). Nothing in it is
+    computed from private rows except the weights, which the run's guarantee covers. Loadable
+    with ``torch.load(path, weights_only=True)``."""
+    atomic_torch_save({
+        "format": MODEL_FORMAT,
+        "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "model": model_config,
+        "feature_names": list(feature_names),
+        "schema": schema,
+        "guarantee": guarantee,
+    }, path)

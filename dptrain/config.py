@@ -65,17 +65,20 @@ class DataConfig:
     nonfinite: str = "error"  # error | drop : policy for NaN / inf in numeric columns
     split_column: str | None = None  # column holding "train"/"test"; else a seeded split
     test_fraction: float = 0.25
+    # true only when the test rows are PUBLIC (e.g. a published benchmark split, generated data):
+    # then test metrics are publishable (metrics.json); otherwise they stay in private/
+    test_public: bool = False
     # synthetic generator only
     n_rows: int = 20000
     n_features: int = 10
-    # atlas (simulated Opportunity-Atlas-like cells, MOS.md section 7) only
+    # atlas (simulated Opportunity-Atlas-like cells, docs/release.md) only
     generator: str = "atlas"  # atlas (skewed sizes, covariate, states) | figure2 (the paper's design)
     n_cells: int = 2000
 
 
 @dataclass
 class PrivacyConfig:
-    """DP-SGD settings. PRIVACY.md is the spec.
+    """DP-SGD settings. docs/privacy.md states the rules.
 
     Exactly one of ``noise_multiplier`` (sigma) and ``target_epsilon`` must be set when
     ``enabled``. ``delta: null`` picks a default well below 1/N (see :func:`default_delta`).
@@ -91,6 +94,9 @@ class PrivacyConfig:
     accountant: str = "rdp"  # rdp | pld
     calibration_rtol: float = 1e-3
     max_epsilon: float | None = None  # budget: stop at the last step whose epsilon is <= it
+    # opt-in reproducible noise: a file holding a secret of >= 128 bits (dptrain.privacy.randomness);
+    # null (default): noise and sampler seeded from the OS CSPRNG, fresh for every run
+    noise_seed_file: str | None = None
 
 
 @dataclass
@@ -123,8 +129,10 @@ class DomainConfig:
 
 @dataclass
 class ReleaseConfig:
-    """Small-cell regression releases (MOS.md). ``epsilon`` is PER STATISTIC (theta, SE, N each
-    get it; a cell costs 3 epsilon; disjoint cells compose in parallel)."""
+    """Small-cell regression releases (docs/release.md). ``epsilon`` is PER STATISTIC (theta, SE, N
+    each get it; a cell costs 3 epsilon; disjoint cells compose in parallel). The cells come from
+    a public declaration (``cell_values`` / ``cell_keys_file``) or a private selection
+    (``cell_selection=private``), never from the rows present."""
 
     x: str = "x"
     y: str = "y"
@@ -139,13 +147,24 @@ class ReleaseConfig:
     chi_by: list[str] = field(default_factory=list)  # [] = one chi over all cells
     domain: DomainConfig = field(default_factory=DomainConfig)
     clip: bool = True
-    seed: int | None = None  # None: noise seeded from the OS CSPRNG; an int: reproducible
-    compare: bool = True  # run every baseline on the same cells -> comparison.csv/.md
+    # The cells (dptrain.release.cell_domain): a PUBLIC declaration, or a private selection.
+    # cell_values: {column: [values]} per release.cells column, the cells are the cross product
+    # (null = none declared; typed Any because Hydra cannot add keys to a typed dict in struct mode:
+    # validate_release checks it); cell_keys_file: a CSV/Parquet listing the cells.
+    cell_values: Any = None
+    cell_keys_file: str | None = None
+    cell_selection: str = "declared"  # declared | private (stability histogram, selection_epsilon/delta)
+    selection_epsilon: float = 1.0  # epsilon of the private cell selection (composed into the totals)
+    selection_delta: float = 1e-6  # delta of the private cell selection (composed into the totals)
+    # comparisons and figures from EXACT private values -> <run>/private/evaluation/;
+    # auto: only for simulated data (data=atlas); true | false
+    private_evaluation: str = "auto"
+    theil_sen_variant: str = "auto"  # auto | all_pairs | matchings (auto: matchings above the pair limit)
+    theil_sen_k: int = 25  # matchings of DP Theil-Sen (each point in at most k pairs: epsilon / k)
     suppression_k: list[int] = field(default_factory=lambda: [5, 10, 20])
     rate_outcome: bool = False  # y is 0/1: suppression also needs N p >= k and N (1 - p) >= k
     delta: float = 1e-6  # for the (epsilon, delta) baselines (DP-GD, DP-SGD)
     tail_epsilons: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0, 8.0])
-    figures: bool = True
 
 
 @dataclass
@@ -212,6 +231,8 @@ _ENUMS = {
     "release.noise": ("laplace", "normal"),
     "release.method": ("mos", "suppression_5", "suppression_10", "suppression_20", "ss_laplace",
                        "noisy_stats", "theil_sen", "theil_sen_wide", "dp_gd", "dp_sgd"),
+    "release.cell_selection": ("declared", "private"),
+    "release.theil_sen_variant": ("auto", "all_pairs", "matchings"),
     "data.format": ("auto", "csv", "parquet", "dta"),
     "data.nonfinite": ("error", "drop"),
     "privacy.accountant": ("rdp", "pld"),
@@ -455,7 +476,8 @@ def validate(cfg: Config) -> None:
 
 
 def validate_release(cfg: Config) -> None:
-    """Value checks of a release run (task=release), before any row is read."""
+    """Value checks of a release run (task=release), before any row is read (and before the cell
+    declaration file is opened)."""
     r, d = cfg.release, cfg.data
     _finite_positive("release.epsilon", r.epsilon)
     if not (0 < r.delta < 1):
@@ -480,6 +502,48 @@ def validate_release(cfg: Config) -> None:
         raise _bad("data.path", d.path, "data=table needs the path of a CSV, Parquet or .dta file")
     if d.name == "atlas" and d.n_cells < 2:
         raise _bad("data.n_cells", d.n_cells, "must be >= 2")
+    # Where the cells come from, before any row is read: a public declaration (release.cell_values or
+    # release.cell_keys_file; for data=atlas the simulator's own public design), or
+    # release.cell_selection=private. Cells taken from the rows present are refused: whether a cell
+    # is listed would tell whether anyone is in it.
+    cells = list(r.cells)
+    has_values, has_file = r.cell_values is not None, r.cell_keys_file is not None
+    if has_values and has_file:
+        raise _bad("release.cell_keys_file", r.cell_keys_file,
+                   "declare the cells once: release.cell_values OR release.cell_keys_file, not both")
+    if r.cell_selection == "private":
+        if has_values or has_file:
+            raise _bad("release.cell_selection", "private", "select cells privately only when none are declared; "
+                       "with release.cell_values / release.cell_keys_file set release.cell_selection=declared")
+        _finite_positive("release.selection_epsilon", r.selection_epsilon)
+        if not (_is_real(r.selection_delta) and 0 < r.selection_delta < 1):
+            raise _bad("release.selection_delta", r.selection_delta, "must be in (0, 1), e.g. 1e-6")
+    elif not (has_values or has_file or d.name == "atlas"):
+        raise ConfigError(
+            "release.cell_values=null and release.cell_keys_file=null: the release is refused (no row was read). "
+            "The list of cells must not come from the rows present: a cell that appears only when someone is in "
+            "it would reveal them. Allowed: declare the public cells, release.cell_values={COLUMN: [v1, v2, ...]} "
+            "for each release.cells column (the cells are the cross product), or release.cell_keys_file=PATH "
+            "(a CSV/Parquet with one column per release.cells column, one row per cell); or set "
+            "release.cell_selection=private (cells selected with (release.selection_epsilon, "
+            "release.selection_delta)-DP, composed into the release's totals)")
+    if has_values:
+        vals = r.cell_values
+        if not isinstance(vals, Mapping) or set(map(str, vals)) != set(cells):
+            got = sorted(map(str, vals)) if isinstance(vals, Mapping) else vals
+            raise _bad("release.cell_values", got, f"give a list of values for exactly the release.cells columns {cells}")
+        for col, values in vals.items():
+            if not isinstance(values, (list, tuple)) or len(values) == 0:
+                raise _bad(f"release.cell_values.{col}", values, "must be a non-empty list of values")
+            for v in values:
+                if v is None or not isinstance(v, (str, numbers.Number)):
+                    raise _bad(f"release.cell_values.{col}", list(values), "every value must be a string or a number")
+    if has_file and not (isinstance(r.cell_keys_file, str) and r.cell_keys_file.strip()):
+        raise _bad("release.cell_keys_file", r.cell_keys_file, "must be the path of a CSV or Parquet file")
+    if str(r.private_evaluation).strip().lower() not in ("auto", "true", "false"):
+        raise _bad("release.private_evaluation", r.private_evaluation,
+                   "must be auto (only for simulated data), true or false")
+    _integer("release.theil_sen_k", r.theil_sen_k, 1, "must be an integer >= 1 (matchings of DP Theil-Sen)")
 
 
 MAX_CANARIES = 20000  # audit.canaries: each adds a feature column (N x m floats in memory)

@@ -4,7 +4,7 @@ Launch with torchrun (``torchrun --nproc_per_node=2 -m dptrain experiment=mlp
 trainer.distributed=true``). dptrain trains on CPU, so the process group uses gloo (NCCL needs
 the tensors on GPUs, which dptrain's engines do not place there yet).
 
-How the mechanism stays exactly the single-process one (PRIVACY.md):
+How the mechanism stays exactly the single-process one (docs/privacy.md):
 
 * Rows are split into disjoint shards (rank r holds rows r, r + W, r + 2W, ...). Each rank
   Poisson-samples ITS shard at the job's q = B/N, with a rank-specific random stream: the union

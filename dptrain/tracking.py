@@ -1,4 +1,13 @@
-"""Run outputs: TensorBoard scalars, atomically written JSON / text artifacts.
+"""Run outputs: TensorBoard scalars, atomically written JSON / text artifacts, and the run
+folder's split between files that may be published and files that must stay with the data.
+
+Run folder layout (contract, see docs/privacy.md "Who sees what"):
+  ``<run>/``          publishable files only (the privacy report, the model, covered metrics,
+                      a release's release.csv / release.json) and ``FILES.txt``, which lists
+                      every file with its status
+  ``<run>/private/``  PRIVATE_DIR: everything computed from private rows without the mechanism's
+                      protection (checkpoints with generator states, the log, TensorBoard
+                      diagnostics, metrics on private rows, evaluations against exact values)
 
 TensorBoard tag conventions (contract):
   ``test/*``                    metrics on the held-out test split (the numbers to quote)
@@ -32,6 +41,47 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+PRIVATE_DIR = "private"
+MANIFEST = "FILES.txt"
+
+
+def private_dir(run_dir: Path) -> Path:
+    """``<run_dir>/private``, created if needed: files that must stay with the data."""
+    path = Path(run_dir) / PRIVATE_DIR
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def private_log_handler(filename: str, mode: str = "a", encoding: str = "utf-8"):
+    """The run log's file handler (conf/hydra/job_logging/dptrain.yaml): creates the private
+    folder the log lives in, which Hydra does not."""
+    import logging
+
+    Path(filename).parent.mkdir(parents=True, exist_ok=True)
+    return logging.FileHandler(filename, mode=mode, encoding=encoding)
+
+
+def write_manifest(run_dir: Path, *, publishable: dict[str, str], private: dict[str, str],
+                   guarantee: str) -> None:
+    """``FILES.txt``: which files of the run folder may be published and which must stay with
+    the data, one line each with the reason. ``publishable`` / ``private`` map a path relative
+    to the run folder to a one-line description."""
+    lines = [
+        "Files of this run folder",
+        "",
+        f"Guarantee: {guarantee}",
+        "",
+        "PUBLISHABLE (covered by the guarantee above, or computed from public information only):",
+        *[f"  {name:28s} {why}" for name, why in publishable.items()],
+        "",
+        f"PRIVATE: keep with the data, never publish (everything under {PRIVATE_DIR}/):",
+        *[f"  {name:28s} {why}" for name, why in private.items()],
+        "",
+        "Anything not listed (e.g. files added later) is private until you have checked it.",
+    ]
+    atomic_write_text(Path(run_dir) / MANIFEST, "\n".join(lines) + "\n")
 
 
 def _jsonable(value: Any) -> Any:

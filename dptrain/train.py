@@ -11,17 +11,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch import nn
 from tqdm import tqdm
 
-from dptrain.config import Config
+from dptrain.config import Config, ConfigError
 from dptrain.data import Dataset
 from dptrain.privacy.accounting import PrivacyAccountant, calibrate_noise_multiplier
 from dptrain.privacy.engine import GradientEngine, PoissonSampler, make_engine, per_example_loss
+from dptrain.privacy.randomness import Randomness
 from dptrain.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -35,15 +35,28 @@ class TrainResult:
     accountant: PrivacyAccountant = field(default_factory=PrivacyAccountant)
 
 
-def _generators(seed: int, rank: int = 0, world_size: int = 1) -> tuple[np.random.Generator, torch.Generator]:
-    """Independent streams for Poisson sampling (numpy) and for noise (torch), from the run seed.
-    In a distributed job every rank gets its own sampling stream (identical streams would make
-    the ranks' Poisson choices identical); only rank 0 draws noise."""
-    sample_seq, noise_seq = np.random.SeedSequence(seed).spawn(2)
-    if world_size > 1:
-        sample_seq = sample_seq.spawn(world_size)[rank]
-    noise_seed = int(noise_seq.generate_state(1, dtype=np.uint64)[0])
-    return np.random.default_rng(sample_seq), torch.Generator().manual_seed(noise_seed)
+def public_feature_count(data_cfg: Any) -> int:
+    """The model's input width from the PUBLIC schema alone (no row is read): numeric columns
+    plus, per categorical column, its declared labels and the other slot."""
+    from dptrain.data import _synthetic_schema, schema_from_config
+
+    if (data_cfg.get("name") if isinstance(data_cfg, dict) else getattr(data_cfg, "name", None)) == "synthetic":
+        _, _, numeric = _synthetic_schema(data_cfg)
+        return len(schema_from_config(data_cfg, numeric=numeric).feature_names)
+    return len(schema_from_config(data_cfg).feature_names)
+
+
+def build_model(cfg: Config, *, in_features: int) -> nn.Module:
+    """Instantiate ``model`` (Hydra ``_target_``) for ``in_features`` inputs and, for a private
+    run, refuse it unless every example's output depends on that example alone
+    (:func:`dptrain.privacy.model_check.check_model`)."""
+    from dptrain.privacy.model_check import check_model
+
+    model = instantiate(OmegaConf.create(cfg.model) if isinstance(cfg.model, dict) else cfg.model,
+                        in_features=in_features)
+    if cfg.privacy.enabled:
+        check_model(model, in_features=in_features)
+    return model
 
 
 @torch.no_grad()
@@ -87,13 +100,24 @@ def resolve_noise(cfg: Config, *, sample_rate: float, steps: int, delta: float) 
 
 
 def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: Path | None = None,
-        on_engine: Callable[[GradientEngine], None] | None = None, dist_ctx: Any = None) -> TrainResult:
+        on_engine: Callable[[GradientEngine], None] | None = None, dist_ctx: Any = None,
+        randomness: Randomness | None = None, dataset_size: int | None = None) -> TrainResult:
     """Train with Poisson-sampled DP-SGD; returns the model, test metrics and mechanism.
 
-    With ``run_dir``, checkpoints go to ``run_dir/checkpoint.pt`` every
+    ``randomness`` is the source of the SECRET streams, the Poisson sampler and the noise
+    (:mod:`dptrain.privacy.randomness`): by default fresh from the OS CSPRNG for this run, so no
+    output can regenerate them. ``cfg.seed`` only seeds the model's initialisation (torch's
+    global generator).
+
+    ``dataset_size`` is the PUBLIC N from which q = B/N, the planned steps and the budget are
+    computed (default: the training rows). The audit passes a count that does not depend on
+    which canaries were drawn in.
+
+    With ``run_dir``, checkpoints go to ``run_dir/private/checkpoint.pt`` every
     ``trainer.checkpoint_every`` steps and at the end (atomically), and ``trainer.resume``
     continues from one (:mod:`dptrain.checkpoint`). ``privacy.max_epsilon`` stops training at
-    the last step whose epsilon (headline accountant, whole history) stays within the budget.
+    the last step whose epsilon (headline accountant, whole history) stays within the budget; a
+    resume whose history already exceeds it is refused.
 
     ``on_engine`` (tests and the privacy audit only) is called with the engine before the first
     step, e.g. to break it on purpose and check that the audit notices.
@@ -102,9 +126,9 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: 
     rank Poisson-samples its own shard, the clipped sums are all-reduced, rank 0 adds the noise
     once, and only rank 0 evaluates and writes (see :mod:`dptrain.distributed`)."""
     from dptrain.checkpoint import (
-        FILENAME,
         CheckpointError,
         check_fingerprint,
+        checkpoint_path_in,
         load_checkpoint,
         resolve_resume,
         restore,
@@ -114,11 +138,13 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: 
     t, p = cfg.trainer, cfg.privacy
     if t.threads > 0:
         torch.set_num_threads(t.threads)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)  # model initialisation only: public, data-independent
     rank, world = (dist_ctx.rank, dist_ctx.world_size) if dist_ctx is not None else (0, 1)
     main = rank == 0
-    sample_gen, noise_gen = _generators(cfg.seed, rank, world)
-    n, batch = data.n_train, t.batch_size
+    randomness = randomness if randomness is not None else Randomness.fresh()
+    sample_gen = randomness.numpy("poisson-sampler", rank)
+    noise_gen = randomness.torch("gaussian-noise")
+    n, batch = (dataset_size if dataset_size is not None else data.n_train), t.batch_size
     q = batch / n
     planned = max(1, round(t.epochs / q))
     private = p.enabled
@@ -128,11 +154,10 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: 
         "sample_rate": q, "expected_batch_size": batch, "dataset_size": n,
         "delta": delta if private else None, "planned_steps": planned,
         "accountant": p.accountant if private else None,
-        "world_size": world,
+        "world_size": world, "randomness": randomness.mode,
     }
 
-    model = instantiate(OmegaConf.create(cfg.model) if isinstance(cfg.model, dict) else cfg.model,
-                        in_features=data.n_features)
+    model = build_model(cfg, in_features=data.n_features)
     optim_factory = instantiate(OmegaConf.create(cfg.optim) if isinstance(cfg.optim, dict) else cfg.optim)
     optimizer = optim_factory(params=[p for p in model.parameters() if p.requires_grad])
     accountant = PrivacyAccountant()
@@ -152,8 +177,9 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: 
                 f"checkpoint {resume_path} is inconsistent: step {done} but the accountant recorded "
                 f"{accountant.steps} steps; refusing to resume"
             )
-        log.info("resumed from %s at step %d of %d (accountant history restored: %s)",
-                 resume_path, done, planned, accountant.history)
+        log.info("resumed from %s at step %d of %d (accountant history restored: %s; sampler and noise: %s)",
+                 resume_path, done, planned, accountant.history,
+                 "restored" if randomness.reproducible else "fresh streams from the OS CSPRNG")
 
     engine = make_engine(
         model, engine=t.engine, private=private, max_grad_norm=p.max_grad_norm,
@@ -165,43 +191,26 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: 
     if on_engine is not None:
         on_engine(engine)
 
-    # The budget: the last step count whose epsilon (headline accountant, over the WHOLE history,
-    # resumed part included) stays <= privacy.max_epsilon. Computed before training: epsilon only
-    # depends on (sigma, q, steps), never on the data.
-    steps = planned
-    stop_reason = "completed the planned steps"
-    if private and p.max_epsilon is not None:
-        allowed = done + accountant.max_steps_within(
-            max_epsilon=p.max_epsilon, noise_multiplier=sigma, sample_rate=q, delta=delta,
-            accountant=p.accountant, limit=max(planned - done, 0),
-        )
-        if allowed < planned:
-            steps = allowed
-            spent = accountant.get_epsilon(delta=delta, accountant=p.accountant) if done else 0.0
-            stop_reason = (
-                f"privacy.max_epsilon={p.max_epsilon:g} is already exceeded by the resumed history "
-                f"({p.accountant} epsilon {spent:.6g} after {done} steps): no further step taken"
-            ) if spent > p.max_epsilon else (
-                f"privacy.max_epsilon={p.max_epsilon:g} reached: stopped after step {allowed} of {planned} "
-                f"({p.accountant} epsilon after {allowed} steps is within the budget, after {allowed + 1} it "
-                "would exceed it)"
-            )
-            log.warning("privacy budget: %s", stop_reason)
+    steps, stop_reason = planned_steps_within_budget(cfg, accountant, done=done, planned=planned, sigma=sigma,
+                                                     sample_rate=q, delta=delta)
     tracker.purge_after(done)  # a resumed run overwrites TensorBoard points logged after its checkpoint
     log.info("engine=%s, N=%d, B=%d, q=%.6g, steps=%d, sigma=%g", engine.name, n, batch, q, steps, sigma)
     # this rank's shard (all rows when not distributed): rows rank, rank + W, rank + 2W, ...
     x_train, y_train = (data.x_train, data.y_train) if world == 1 else (
         data.x_train[rank::world].contiguous(), data.y_train[rank::world].contiguous())
     sampler = PoissonSampler(num_rows=x_train.shape[0], sample_rate=q, rng=sample_gen)
-    checkpoint_path = run_dir / FILENAME if run_dir is not None else None
+    checkpoint_path = checkpoint_path_in(run_dir) if run_dir is not None else None
 
     def checkpoint(step: int) -> None:
+        # the secret streams' states are stored only when the user opted into reproducible noise
+        keep = randomness.reproducible
         samplers = (dist_ctx.all_gather_objects(sample_gen.bit_generator.state)
-                    if dist_ctx is not None and checkpoint_path is not None else None)
+                    if dist_ctx is not None and checkpoint_path is not None and keep else None)
         if checkpoint_path is not None and main:
             save_checkpoint(
                 checkpoint_path, step=step, model=model, optimizer=optimizer,
-                accountant_state=accountant.state_dict(), sample_rng=sample_gen, noise_state=engine.noise_generator_state(),
+                accountant_state=accountant.state_dict(), sample_rng=sample_gen if keep else None,
+                noise_state=engine.noise_generator_state() if keep else None,
                 fingerprint=fingerprint, train_seconds=train_seconds, samplers=samplers,
             )
 
@@ -283,6 +292,8 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: 
         "stop_reason": stop_reason,
         "resumed_from_step": done,
         "resumed_from": str(resume_path) if resume_path is not None else None,
+        "randomness": randomness.describe(),
+        "randomness_mode": randomness.mode,
         "checkpoint": str(checkpoint_path) if checkpoint_path is not None else None,
         "distributed": None if dist_ctx is None else {
             "world_size": world, "backend": dist_ctx.backend,
@@ -293,6 +304,39 @@ def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: 
         },
     }
     return TrainResult(model=model, metrics=metrics, privacy=mechanism, accountant=accountant)
+
+
+def planned_steps_within_budget(cfg: Config, accountant: PrivacyAccountant, *, done: int, planned: int,
+                                sigma: float, sample_rate: float, delta: float) -> tuple[int, str]:
+    """(steps to run to, stop reason) under ``privacy.max_epsilon``: the last step count whose
+    epsilon (headline accountant, over the WHOLE history, resumed part included) stays within
+    the budget. Computed before training: epsilon depends on (sigma, q, steps) only, never on
+    the data. A resumed history that already exceeds the budget is refused (its model has that
+    epsilon whatever happens next)."""
+    p = cfg.privacy
+    if not p.enabled or p.max_epsilon is None:
+        return planned, "completed the planned steps"
+    if done:
+        spent = accountant.get_epsilon(delta=delta, accountant=p.accountant)
+        if spent > p.max_epsilon:
+            raise ConfigError(
+                f"privacy.max_epsilon={p.max_epsilon:g} is not allowed for this resume: the checkpoint's history "
+                f"already spent {p.accountant} epsilon {spent:.6g} in {done} steps, so its model has that epsilon; "
+                f"allowed: privacy.max_epsilon >= {spent:.6g}, or a new run folder to train from scratch"
+            )
+    allowed = done + accountant.max_steps_within(
+        max_epsilon=p.max_epsilon, noise_multiplier=sigma, sample_rate=sample_rate, delta=delta,
+        accountant=p.accountant, limit=max(planned - done, 0),
+    )
+    if allowed >= planned:
+        return planned, "completed the planned steps"
+    reason = (
+        f"privacy.max_epsilon={p.max_epsilon:g} reached: stopped after step {allowed} of {planned} "
+        f"({p.accountant} epsilon after {allowed} steps is within the budget, after {allowed + 1} it "
+        "would exceed it)"
+    )
+    log.warning("privacy budget: %s", reason)
+    return allowed, reason
 
 
 def final_epsilons(result: TrainResult, *, delta: float) -> dict[str, float]:

@@ -87,10 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     se_ls = st.run("se_local_sensitivity", se_sens)
 
     def mos():
+        from dptrain.privacy.randomness import Randomness
         from dptrain.release.mos import release_mos
 
-        # reuse the sensitivities computed above (release_mos would otherwise compute them again)
-        return release_mos(cells, statistic="p25", epsilon=1.0, seed=0, sensitivity=ls, se_sensitivity=se_ls)
+        # the noise stream a release run uses (fresh from the OS CSPRNG); reuse the sensitivities
+        # computed above (release_mos would otherwise compute them again)
+        rng = Randomness.fresh().numpy("release-mos")
+        return release_mos(cells, statistic="p25", epsilon=1.0, rng=rng, sensitivity=ls, se_sensitivity=se_ls)
 
     release = st.run("release_mos", mos)
     if release is not None:

@@ -77,6 +77,7 @@ MODELS = {
     "mlp": lambda: mlp(in_features=IN_FEATURES, hidden=[256, 256], activation="relu"),
 }
 MODES = ["nonprivate", "dptrain-fast", "dptrain-opacus", "opacus-hooks", "opacus-ghost"]
+BASELINE_ENGINE = None  # --baseline-engine: an older engine module, timed as mode baseline-fast
 BATCHES = [256, 1024, 4096]
 GOAL_RATIO = 1.3  # DP / non-private step time, logit and MLP at B = 1024, 4096
 GOAL_GHOST = 2.0  # opacus-ghost / dptrain-fast step time, MLP
@@ -87,6 +88,16 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 # ----------------------------------------------------------------------------------------- data
+
+
+def _secret_streams():
+    """dptrain's run randomness (dptrain.privacy.randomness), or None for a checkout that
+    predates it (so the script can measure an older engine as the baseline)."""
+    try:
+        from dptrain.privacy.randomness import Randomness
+    except ImportError:
+        return None
+    return Randomness.fresh()
 
 
 def num_rows(batch: int) -> int:
@@ -134,6 +145,10 @@ def make_step(mode: str, model_name: str, batch: int, x: torch.Tensor, y: torch.
     sampler = PoissonSampler(num_rows=n, sample_rate=batch / n, rng=np.random.default_rng(0))
 
     if mode in ("dptrain-fast", "dptrain-opacus"):
+        # the streams a training run uses: secret, seeded from the OS CSPRNG (full MT19937 state)
+        secret = _secret_streams()
+        if secret is not None:
+            sampler = PoissonSampler(num_rows=n, sample_rate=batch / n, rng=secret.numpy("poisson-sampler"))
         engine = make_engine(
             model,
             engine=mode.split("-")[1],
@@ -141,7 +156,7 @@ def make_step(mode: str, model_name: str, batch: int, x: torch.Tensor, y: torch.
             max_grad_norm=C,
             noise_multiplier=SIGMA,
             expected_batch_size=batch,
-            generator=torch.Generator().manual_seed(1),
+            generator=secret.torch("gaussian-noise") if secret is not None else torch.Generator().manual_seed(1),
         )
         # as in dptrain's training loop, where diagnostics are computed on logged steps only
         engine.collect_stats = False
@@ -200,6 +215,22 @@ def make_step(mode: str, model_name: str, batch: int, x: torch.Tensor, y: torch.
             loss.backward()  # Opacus: first backward (norms), clip factors, second backward
             dp_opt.step()
             dp_opt.zero_grad(set_to_none=True)
+
+        return step
+
+    if mode == "baseline-fast":
+        # an older engine.py (--baseline-engine), with its own seeding (manual_seed), timed in
+        # the same process as dptrain-fast: before/after ratios without cross-run drift
+        engine = BASELINE_ENGINE.make_engine(
+            model, engine="fast", private=True, max_grad_norm=C, noise_multiplier=SIGMA,
+            expected_batch_size=batch, generator=torch.Generator().manual_seed(1),
+        )
+        engine.collect_stats = False
+
+        def step() -> None:
+            idx = sampler.sample()
+            engine(x.index_select(0, idx), y.index_select(0, idx))
+            optimizer.step()
 
         return step
 
@@ -421,7 +452,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch thread counts (default: 1 2)")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--batches", type=int, nargs="+", default=BATCHES)
-    p.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
+    p.add_argument("--modes", nargs="+", default=MODES, choices=[*MODES, "baseline-fast"])
+    p.add_argument("--baseline-engine", type=Path, default=None,
+                   help="path of an older dptrain/privacy/engine.py: adds mode baseline-fast (same process)")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup-steps", type=int, default=20)
     p.add_argument("--warmup-seconds", type=float, default=1.0)
@@ -440,6 +473,15 @@ def main() -> None:
     if "nonprivate" not in args.modes:
         args.modes = ["nonprivate", *args.modes]
     args.modes = [m for m in MODES if m in args.modes]
+    if args.baseline_engine is not None:
+        global BASELINE_ENGINE
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("baseline_engine", args.baseline_engine)
+        BASELINE_ENGINE = importlib.util.module_from_spec(spec)
+        sys.modules["baseline_engine"] = BASELINE_ENGINE  # dataclasses look their module up
+        spec.loader.exec_module(BASELINE_ENGINE)
+        args.modes.append("baseline-fast")
 
     t_start = time.perf_counter()
     digest0 = engine_digest()
@@ -510,6 +552,10 @@ def main() -> None:
                         mx = mem / base_mem
                         goals.append((threads, f"{model_name} B={b}: peak memory dptrain-fast / nonprivate = {mx:.2f}",
                                       mx <= GOAL_MEMORY, f"<= {GOAL_MEMORY}"))
+                    if "baseline-fast" in res:  # this engine against the older one, same process
+                        ab = res["baseline-fast"]["steps_per_s"] / res["dptrain-fast"]["steps_per_s"]
+                        goals.append((threads, f"{model_name} B={b}: dptrain-fast / baseline-fast = {ab:.3f}",
+                                      ab <= 1.05, "<= 1.05, no regression beyond 5%"))
                     if model_name == "mlp" and "opacus-ghost" in res:
                         sp = res["dptrain-fast"]["steps_per_s"] / res["opacus-ghost"]["steps_per_s"]
                         goals.append((threads, f"mlp B={b}: opacus-ghost / dptrain-fast = {sp:.2f}", sp >= GOAL_GHOST, f">= {GOAL_GHOST}"))

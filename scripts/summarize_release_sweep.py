@@ -2,10 +2,14 @@
 
     python scripts/summarize_release_sweep.py MULTIRUN_DIR [--out DIR] [--metric rmse_truth ...]
 
-Reads every ``<run>/comparison.csv`` and ``<run>/.hydra/overrides.yaml`` below MULTIRUN_DIR and
-writes ``summary.csv`` (long: overrides, method, band, metrics) and ``summary.md`` (for each
-metric and each setting other than epsilon: method x epsilon on all cells, and method x band at
-each epsilon) into --out (default: MULTIRUN_DIR).
+Reads every ``<run>/private/evaluation/comparison.csv`` (the private evaluation a release run
+writes for simulated data) and ``<run>/.hydra/overrides.yaml`` below MULTIRUN_DIR and writes
+``summary.csv`` (long: overrides, method, band, metrics) and ``summary.md`` (for each metric and
+each setting other than epsilon: method x epsilon on all cells, and method x band at each
+epsilon) into --out (default: MULTIRUN_DIR).
+
+The summary is computed from exact values: on simulated data (data=atlas) it is a study result;
+on real data it would be as private as the comparisons it reads.
 """
 
 from __future__ import annotations
@@ -21,16 +25,17 @@ from dptrain.release.evaluate import to_markdown
 
 def load(sweep: Path) -> pd.DataFrame:
     frames = []
-    for comp in sorted(sweep.glob("*/comparison.csv")):
-        overrides = yaml.safe_load((comp.parent / ".hydra" / "overrides.yaml").read_text()) or []
+    for comp in sorted(sweep.glob("*/private/evaluation/comparison.csv")):
+        overrides = yaml.safe_load((comp.parents[2] / ".hydra" / "overrides.yaml").read_text()) or []
         table = pd.read_csv(comp)
         for item in overrides:
             key, _, value = item.partition("=")
-            if key.startswith("release."):
+            if key.startswith("release.") and key != "release.tail_epsilons":
                 table[key.removeprefix("release.")] = value
         frames.append(table)
     if not frames:
-        raise SystemExit(f"no */comparison.csv below {sweep}")
+        raise SystemExit(f"no */private/evaluation/comparison.csv below {sweep} "
+                         "(release.private_evaluation=auto writes it for data=atlas)")
     out = pd.concat(frames, ignore_index=True)
     out["epsilon"] = out["epsilon"].astype(float) if "epsilon" in out else 1.0
     return out

@@ -2,8 +2,9 @@
 
     python scripts/summarize_sweep.py MULTIRUN_DIR [--out DIR] [--metric test/acc]
 
-Reads, in every direct sub-folder (one Hydra job) of MULTIRUN_DIR, ``metrics.json``,
-``privacy.json``, ``.hydra/config.yaml`` and ``.hydra/overrides.yaml``; a folder missing any of
+Reads, in every direct sub-folder (one Hydra job) of MULTIRUN_DIR, ``private/metrics.json`` (all
+metrics: the comparison uses the test metrics and the non-private baseline, so the summary is a
+PRIVATE evaluation unless the test rows are public), ``privacy.json``, ``.hydra/config.yaml`` and ``.hydra/overrides.yaml``; a folder missing any of
 them is skipped with a warning naming it. Runs are grouped by every override that varies across
 the sweep except ``seed`` (plus the model name), and ``summary.csv``, ``summary.md`` and
 ``summary.png`` are written into --out (default: MULTIRUN_DIR).
@@ -40,7 +41,7 @@ MAJORITY_LABEL = "majority-class rate"
 def _read_run(run: Path) -> dict | None:
     """One job folder -> flat record, or None (with a warning) if a file is missing/unreadable."""
     files = {
-        "metrics": run / "metrics.json",
+        "metrics": run / "private" / "metrics.json",
         "privacy": run / "privacy.json",
         "config": run / ".hydra" / "config.yaml",
         "overrides": run / ".hydra" / "overrides.yaml",

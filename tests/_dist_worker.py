@@ -17,14 +17,14 @@ import torch
 from dptrain.distributed import init_from_env, shutdown
 from dptrain.models import Squeeze
 from dptrain.privacy.engine import FastLinearEngine, PoissonSampler
-from dptrain.train import _generators
+from dptrain.privacy.randomness import Randomness
 
 
 def main(out: str) -> None:
     ctx = init_from_env(timeout_s=120)
     torch.manual_seed(ctx.rank)  # different initial parameters: the broadcast must align them
     sigma, c, b = 1.7, 0.9, 64.0
-    _, noise_gen = _generators(5, ctx.rank, ctx.world_size)
+    noise_gen = Randomness.fresh().torch("gaussian-noise")  # only rank 0 draws
     model = torch.nn.Sequential(torch.nn.Linear(20, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1), Squeeze())
     ctx.broadcast_parameters(model)
     engine = FastLinearEngine(model, max_grad_norm=c, noise_multiplier=sigma, expected_batch_size=b,
@@ -50,7 +50,7 @@ def main(out: str) -> None:
 
     # Poisson sampling on each rank's shard, rank-specific streams
     n_shard, q, steps = 5000, 0.02, 300
-    sample_gen, _ = _generators(5, ctx.rank, ctx.world_size)
+    sample_gen = Randomness.fresh().numpy("poisson-sampler", ctx.rank)  # fresh on every rank
     sampler = PoissonSampler(num_rows=n_shard, sample_rate=q, rng=sample_gen)
     counts = np.zeros(n_shard)
     first = None

@@ -1,4 +1,4 @@
-"""Reusable DP-invariant checks (PRIVACY.md, "How correctness is tested").
+"""Reusable DP-invariant checks (docs/privacy.md, "How it is tested").
 
 Each ``check_*`` function exercises the real code through its public interface (an engine
 factory, a sampler, or a training entry point), raises ``AssertionError`` with the offending

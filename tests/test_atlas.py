@@ -8,6 +8,7 @@ import pytest
 
 from dptrain.data.atlas import (
     clipped_mean,
+    design_cells,
     projection_line,
     simulate_atlas,
     simulate_figure2,
@@ -150,3 +151,16 @@ def test_rows_fast():
     assert ols(c).defined.mean() > 0.9
     with pytest.raises(ValueError, match="n_cells"):
         simulate_rows_fast(n_rows=5, n_cells=10, seed=0)
+
+
+def test_design_cells_list_every_simulated_cell_even_without_rows():
+    """The simulator's cell design is public: a release on simulated data lists these cells, so
+    the list never depends on which cells drew rows (a cell with 0 rows is listed too)."""
+    rows, truth = simulate_atlas(seed=3, n_cells=300, min_size=0, size_median=2.0)
+    design = design_cells(truth)
+    assert list(design.columns) == ["cell", "state"] and list(design.cell) == list(range(300))
+    empty = set(range(300)) - set(rows.cell)
+    assert empty and empty <= set(design.cell)  # cells that drew no row are still declared
+    assert (design.set_index("cell").state == truth.set_index("cell").state).all()
+    _, fig2_truth = simulate_figure2(seed=0, n_max=25)
+    assert list(design_cells(fig2_truth).columns) == ["cell"]

@@ -173,7 +173,9 @@ def test_audit_of_a_correct_run_stays_below_the_claim(experiment, tmp_path, capl
     caplog.set_level(logging.INFO, logger="dptrain")
     report = _audit(tmp_path, [f"experiment={experiment}"])
     _check_report(report, broken=False)
-    assert report["test"]["test/acc"] > 0.8  # the canaries do not spoil the model
+    metrics = json.loads((tmp_path / "private" / "metrics.json").read_text())
+    assert metrics["test/acc"] > 0.8  # the canaries do not spoil the model
+    assert "test" not in report  # metrics on rows of the data stay in private/
     assert "consistent with the claim" in caplog.text
 
 
@@ -182,6 +184,19 @@ def test_audit_catches_a_run_without_noise(experiment, tmp_path, caplog):
     report = _audit(tmp_path, [f"experiment={experiment}", "audit.mutation=no_noise"])
     _check_report(report, broken=True)
     assert "DELIBERATELY BROKEN RUN" in caplog.text and "CLAIM REFUTED" in caplog.text
+
+
+def test_audit_mechanism_does_not_depend_on_the_drawn_canaries(tmp_path):
+    """Found in review: the audit's q, steps and default delta were computed from N = real rows
+    + the canaries that won their coin flip, so the report leaked how many were drawn in. N is
+    now the real rows plus ALL m canaries, whatever the coin flips."""
+    reports = [_audit(tmp_path / str(s), ["experiment=audit_logit", f"audit.seed={s}", "privacy.delta=null"])
+               for s in (1, 2)]
+    assert reports[0]["canaries_included"] != reports[1]["canaries_included"]
+    for key in ("sample_rate", "steps", "dataset_size", "planned_steps", "delta"):
+        assert reports[0]["mechanism"][key] == reports[1]["mechanism"][key], key
+    assert reports[0]["mechanism"]["dataset_size"] == 32561 + 200  # Adult's training rows + m
+    assert reports[0]["delta"] == reports[1]["delta"]
 
 
 def test_black_box_score_runs(tmp_path):

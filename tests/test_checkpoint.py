@@ -1,8 +1,10 @@
-"""Crash-safe checkpoints, resume and the privacy budget (PRIVACY.md, issue 6 items 1-2).
+"""Crash-safe checkpoints, resume and the privacy budget.
 
 The kill test is real: a training subprocess is SIGKILLed at a point that depends on timing
 (after its first checkpoint appears, plus a random delay), resumed, killed again, resumed to
-the end, and compared with an uninterrupted run: same epsilon, same parameters.
+the end, and compared with an uninterrupted run: same epsilon, and, with reproducible noise
+(a secret seed file, opt-in), the same parameters. Default runs keep their sampler and noise
+streams out of the checkpoint: a resumed default run has the same epsilon and fresh noise.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def _kill_after_checkpoint(run_dir: Path, overrides: list[str], rng: random.Rand
     the checkpoint it left, or None if the run finished before it could be killed."""
     proc = subprocess.Popen(_cmd(run_dir, overrides), cwd=REPO, env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    path = run_dir / ckpt.FILENAME
+    path = ckpt.checkpoint_path_in(run_dir)
     start_mtime = path.stat().st_mtime_ns if path.exists() else None
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
@@ -75,9 +77,18 @@ def _kill_after_checkpoint(run_dir: Path, overrides: list[str], rng: random.Rand
     return int(ckpt.load_checkpoint(path)["step"])  # never truncated: it must load
 
 
+def _key(tmp_path: Path) -> Path:
+    from dptrain.privacy.randomness import new_seed_file
+
+    return new_seed_file(tmp_path / "noise.key")
+
+
 def test_sigkill_and_resume_gives_the_uninterrupted_run(tmp_path):
+    """With a secret seed file (reproducible noise), a run killed twice and resumed ends with
+    the uninterrupted run's parameters; the checkpoint then holds the streams' states."""
     ref_dir, crash_dir = tmp_path / "ref", tmp_path / "crash"
-    ref = _run(ref_dir, KILL)
+    KILL_KEYED = [*KILL, f"privacy.noise_seed_file={_key(tmp_path)}"]
+    ref = _run(ref_dir, KILL_KEYED)
     assert ref.returncode == 0, ref.stderr[-2000:]
     ref_report = json.loads((ref_dir / "privacy.json").read_text())
     planned = ref_report["steps"]
@@ -86,14 +97,14 @@ def test_sigkill_and_resume_gives_the_uninterrupted_run(tmp_path):
     rng = random.Random(1234)
     killed_at = []
     for _ in range(2):
-        step = _kill_after_checkpoint(crash_dir, [*KILL, "trainer.resume=auto"], rng)
+        step = _kill_after_checkpoint(crash_dir, [*KILL_KEYED, "trainer.resume=auto"], rng)
         if step is None:
             break
         killed_at.append(step)
         assert not (crash_dir / "privacy.json").exists()  # a killed run claims nothing
     assert killed_at, "the run finished before it could be killed: make it longer"
     assert 0 < killed_at[0] < planned
-    done = _run(crash_dir, [*KILL, "trainer.resume=auto"])
+    done = _run(crash_dir, [*KILL_KEYED, "trainer.resume=auto"])
     assert done.returncode == 0, done.stderr[-2000:]
 
     report = json.loads((crash_dir / "privacy.json").read_text())
@@ -101,17 +112,18 @@ def test_sigkill_and_resume_gives_the_uninterrupted_run(tmp_path):
     assert report["steps"] == planned
     assert report["epsilon"] == pytest.approx(ref_report["epsilon"], rel=1e-12)
     assert report["epsilons"]["pld"] == pytest.approx(ref_report["epsilons"]["pld"], rel=1e-9)
-    ref_state = ckpt.load_checkpoint(ref_dir / ckpt.FILENAME)
-    state = ckpt.load_checkpoint(crash_dir / ckpt.FILENAME)
+    ref_state = ckpt.load_checkpoint(ckpt.checkpoint_path_in(ref_dir))
+    state = ckpt.load_checkpoint(ckpt.checkpoint_path_in(crash_dir))
+    assert state["rng"]["noise"] is not None  # opted in: the streams are in the (private) checkpoint
     assert state["step"] == ref_state["step"] == planned
     assert state["accountant"] == ref_state["accountant"]
     for name, tensor in ref_state["model"].items():
         torch.testing.assert_close(state["model"][name], tensor, rtol=1e-6, atol=1e-7)
-    ref_metrics = json.loads((ref_dir / "metrics.json").read_text())
-    metrics = json.loads((crash_dir / "metrics.json").read_text())
+    ref_metrics = json.loads((ref_dir / "private" / "metrics.json").read_text())
+    metrics = json.loads((crash_dir / "private" / "metrics.json").read_text())
     assert metrics["test/acc"] == pytest.approx(ref_metrics["test/acc"], abs=1e-6)
     # no temporary checkpoint files are left behind by the kills
-    assert not list(crash_dir.glob(".checkpoint.pt.*"))
+    assert not list(crash_dir.rglob(".checkpoint.pt.*"))
 
 
 class _Crash(RuntimeError):
@@ -138,22 +150,55 @@ def _crash_after_checkpoint(monkeypatch, run_dir: Path, overrides: list[str], at
 
 
 def test_resume_inprocess_equals_uninterrupted(tmp_path, monkeypatch):
-    """A run crashed after its third checkpoint and resumed ends bit-identical to an
-    uninterrupted run in the same process."""
+    """With reproducible noise (opt-in), a run crashed after its third checkpoint and resumed
+    ends bit-identical to an uninterrupted run in the same process."""
+    keyed = [*SMALL, "trainer.checkpoint_every=7", f"privacy.noise_seed_file={_key(tmp_path)}"]
     ref_dir = tmp_path / "ref"
-    _run_inprocess(ref_dir, [*SMALL, "trainer.checkpoint_every=7"])
+    _run_inprocess(ref_dir, keyed)
     ref = json.loads((ref_dir / "privacy.json").read_text())
     mid_dir = tmp_path / "mid"
-    saves = _crash_after_checkpoint(monkeypatch, mid_dir, [*SMALL, "trainer.checkpoint_every=7"], at_step=21)
+    saves = _crash_after_checkpoint(monkeypatch, mid_dir, keyed, at_step=21)
     assert saves == [7, 14, 21]
-    _run_inprocess(mid_dir, [*SMALL, "trainer.checkpoint_every=7", "trainer.resume=auto"])
+    _run_inprocess(mid_dir, [*keyed, "trainer.resume=auto"])
     got = json.loads((mid_dir / "privacy.json").read_text())
     assert got["resumed_from_step"] == 21 and got["steps"] == ref["steps"]
     assert got["epsilon"] == ref["epsilon"]
-    a = ckpt.load_checkpoint(ref_dir / ckpt.FILENAME)["model"]
-    b = ckpt.load_checkpoint(mid_dir / ckpt.FILENAME)["model"]
+    assert "REPRODUCIBLE" in got["randomness"] and "REMOVE the noise" in got["randomness"]
+    a = ckpt.load_checkpoint(ckpt.checkpoint_path_in(ref_dir))["model"]
+    b = ckpt.load_checkpoint(ckpt.checkpoint_path_in(mid_dir))["model"]
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=0)  # same process: bit-identical
+
+
+def test_default_checkpoints_hold_no_secret_stream_and_resume_draws_fresh_ones(tmp_path, monkeypatch):
+    """Found in review: checkpoint.pt held the sampler's and the noise generator's states, so
+    whoever held it could regenerate every batch and noise vector. By default the checkpoint now
+    holds neither; a resumed run has the same epsilon (the accountant's history is restored) and
+    draws fresh streams, so it does not reproduce the uninterrupted run's noise."""
+    ref_dir = tmp_path / "ref"
+    _run_inprocess(ref_dir, [*SMALL, "trainer.checkpoint_every=7"])
+    ref = json.loads((ref_dir / "privacy.json").read_text())
+    state = ckpt.load_checkpoint(ckpt.checkpoint_path_in(ref_dir))
+    assert state["rng"]["noise"] is None and state["rng"]["sampler"] is None and state["rng"]["samplers"] is None
+    assert set(state["rng"]) == {"sampler", "samplers", "noise", "torch_global"}
+    mid_dir = tmp_path / "mid"
+    _crash_after_checkpoint(monkeypatch, mid_dir, [*SMALL, "trainer.checkpoint_every=7"], at_step=21)
+    _run_inprocess(mid_dir, [*SMALL, "trainer.checkpoint_every=7", "trainer.resume=auto"])
+    got = json.loads((mid_dir / "privacy.json").read_text())
+    assert got["resumed_from_step"] == 21 and got["epsilon"] == ref["epsilon"] and got["steps"] == ref["steps"]
+    a = ckpt.load_checkpoint(ckpt.checkpoint_path_in(ref_dir))["model"]
+    b = ckpt.load_checkpoint(ckpt.checkpoint_path_in(mid_dir))["model"]
+    assert not all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_old_checkpoints_with_seed_derived_streams_are_refused(tmp_path, capsys):
+    run_dir = tmp_path / "old"
+    path = ckpt.checkpoint_path_in(run_dir)
+    ckpt.atomic_torch_save({"format": "dptrain-checkpoint-v1", "step": 3}, path)
+    with pytest.raises(SystemExit):
+        _run_inprocess(run_dir, [*SMALL, "trainer.resume=auto"])
+    assert "dptrain-checkpoint-v1" in capsys.readouterr().err
+    assert not (run_dir / "privacy.json").exists()
 
 
 @pytest.mark.parametrize(
@@ -171,13 +216,13 @@ def test_resume_inprocess_equals_uninterrupted(tmp_path, monkeypatch):
 def test_resume_under_other_privacy_settings_is_refused_by_name(tmp_path, change, field, capsys):
     run_dir = tmp_path / "run"
     _run_inprocess(run_dir, SMALL)
-    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    before = {str(p): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     with pytest.raises(SystemExit) as exc:
         _run_inprocess(run_dir, [*SMALL, "trainer.resume=auto", *change])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "other privacy settings" in err and f"{field}:" in err
-    after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    after = {str(p): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     assert after == before  # nothing already written was touched
 
 
@@ -186,15 +231,15 @@ def test_resume_path_and_bad_paths(tmp_path, capsys):
     _run_inprocess(src, SMALL)
     # resuming a finished run from a PATH into a new folder: no further step, same epsilon
     dst = tmp_path / "dst"
-    _run_inprocess(dst, [*SMALL, f"trainer.resume={src / ckpt.FILENAME}"])
+    _run_inprocess(dst, [*SMALL, f"trainer.resume={ckpt.checkpoint_path_in(src)}"])
     a, b = (json.loads((d / "privacy.json").read_text()) for d in (src, dst))
     assert b["epsilon"] == a["epsilon"] and b["resumed_from_step"] == a["steps"]
     with pytest.raises(SystemExit):
         _run_inprocess(tmp_path / "x", [*SMALL, f"trainer.resume={tmp_path / 'nope.pt'}"])
     assert "trainer.resume=" in capsys.readouterr().err
     bad = tmp_path / "bad"
-    bad.mkdir()
-    (bad / ckpt.FILENAME).write_bytes(b"not a checkpoint")
+    ckpt.checkpoint_path_in(bad).parent.mkdir(parents=True)
+    ckpt.checkpoint_path_in(bad).write_bytes(b"not a checkpoint")
     with pytest.raises(SystemExit):
         _run_inprocess(bad, [*SMALL, "trainer.resume=auto"])
     assert "cannot be read" in capsys.readouterr().err
@@ -249,7 +294,7 @@ def test_budget_stops_at_the_last_step_within_it(tmp_path):
     assert rdp_epsilon(sample_rate=q, noise_multiplier=sigma, steps=k + 1, delta=delta) > budget
     assert "privacy budget" in (run_dir / "privacy.txt").read_text() or "max_epsilon" in (
         run_dir / "privacy.txt").read_text()
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    metrics = json.loads((run_dir / "metrics.json").read_text())  # publishable: steps are data-independent
     assert metrics["train/steps"] == k
 
 
@@ -259,7 +304,7 @@ def test_budget_holds_across_resume(tmp_path, monkeypatch):
     before the crash."""
     run_dir = tmp_path / "r"
     _crash_after_checkpoint(monkeypatch, run_dir, [*SMALL, "privacy.noise_multiplier=1.0"], at_step=10)
-    fp = ckpt.load_checkpoint(run_dir / ckpt.FILENAME)["fingerprint"]
+    fp = ckpt.load_checkpoint(ckpt.checkpoint_path_in(run_dir))["fingerprint"]
     assert fp["planned_steps"] > 25
     # a budget that allows exactly 20 steps in all: 10 before the crash, 10 after
     budget = rdp_epsilon(sample_rate=fp["sample_rate"], noise_multiplier=1.0, steps=20, delta=fp["delta"]) * (1 + 1e-9)
@@ -271,11 +316,29 @@ def test_budget_holds_across_resume(tmp_path, monkeypatch):
     assert rep["epsilon"] <= budget and rep["stopped_early"]
     q, sigma, delta = rep["sample_rate"], rep["noise_multiplier"], rep["delta"]
     assert rdp_epsilon(sample_rate=q, noise_multiplier=sigma, steps=rep["steps"] + 1, delta=delta) > budget
-    # a budget already spent by the resumed history: no further step, and the report says so
-    _run_inprocess(run_dir, [*SMALL, "privacy.noise_multiplier=1.0", "privacy.max_epsilon=0.01",
+
+
+
+def test_resume_with_a_budget_below_the_spent_epsilon_is_refused(tmp_path, capsys):
+    """Found in review: resuming a FINISHED run (epsilon 1.33) with privacy.max_epsilon=0.1
+    reported epsilon 1.33 beside max_epsilon 0.1 and stopped_early false. The model already has
+    the spent epsilon, so such a resume is refused by name and nothing written is touched."""
+    run_dir = tmp_path / "done"
+    _run_inprocess(run_dir, [*SMALL, "privacy.noise_multiplier=1.0"])
+    rep = json.loads((run_dir / "privacy.json").read_text())
+    before = {str(p): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    for budget in (0.01, rep["epsilon"] * 0.5):
+        with pytest.raises(SystemExit):
+            _run_inprocess(run_dir, [*SMALL, "privacy.noise_multiplier=1.0", f"privacy.max_epsilon={budget!r}",
+                                     "trainer.resume=auto"])
+        err = capsys.readouterr().err
+        assert "privacy.max_epsilon=" in err and "already spent" in err and f"{rep['epsilon']:.6g}" in err
+    assert {str(p): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    # a budget at or above the spent epsilon is fine: no further step, the report is unchanged in substance
+    _run_inprocess(run_dir, [*SMALL, "privacy.noise_multiplier=1.0", f"privacy.max_epsilon={rep['epsilon'] * 1.01!r}",
                              "trainer.resume=auto"])
     rep2 = json.loads((run_dir / "privacy.json").read_text())
-    assert rep2["steps"] == rep["steps"] and "already exceeded" in rep2["stop_reason"]
+    assert rep2["epsilon"] == rep["epsilon"] <= rep2["max_epsilon"] and rep2["steps"] == rep["steps"]
 
 
 def test_bad_budget_and_checkpoint_settings_are_refused(tmp_path, capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import logging
+import re
 import shutil
 import subprocess
 import sys
@@ -208,19 +209,134 @@ def test_encoding_uses_only_schema(tmp_path):
     assert ds.x_train[5].tolist() == [1, 1, 0, 0, 1] and ds.x_train[6].tolist() == [0, 0, 0, 0, 1]
 
 
+def unique_frame(n: int, seed: int = 0) -> pd.DataFrame:
+    """n distinct rows (a continuous column) for the split tests."""
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({
+        "age": rng.uniform(18, 90, n).round(6),
+        "money": rng.integers(0, 5000, n).astype(float),
+        "color": rng.choice(["red", "green", "blue"], n),
+        "label": rng.choice(["yes", "no"], n),
+    })
+
+
+def split_cfg(path, **over) -> dict:
+    return table_cfg(path, **{"split_column": None, **over})
+
+
 def test_seeded_split(tmp_path):
-    df = small_frame(200)
+    """The same seed gives the same split, another seed another split; each test row is a row
+    whose hash score is below test_fraction."""
+    df = unique_frame(400)
     p = write(df, tmp_path / "t.csv")
-    a = load_dataset(table_cfg(p, split_column=None, test_fraction=0.2), seed=3)
-    b = load_dataset(table_cfg(p, split_column=None, test_fraction=0.2), seed=3)
-    c = load_dataset(table_cfg(p, split_column=None, test_fraction=0.2), seed=4)
-    assert a.n_train == 160 and a.x_test.shape[0] == 40
-    assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
-    assert not torch.equal(a.x_train, c.x_train)
-    # the test rows are the first 40 of a permutation drawn from the seed (and N) alone
-    test_rows = np.sort(data.table.split_rng(3).permutation(200)[:40])
-    full = data.encode_features(pd.read_csv(p), data.schema_from_config(table_cfg(p)))
-    assert np.array_equal(a.x_test.numpy(), full[test_rows])
+    a = load_dataset(split_cfg(p, test_fraction=0.2), seed=3)
+    b = load_dataset(split_cfg(p, test_fraction=0.2), seed=3)
+    c = load_dataset(split_cfg(p, test_fraction=0.2), seed=4)
+    assert a.n_train + a.n_test == 400
+    assert torch.equal(a.x_train, b.x_train) and torch.equal(a.x_test, b.x_test) and torch.equal(a.y_test, b.y_test)
+    assert not torch.equal(a.x_test, c.x_test)
+    schema = data.schema_from_config(table_cfg(p))
+    raw = pd.read_csv(p)
+    u3, u4 = (data.table.split_scores(raw, schema, seed=s) for s in (3, 4))
+    assert np.all((u3 >= 0) & (u3 < 1))
+    full = data.encode_features(raw, schema)
+    assert np.array_equal(a.x_test.numpy(), full[u3 < 0.2]) and np.array_equal(a.x_train.numpy(), full[u3 >= 0.2])
+    # two seeds' assignments are (nearly) independent: agreement ~ 0.2^2 + 0.8^2 = 0.68
+    assert 0.6 < np.mean((u3 < 0.2) == (u4 < 0.2)) < 0.76
+    # the split is a function of the cells as compared, not of the file format
+    q = write(df, tmp_path / "t.parquet")
+    d = load_dataset(split_cfg(q, test_fraction=0.2), seed=3)
+    assert torch.equal(a.x_test, d.x_test) and torch.equal(a.y_train, d.y_train)
+
+
+def old_permutation_split(n: int, seed: int, test_fraction: float) -> np.ndarray:
+    """The split dptrain used before issue 12 (inline, for the regression test): the first
+    round(f * n) entries of a permutation of the kept-row count. Returns is_test per row."""
+    n_test = min(max(round(test_fraction * n), 1), n - 1)
+    is_test = np.zeros(n, dtype=bool)
+    is_test[np.random.default_rng([seed, 2]).permutation(n)[:n_test]] = True
+    return is_test
+
+
+def assignment(df: pd.DataFrame, path: Path, **over) -> dict[tuple, bool]:
+    """{row content: is a test row} for a table of distinct rows, through load_dataset."""
+    ds = load_dataset(split_cfg(write(df, path), **over), seed=0)
+    out = {}
+    for x, is_test in ((ds.x_train, False), (ds.x_test, True)):
+        for row in x.numpy():
+            out[tuple(row.tolist())] = is_test
+    assert len(out) == ds.n_train + ds.n_test  # rows stay distinct after encoding
+    return out
+
+
+def test_one_row_moves_no_other_row_between_train_and_test(tmp_path):
+    """Regression for issue 12, item 3: with a permutation of the row count, adding one row to a
+    1,000-row table moved hundreds of others between train and test (group privacy over
+    hundreds of rows, not add/remove-one). The per-row hash split moves none, wherever the row
+    is added or removed, and when data.nonfinite=drop drops it."""
+    n, f = 1000, 0.25
+    old, old_plus = old_permutation_split(n, 0, f), old_permutation_split(n + 1, 0, f)
+    assert int(np.sum(old != old_plus[1:])) > 100  # one row added at the beginning
+    assert int(np.sum(old != old_plus[:n])) > 100  # ... or at the end
+    assert int(np.sum(old[1:] != old_permutation_split(n - 1, 0, f))) > 100  # one row removed
+
+    df = unique_frame(n)
+    extra = unique_frame(1, seed=99)
+    base = assignment(df, tmp_path / "base.csv")
+    assert 150 < sum(base.values()) < 350
+    variants = {
+        "added at the beginning": pd.concat([extra, df], ignore_index=True),
+        "added in the middle": pd.concat([df.iloc[:500], extra, df.iloc[500:]], ignore_index=True),
+        "added at the end": pd.concat([df, extra], ignore_index=True),
+        "first removed": df.iloc[1:],
+        "middle removed": df.drop(index=437),
+        "last removed": df.iloc[:-1],
+    }
+    for what, d in variants.items():
+        got = assignment(d, tmp_path / "v.csv")
+        assert abs(len(got) - len(base)) == 1, what
+        moved = [k for k in got.keys() & base.keys() if got[k] != base[k]]
+        assert moved == [], f"{what}: {len(moved)} other rows changed sides"
+    # the same row dropped by data.nonfinite=drop (anywhere) moves no other row either
+    base_drop = assignment(df, tmp_path / "d0.parquet", nonfinite="drop")
+    assert base_drop == base
+    for pos in (0, 321, n - 1):
+        d = df.copy()
+        d.loc[pos, "money"] = np.nan if pos != 321 else np.inf
+        got = assignment(d, tmp_path / "d.parquet", nonfinite="drop")
+        assert len(got) == n - 1 and all(base[k] == v for k, v in got.items()), pos
+
+
+def test_split_fraction_close_to_test_fraction(tmp_path):
+    """Each distinct row is a test row with probability test_fraction: the test count is
+    Binomial(n, f) (a z-test at 4 sigma, fixed seeds), and the scores are uniform on [0, 1)."""
+    n = 20000
+    df = unique_frame(n, seed=5)
+    schema = data.schema_from_config(split_cfg("unused.csv"))
+    for seed in (0, 1, 12345):
+        u = data.table.split_scores(df, schema, seed=seed)
+        counts = np.histogram(u, bins=10, range=(0, 1))[0]
+        chi2 = float(np.sum((counts - n / 10) ** 2 / (n / 10)))
+        assert chi2 < 27.9, (seed, counts)  # chi-square(9) at p = 0.001
+        for f in (0.1, 0.25, 0.5):
+            k = int(np.sum(u < f))
+            assert abs(k - n * f) < 4 * np.sqrt(n * f * (1 - f)), (seed, f, k)
+    p = write(unique_frame(4000, seed=6), tmp_path / "t.parquet")
+    ds = load_dataset(split_cfg(p, test_fraction=0.3), seed=7)
+    assert abs(ds.n_test - 1200) < 4 * np.sqrt(4000 * 0.3 * 0.7)
+
+
+def test_degenerate_split_refused_without_counts(tmp_path):
+    df = unique_frame(3)
+    df["label"] = ["yes", "no", "yes"]
+    p = write(df, tmp_path / "t.csv")
+    refused(DataError, lambda: load_dataset(split_cfg(p, test_fraction=1e-9), seed=0),
+            "data.test_fraction=1e-09", "no row in the test part", "data.split_column")
+    refused(DataError, lambda: load_dataset(split_cfg(p, test_fraction=1 - 1e-9), seed=0),
+            "no row in the train part")
+    one = write(unique_frame(1).assign(label="yes"), tmp_path / "one.csv")
+    msg = refused(DataError, lambda: load_dataset(split_cfg(one), seed=0), "data.test_fraction", "no row in the")
+    assert "1 row" not in msg
 
 
 def test_numeric_target_and_positive_numeric(tmp_path):
@@ -241,13 +357,15 @@ def test_nonfinite_drop_logs_count(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="dptrain.data"):
         ds = load_dataset(table_cfg(p, nonfinite="drop"), seed=0)
     assert ds.n_train + ds.x_test.shape[0] == 18
-    assert "dropped 2 of 20 rows" in caplog.text
+    assert "dropped the rows with NaN/inf" in caplog.text and "'age'" in caplog.text and "'money'" in caplog.text
+    assert not re.search(r"\b(2|18|20)\b", caplog.text), caplog.text  # no count of rows
 
 
 def test_synthetic_deterministic():
     cfg = group_cfg("synthetic")
     a, b, c = (load_dataset(cfg, seed=s) for s in (5, 5, 6))
-    assert a.n_train == 3000 and a.x_test.shape[0] == 1000 and a.n_features == 10
+    assert a.n_train + a.n_test == 4000 and abs(a.n_test - 1000) < 4 * 27.4 and a.n_features == 10
+    assert torch.equal(a.x_test, b.x_test) and torch.equal(a.y_test, b.y_test)
     assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_train, b.y_train)
     assert not torch.equal(a.x_train, c.x_train)
     assert a.x_train.min() >= 0 and a.x_train.max() <= 1
@@ -314,10 +432,10 @@ def test_refuse_empty_and_header_only(tmp_path):
 
 def test_refuse_missing_columns(tmp_path):
     p = write(secret_frame(), tmp_path / "t.csv")
-    refused(DataError, lambda: load_dataset(table_cfg(p, target="income"), seed=0), "data.target", "'income'", "12 rows")
+    refused(DataError, lambda: load_dataset(table_cfg(p, target="income"), seed=0), "data.target", "'income'", "is not in")
     cfg = table_cfg(p)
     cfg["numeric"] = dict(cfg["numeric"], height={"lower": 0, "upper": 3})
-    refused(DataError, lambda: load_dataset(cfg, seed=0), "data.numeric.height", "12 rows")
+    refused(DataError, lambda: load_dataset(cfg, seed=0), "data.numeric.height", "is not in")
     cfg = table_cfg(p)
     cfg["categorical"] = {"shape": ["a"]}
     refused(DataError, lambda: load_dataset(cfg, seed=0), "data.categorical.shape")
@@ -330,7 +448,8 @@ def test_refuse_non_numeric(tmp_path):
     df.loc[[0, 5, 7], "age"] = "SECRETVALUE"
     for name in ("t.csv", "t.parquet", "t.dta"):
         p = write(df if name == "t.csv" else df.astype({"age": str}), tmp_path / name)
-        refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.numeric.age", "3 non-numeric entries of 12 rows")
+        refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.numeric.age", "column 'age' has non-numeric entries",
+                "allowed: numbers (declare the column under data.categorical")
 
 
 def test_refuse_nonfinite(tmp_path):
@@ -338,8 +457,8 @@ def test_refuse_nonfinite(tmp_path):
     df.loc[[3, 4], "money"] = np.nan
     df.loc[6, "money"] = -np.inf
     p = write(df, tmp_path / "t.parquet")
-    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.numeric.money", "3 non-finite entries of 12 rows",
-            "data.nonfinite=drop")
+    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.numeric.money",
+            "non-finite entries (missing/NaN and infinite)", "data.nonfinite=drop")
     df = secret_frame()
     df["age"] = np.nan
     p = write(df, tmp_path / "all.csv")
@@ -354,18 +473,18 @@ def test_refuse_target_not_binary(tmp_path):
     df["gap"] = df["num"].where(df["num"] < 2, None).astype(float)
     p = write(df, tmp_path / "t.csv")
     refused(DataError, lambda: load_dataset(table_cfg(p, target="num", positive=None), seed=0),
-            "data.target='num'", "1 entries of 12 rows that are not 0 or 1")
+            "data.target='num'", "has entries that are not 0 or 1")
     refused(DataError, lambda: load_dataset(table_cfg(p, target="txt", positive=None), seed=0),
-            "data.target='txt'", "12 non-numeric entries of 12 rows")
+            "data.target='txt'", "has non-numeric entries")
     refused(DataError, lambda: load_dataset(table_cfg(p, target="gap", positive=None), seed=0),
-            "data.target='gap'", "1 missing entries of 12 rows")
+            "data.target='gap'", "has missing entries")
     refused(DataError, lambda: load_dataset(table_cfg(p, positive="Yes"), seed=0), "data.positive='Yes'", "no row")
 
 
 def test_refuse_duplicate_columns(tmp_path):
     p = tmp_path / "d.csv"
     p.write_text("age,money,age,color,label,part\n30,123456.789,31,SECRETVALUE,yes,train\n")
-    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.path", "1 duplicate column name")
+    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.path", "duplicate column names")
     p = tmp_path / "d2.csv"
     p.write_text("age,money, age ,color,label,part\n30,1,31,red,yes,train\n")
     refused(DataError, lambda: read_table(p), "duplicate")
@@ -380,7 +499,7 @@ def test_refuse_duplicate_columns(tmp_path):
 def test_refuse_non_utf8_csv(tmp_path):
     p = tmp_path / "latin1.csv"
     p.write_bytes("age,money,color,label,part\n30,1,SECRETVALUE\xe9,yes,train\n31,2,red,no,test\n".encode("latin-1"))
-    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.path", "1 of 3 lines", "UTF-8")
+    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.path", "not valid UTF-8")
     p = tmp_path / "latin1.csv.gz"
     p.write_bytes(gzip.compress("age,money,col\xe9r\n1,2,3\n".encode("latin-1")))
     refused(DataError, lambda: read_table(p), "UTF-8")
@@ -390,11 +509,12 @@ def test_refuse_bad_split_values(tmp_path):
     df = secret_frame()
     df.loc[[0, 1], "part"] = "SECRETVALUE"
     p = write(df, tmp_path / "t.csv")
-    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.split_column='part'", "2 entries of 12 rows")
+    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.split_column='part'",
+            "some entries are neither 'train' nor 'test'")
     df = secret_frame()
     df["part"] = "train"
     p = write(df, tmp_path / "t2.csv")
-    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "0 'test' rows")
+    refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "no 'test' rows")
 
 
 def test_refuse_bad_schema(tmp_path):
@@ -416,6 +536,98 @@ def test_refuse_bad_schema(tmp_path):
     # the encoder guards against an empty list even when handed a hand-built schema
     schema = data.Schema("label", "yes", (), (("color", ()),))
     refused(ConfigError, lambda: data.encode_features(pd.read_csv(p), schema), "data.categorical.color")
+
+
+def _planted_cases(tmp: Path, k: int) -> list[tuple[str, Path, dict]]:
+    """Tables of 200 rows with k bad rows of one kind each (rows 5, 11, ... so that their line
+    numbers are known), and the data settings that load them."""
+    n = 200
+    rows = [5 + 6 * i for i in range(k)]
+    good = unique_frame(n, seed=k)
+    good["part"] = ["train"] * (n - k) + ["test"] * k
+    out = []
+
+    def case(what, df, name="t.csv", **over):
+        p = tmp / f"{re.sub(r'[^a-z0-9]+', '_', what)}_{k}_{name}"
+        write(df, p)
+        out.append((what, p, over))
+
+    df = good.astype({"age": object})
+    df.loc[rows, "age"] = "x"
+    case("non-numeric", df)
+    case("non-numeric (parquet)", df.astype({"age": str}), "t.parquet")
+    df = good.copy()
+    df.loc[rows, "money"] = np.nan
+    case("missing", df, "t.parquet")
+    df.loc[rows[: k // 2], "money"] = np.inf
+    case("infinite", df, "t.parquet")
+    df = good.assign(y=(good.label == "yes").astype(float))
+    df.loc[rows, "y"] = 2.0
+    case("target not 0/1", df, target="y", positive=None)
+    df.loc[rows, "y"] = np.nan
+    case("target missing", df, target="y", positive=None)
+    df = good.copy()
+    df.loc[rows, "part"] = "x"
+    case("split value", df, split_column="part")
+    df = good.assign(label="yes")
+    df.loc[df.part == "test", "label"] = "no"
+    case("one class in train", df, split_column="part")
+    df = good.copy()
+    df.loc[rows, "label"] = "x"
+    case("positive absent", df, positive="x_absent")
+    text = good.drop(columns="part").to_csv(index=False).splitlines()
+    for r in rows:
+        text[r + 1] += ",1"
+    p = tmp / f"ragged_{k}.csv"
+    p.write_text("\n".join(text) + "\n")
+    out.append(("ragged", p, {}))
+    blob = good.drop(columns="part").to_csv(index=False).encode().splitlines()
+    for r in rows:
+        blob[r + 1] = blob[r + 1].replace(b"red", b"r\xe9d").replace(b"blue", b"b\xe9lue").replace(b"green", b"gr\xe9en")
+    p = tmp / f"latin1_{k}.csv"
+    p.write_bytes(b"\n".join(blob) + b"\n")
+    out.append(("non-UTF-8", p, {}))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pa.Table.from_pandas(good.drop(columns="color"), preserve_index=False)
+    p = tmp / f"nested_{k}.parquet"
+    pq.write_table(t.append_column("color", pa.array([["red"] if i in rows else None for i in range(n)])), p)
+    out.append(("nested", p, {}))
+    return out
+
+
+@pytest.mark.parametrize("k", [3, 17])
+def test_errors_and_logs_quote_no_private_count(tmp_path, caplog, k):
+    """Issue 12, item 6: counts of bad entries, dropped rows, rows per class or per split side
+    and line numbers change when one row is added or removed; no message or log record of the
+    loader may quote them. k bad rows are planted in a 200-row table."""
+    n = 200
+    rows = [5 + 6 * i for i in range(k)]
+    forbidden = {k, n, n - k, k // 2, k - k // 2, *(r + 2 for r in rows), *(r + 1 for r in rows)}
+    forbidden -= {0, 1}  # '0 or 1', 'exactly 1' etc. are rules, not counts
+
+    def check(text: str, where: str) -> None:
+        found = {int(m) for m in re.findall(r"(?<![\w.-])(\d+)(?![\w.])", text)} & forbidden  # not UTF-8
+        assert not found, f"private count(s) {sorted(found)} in {where}: {text!r}"
+
+    caplog.set_level(logging.DEBUG, logger="dptrain")
+    for what, path, over in _planted_cases(tmp_path, k):
+        with pytest.raises(DataError) as ei:
+            load_dataset(split_cfg(path, **over), seed=0)
+        msg = str(ei.value).replace(str(path), "PATH")
+        assert "allowed" in msg, (what, msg)
+        check(msg, f"the message for {what}")
+    # dropped rows: logged, without a count; the other rows load
+    df = unique_frame(n, seed=k)
+    df.loc[rows, "money"] = np.nan
+    df.loc[rows[: k // 2], "age"] = np.inf
+    p = write(df, tmp_path / "drop.parquet")
+    ds = load_dataset(split_cfg(p, nonfinite="drop"), seed=0)
+    assert ds.n_train + ds.n_test == n - k
+    assert "dropped the rows" in caplog.text and "'money'" in caplog.text
+    for record in caplog.records:
+        check(record.getMessage().replace(str(tmp_path), "PATH"), f"the log record {record.getMessage()!r}")
 
 
 @pytest.mark.parametrize("positive", [None, "1"])

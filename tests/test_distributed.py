@@ -1,5 +1,5 @@
 """One DP-SGD job across 2 processes (torchrun, gloo on CPU): the mechanism and the accounting
-are the single-process ones (issue 7, PRIVACY.md: noise once across all workers)."""
+are the single-process ones (issue 7: noise once across all workers)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_two_process_run_matches_single_process(tmp_path):
                           cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert res2.returncode == 0, res2.stderr[-3000:]
     p1, p2 = (json.loads((d / "privacy.json").read_text()) for d in (one, two))
-    m1, m2 = (json.loads((d / "metrics.json").read_text()) for d in (one, two))
+    m1, m2 = (json.loads((d / "private" / "metrics.json").read_text()) for d in (one, two))
     assert p2["epsilon"] == p1["epsilon"] and p2["epsilons"] == p1["epsilons"]
     for key in ("sample_rate", "noise_multiplier", "steps", "dataset_size", "expected_batch_size"):
         assert p2[key] == p1[key]
@@ -61,8 +61,8 @@ def test_two_process_run_matches_single_process(tmp_path):
     assert m2["test/acc"] == pytest.approx(m1["test/acc"], abs=0.01)
     assert m2["test/acc"] > 0.83
     # only rank 0 wrote: one log, one event file, one checkpoint
-    assert len(list((two / "tb").glob("events.out.tfevents.*"))) == 1
-    assert (two / "checkpoint.pt").is_file()
+    assert len(list((two / "private" / "tb").glob("events.out.tfevents.*"))) == 1
+    assert (two / "private" / "checkpoint.pt").is_file()
     assert "rank 1 of 2" in res2.stdout + res2.stderr
 
 
@@ -76,19 +76,23 @@ def test_distributed_without_torchrun_is_refused(tmp_path):
 
 
 def test_two_process_resume_continues_every_ranks_stream(tmp_path):
-    """A budget stops a 2-process run early; resuming it without the budget must end exactly
-    where an uninterrupted 2-process run ends (every rank's sampler state is checkpointed)."""
+    """With reproducible noise (a secret seed file), a budget stops a 2-process run early;
+    resuming it without the budget must end exactly where an uninterrupted 2-process run ends
+    (every rank's sampler state is checkpointed). Default runs store no stream state."""
     import torch
 
-    from dptrain.checkpoint import load_checkpoint
+    from dptrain.checkpoint import checkpoint_path_in, load_checkpoint
+    from dptrain.privacy.randomness import new_seed_file
 
     full, part = tmp_path / "full", tmp_path / "part"
-    base = [*TORCHRUN, "-m", "dptrain", *RUN, "trainer.distributed=true", "trainer.baseline=false"]
+    key = new_seed_file(tmp_path / "noise.key")
+    base = [*TORCHRUN, "-m", "dptrain", *RUN, "trainer.distributed=true", "trainer.baseline=false",
+            f"privacy.noise_seed_file={key}"]
     for args in ([f"hydra.run.dir={full}"], [f"hydra.run.dir={part}", "privacy.max_epsilon=0.5"],
                  [f"hydra.run.dir={part}", "trainer.resume=auto"]):
         res = subprocess.run([*base, *args], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr[-3000:]
-    a, b = load_checkpoint(full / "checkpoint.pt"), load_checkpoint(part / "checkpoint.pt")
+    a, b = load_checkpoint(checkpoint_path_in(full)), load_checkpoint(checkpoint_path_in(part))
     rep = json.loads((part / "privacy.json").read_text())
     assert 0 < rep["resumed_from_step"] < rep["steps"] == a["step"] == b["step"]
     assert len(b["rng"]["samplers"]) == 2

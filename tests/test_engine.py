@@ -1,4 +1,4 @@
-"""DP invariants of the step (PRIVACY.md, "How correctness is tested")."""
+"""DP invariants of the step (docs/privacy.md, "How it is tested")."""
 
 from __future__ import annotations
 

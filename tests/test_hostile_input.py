@@ -1,9 +1,10 @@
 """Hostile input: absurd settings and malformed tables are refused BY NAME.
 
 Every refusal must be a ConfigError / DataError (exit code 2 from the CLI) whose message names
-the setting or column, the offending value (settings) or the count of bad rows (data: never a
-value read from the file) and what is allowed; never a raw pandas / numpy / torch exception,
-never a hang, and nothing written that claims a guarantee.
+the setting or column, the offending value (settings) or what was found in words (data: never a
+value read from the file, never a count of bad rows or a line number: those change with one
+row) and what is allowed; never a raw pandas / numpy / torch exception, never a hang, and
+nothing written that claims a guarantee.
 
 Most properties call ``validate`` / ``load_dataset`` / ``read_table`` directly on small files;
 a handful of in-process CLI runs check the exit code and the run folder.
@@ -15,6 +16,7 @@ import copy
 import gzip
 import math
 import os
+import re
 import signal
 import string
 from pathlib import Path
@@ -281,6 +283,13 @@ def frame(n: int, seed: int = 0) -> pd.DataFrame:
     })
 
 
+def with_part(df: pd.DataFrame) -> pd.DataFrame:
+    """The table with a declared split column (row 0 test, the rest train), for properties that
+    need a table to load: the per-row hash split of a table of 6-25 rows may leave a side empty
+    (each row is a test row with probability test_fraction, whatever the other rows)."""
+    return df.assign(part=["test"] + ["train"] * (len(df) - 1))
+
+
 def cfg(path, **over) -> dict:
     c = {"name": "table", "path": str(path), "format": "auto", "target": "y", "positive": None,
          "numeric": {"a": {"lower": 0, "upper": 1}}, "categorical": {"c": ["u", "v"]},
@@ -307,7 +316,7 @@ def _bad_rows(draw_data, n: int, label: str) -> list[int]:
 
 @FAST
 @given(data=st.data(), n=st.integers(N_MIN, N_MAX), suffix=st.sampled_from([".csv", ".parquet"]))
-def test_non_numeric_entries_counted_never_quoted(tmp_path_factory, data, n, suffix):
+def test_non_numeric_entries_neither_counted_nor_quoted(tmp_path_factory, data, n, suffix):
     rows = _bad_rows(data, n, "rows")
     junk = st.sampled_from(["SECRET_CANARY_XYZ", "987654.321abc", "1,5", "--3", "x987654", "true-ish", "N/A?"])
     df = frame(n)
@@ -317,13 +326,13 @@ def test_non_numeric_entries_counted_never_quoted(tmp_path_factory, data, n, suf
     if suffix == ".parquet":
         df["a"] = df["a"].astype(str)  # a text column, as a Parquet file would hold it
     p = write(df, tmp_path_factory.mktemp("nn") / f"t{suffix}")
-    refused(DataError, lambda: load(p), "data.numeric.a", "column 'a'", f"{len(rows)} non-numeric entries of {n} rows",
-            "allowed: numbers")
+    msg = refused(DataError, lambda: load(p), "data.numeric.a", "column 'a' has non-numeric entries", "allowed: numbers")
+    assert "entries of" not in msg and f"{n} rows" not in msg
 
 
 @FAST
 @given(data=st.data(), n=st.integers(N_MIN, N_MAX))
-def test_nonfinite_entries_counted_and_drop_policy(tmp_path_factory, data, n, caplog):
+def test_nonfinite_entries_named_and_drop_policy(tmp_path_factory, data, n, caplog):
     rows = _bad_rows(data, n, "rows")
     assume(len(rows) < n - 2)
     tokens = {"": "nan", "nan": "nan", "NaN": "nan", "inf": "inf", "-inf": "inf", "1e400": "inf", "-1e999": "inf"}
@@ -334,34 +343,37 @@ def test_nonfinite_entries_counted_and_drop_policy(tmp_path_factory, data, n, ca
         df.loc[r, "a"] = tok
     p = write(df, tmp_path_factory.mktemp("nf") / "t.csv")
     n_nan = sum(tokens[t] == "nan" for t in chosen)
-    refused(DataError, lambda: load(p), "data.numeric.a", f"{len(rows)} non-finite entries of {n} rows",
-            f"({n_nan} missing/NaN, {len(rows) - n_nan} infinite)", "data.nonfinite=drop")
+    kinds = {0: "infinite", len(rows): "missing/NaN"}.get(n_nan, "missing/NaN and infinite")
+    refused(DataError, lambda: load(p), "data.numeric.a", f"column 'a' has non-finite entries ({kinds})",
+            "data.nonfinite=drop")
     kept = frame(n).drop(index=rows)
     assume(0 < kept.y.sum() < len(kept))  # both classes must survive for the drop to load
     try:
         ds = load(p, nonfinite="drop")
-    except DataError as exc:  # the random split may leave the training rows with one class
-        assert "one class" in str(exc)
+    except DataError as exc:  # the hash split of a small table may leave one class or an empty side
+        assert "one class" in str(exc) or "no row in the" in str(exc)
         return
     assert ds.n_train + ds.n_test == n - len(rows)
-    assert f"dropped {len(rows)} of {n} rows" in caplog.text
+    assert "dropped the rows with NaN/inf in numeric column(s) 'a'" in caplog.text
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert not re.search(rf"\b({len(rows)}|{n}|{n - len(rows)})\b", logged), logged  # no count of rows
 
 
 @FAST
 @given(n=st.integers(N_MIN, N_MAX), v=st.sampled_from([1e308, -1e308, 1.7976931348623157e308, 5e-324, -0.0]),
        suffix=st.sampled_from([".csv", ".parquet"]), transform=st.sampled_from(["none", "log1p"]))
 def test_huge_finite_values_are_clipped_not_overflowed(tmp_path_factory, n, v, suffix, transform):
-    df = frame(n)
+    df = with_part(frame(n))
     df.loc[0, "a"] = v
     p = write(df, tmp_path_factory.mktemp("hv") / f"t{suffix}")
-    ds = load(p, numeric={"a": {"lower": 0, "upper": 1, "transform": transform}})
+    ds = load(p, numeric={"a": {"lower": 0, "upper": 1, "transform": transform}}, split_column="part")
     for x in (ds.x_train, ds.x_test):
         assert bool(x.isfinite().all()) and float(x.min()) >= 0 and float(x.max()) <= 1
 
 
 @FAST
 @given(data=st.data(), n=st.integers(N_MIN, N_MAX), extra=st.booleans())
-def test_ragged_rows_refused_with_count(tmp_path_factory, data, n, extra):
+def test_ragged_rows_refused_without_count(tmp_path_factory, data, n, extra):
     """pandas pads short rows with NaN, drops the extra fields of long ones (usecols) and, when
     every row has one field too many, silently shifts all columns; all are refused."""
     rows = _bad_rows(data, n, "rows")
@@ -372,8 +384,10 @@ def test_ragged_rows_refused_with_count(tmp_path_factory, data, n, extra):
         lines[r + 1] = ",".join(fields)
     p = tmp_path_factory.mktemp("rg") / "t.csv"
     p.write_text("\n".join(lines) + "\n")
-    refused(DataError, lambda: load(p), "data.path", f"{len(rows)} of {n} data rows have a different number of fields",
-            "3 columns", f"line {rows[0] + 2}")
+    msg = refused(DataError, lambda: load(p), "data.path", "some data rows have a different number of fields",
+                  "(3 columns)", "exactly 3 comma-separated fields")
+    rest = msg.replace(str(p), "PATH").replace("(3 columns)", "").replace("exactly 3 comma", "")
+    assert not re.search(r"\d", rest), rest  # neither where (a line number) nor how many rows (private)
     refused(DataError, lambda: read_table(p), "different number of fields")
 
 
@@ -401,12 +415,12 @@ def test_duplicate_column_names_refused(tmp_path_factory, n, dup, suffix):
 
         t = pa.Table.from_pandas(df, preserve_index=False)
         pq.write_table(t.rename_columns([dup.strip() if c == "dup" else c for c in t.column_names]), p)
-    refused(DataError, lambda: load(p), "data.path", "1 duplicate column name", "allowed: unique column names")
+    refused(DataError, lambda: load(p), "data.path", "duplicate column names", "allowed: unique column names")
 
 
 @FAST
 @given(data=st.data(), n=st.integers(N_MIN, N_MAX), gz=st.booleans())
-def test_non_utf8_bytes_counted(tmp_path_factory, data, n, gz):
+def test_non_utf8_bytes_refused_without_count(tmp_path_factory, data, n, gz):
     rows = _bad_rows(data, n, "rows")
     lines = frame(n).to_csv(index=False).encode().splitlines()
     for r in rows:
@@ -414,13 +428,14 @@ def test_non_utf8_bytes_counted(tmp_path_factory, data, n, gz):
     blob = b"\n".join(lines) + b"\n"
     p = tmp_path_factory.mktemp("u8") / ("t.csv.gz" if gz else "t.csv")
     p.write_bytes(gzip.compress(blob) if gz else blob)
-    refused(DataError, lambda: load(p), "data.path", f"{len(rows)} of {n + 1} lines", "UTF-8")
+    msg = refused(DataError, lambda: load(p), "data.path", "bytes that are not valid UTF-8", "allowed: UTF-8 text")
+    assert not re.search(r"lines?\b", msg) and f" {len(rows)} " not in msg
 
 
 @FAST
 @given(n=st.integers(N_MIN, N_MAX), which=st.sampled_from(["target", "numeric", "categorical", "split_column"]),
        suffix=st.sampled_from([".csv", ".parquet"]))
-def test_missing_declared_column_named_with_row_count(tmp_path_factory, n, which, suffix):
+def test_missing_declared_column_named(tmp_path_factory, n, which, suffix):
     p = write(frame(n), tmp_path_factory.mktemp("mc") / f"t{suffix}")
     over = {"target": {"target": "income"},
             "numeric": {"numeric": {"a": {"lower": 0, "upper": 1}, "zz": {"lower": 0, "upper": 1}}},
@@ -429,17 +444,18 @@ def test_missing_declared_column_named_with_row_count(tmp_path_factory, n, which
     setting = {"target": "data.target", "numeric": "data.numeric.zz", "categorical": "data.categorical.zz",
                "split_column": "data.split_column"}[which]
     col = "income" if which == "target" else "zz"
-    refused(DataError, lambda: load(p, **over), setting, f"column {col!r} is not in", f"({n} rows)")
+    msg = refused(DataError, lambda: load(p, **over), setting, f"column {col!r} is not in")
+    assert f"{n} rows" not in msg
 
 
 @FAST
 @given(n=st.integers(N_MIN, N_MAX), suffix=st.sampled_from([".csv", ".parquet"]), data=st.data())
 def test_unknown_categories_go_to_the_other_slot(tmp_path_factory, n, suffix, data):
-    df = frame(n)
+    df = with_part(frame(n))
     rows = _bad_rows(data, n, "rows")
     df.loc[rows, "c"] = data.draw(st.sampled_from(["SECRET_CANARY_XYZ", "", " ", "U", "None"]), label="cat")
     p = write(df, tmp_path_factory.mktemp("uc") / f"t{suffix}")
-    ds = load(p)
+    ds = load(p, split_column="part")
     x = np.concatenate([ds.x_train.numpy(), ds.x_test.numpy()])
     assert ds.feature_names == ("a", "c=u", "c=v", "c=<other>")
     assert np.all(x[:, 1:].sum(1) == 1)  # exactly one slot per row
@@ -454,13 +470,14 @@ def test_one_class_target_refused(tmp_path_factory, n, label, positive, suffix):
     """A one-class target crashed the non-private baseline (sklearn) after training."""
     df = frame(n)
     df["y"] = label if positive != "yes" else np.where(label, "yes", "no")
+    df["part"] = ["test"] + ["train"] * (n - 1)  # a declared split: a small table's hash split may leave a side empty
     p = write(df, tmp_path_factory.mktemp("oc") / f"t{suffix}")
     if (positive == "1" and label == 0) or (positive == "yes" and label == 0):
         refused(DataError, lambda: load(p, positive=positive), f"data.positive={positive!r}", "no row")
         return
-    nt = n - min(max(round(0.25 * n), 1), n - 1)
-    refused(DataError, lambda: load(p, positive=positive), "data.target='y'",
-            f"all {nt} training rows are in one class", "allowed: a binary target with both classes")
+    msg = refused(DataError, lambda: load(p, positive=positive, split_column="part"), "data.target='y'",
+                  "the training rows are all in one class", "allowed: a binary target with both classes")
+    assert f"{n - 1}" not in msg and "negative" not in msg  # no count of rows, none per class
 
 
 def test_one_class_in_the_training_split_only_refused(tmp_path):
@@ -469,7 +486,8 @@ def test_one_class_in_the_training_split_only_refused(tmp_path):
     df.loc[:7, "y"] = 1
     df.loc[8:, "y"] = [0, 1, 0, 1]
     p = write(df, tmp_path / "t.csv")
-    refused(DataError, lambda: load(p, split_column="part"), "all 8 training rows are in one class", "8 positive, 0 negative")
+    msg = refused(DataError, lambda: load(p, split_column="part"), "the training rows are all in one class")
+    assert "8" not in msg and "negative" not in msg  # no count of rows per class
     df.loc[8:, "y"] = 0  # one class in the TEST part only: allowed (AUC is reported as NaN)
     df.loc[0, "y"] = 0
     ds = load(write(df, tmp_path / "u.csv"), split_column="part")
@@ -487,13 +505,13 @@ def test_target_with_more_than_two_classes(tmp_path_factory, data, n):
     for r in rows:
         df.loc[r, "y"] = data.draw(st.sampled_from([2.0, -1.0, 0.5, 987654.321]), label="class")
     p = write(df, tmp_path_factory.mktemp("mc") / "t.csv")
-    refused(DataError, lambda: load(p), "data.target='y'", f"{len(rows)} entries of {n} rows that are not 0 or 1",
+    refused(DataError, lambda: load(p), "data.target='y'", "column 'y' has entries that are not 0 or 1",
             "numeric 0/1")
     assume((df.y == 1).sum() >= 2 and (df.y != 1).sum() >= 2)
     try:
         ds = load(p, positive="1")
-    except DataError as exc:
-        assert "one class" in str(exc)
+    except DataError as exc:  # the hash split of a small table may leave one class or an empty side
+        assert "one class" in str(exc) or "no row in the" in str(exc)
         return
     assert set(ds.y_train.unique().tolist()) <= {0.0, 1.0}
 
@@ -533,19 +551,19 @@ def test_nested_parquet_values_refused_by_column(tmp_path):
         p = tmp_path / f"{col}.parquet"
         pq.write_table(pa.table({**base, col: arr}), p)
         refused(DataError, lambda p=p, col=col: load(p, positive="1" if col == "y" else None), setting,
-                f"{n} nested entries (lists/structs/maps) of {n} rows", "one scalar label")
+                f"column {col!r} has nested entries (lists/structs/maps); allowed: one scalar label")
     p = tmp_path / "a.parquet"
     pq.write_table(pa.table({**base, "a": pa.array([[987654.321]] * n)}), p)
-    refused(DataError, lambda: load(p), "data.numeric.a", f"{n} non-numeric entries of {n} rows")
+    refused(DataError, lambda: load(p), "data.numeric.a", "column 'a' has non-numeric entries")
 
 
 def test_wrong_typed_numeric_columns(tmp_path):
     df = frame(10)
     df["a"] = pd.date_range("2000-01-01", periods=10)
     p = write(df, tmp_path / "d.parquet")
-    refused(DataError, lambda: load(p), "data.numeric.a", "dates/times (10 rows)")
+    refused(DataError, lambda: load(p), "data.numeric.a", "holds dates/times, not numbers")
     df["a"] = [True, False] * 5  # booleans are numbers 0/1
-    assert load(write(df, tmp_path / "b.parquet")).n_features == 4
+    assert load(write(with_part(df), tmp_path / "b.parquet"), split_column="part").n_features == 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -602,23 +620,23 @@ def test_cli_refuses_bad_table_and_writes_no_guarantee(case, tmp_path, capsys):
     p = tmp_path / "t.csv"
     if case == "ragged":
         p.write_text(df.to_csv(index=False) + "0.5,u,1,SECRET_CANARY_XYZ\n")
-        needle = "1 of 41 data rows have a different number of fields"
+        needle = "some data rows have a different number of fields"
     elif case == "one_class":
         df["y"] = 1
         write(df, p)
-        needle = "training rows are in one class"
+        needle = "the training rows are all in one class"
     elif case == "non_numeric":
         df["a"] = df["a"].astype(object)
         df.loc[[3, 9], "a"] = "SECRET_CANARY_XYZ"
         write(df, p)
-        needle = "2 non-numeric entries of 40 rows"
+        needle = "column 'a' has non-numeric entries"
     else:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         p = tmp_path / "t.parquet"
         pq.write_table(pa.table({"a": df.a, "c": pa.array([["SECRET_CANARY_XYZ"]] * 40), "y": df.y}), p)
-        needle = "40 nested entries"
+        needle = "column 'c' has nested entries"
     overrides = ["experiment=logit", "data=table", f"data.path={p}", "data.target=y",
                  "++data.numeric={a: {lower: 0, upper: 1}}", "++data.categorical={c: [u, v]}",
                  "trainer.batch_size=5", "trainer.progress=false"]

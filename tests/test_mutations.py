@@ -1,4 +1,4 @@
-"""Mutation checks (PRIVACY.md, "How correctness is tested"): the DP-invariant checks of
+"""Mutation checks (docs/privacy.md, "How it is tested"): the DP-invariant checks of
 tests/dp_invariants.py pass on the real engine, sampler, accountant and training loop, and
 each deliberately broken version (applied with ``monkeypatch`` to the public classes, never by
 editing dptrain/) makes the check meant for it fail.

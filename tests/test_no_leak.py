@@ -13,6 +13,7 @@ import gzip
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -192,7 +193,9 @@ def test_bad_data_errors_quote_no_private_value(tmp_path, caplog):
     assert_clean(caplog.text, "the log records of the loader")
 
 
-def test_dropped_rows_logged_as_counts(tmp_path, caplog):
+def test_dropped_rows_logged_without_counts(tmp_path, caplog):
+    """The drop warning names the columns, never how many rows were dropped (a private count:
+    issue 12, item 6)."""
     df = table(60)
     df.loc[[1, 2], "a"] = np.nan
     df.loc[3, "b"] = -np.inf
@@ -201,7 +204,9 @@ def test_dropped_rows_logged_as_counts(tmp_path, caplog):
     with caplog.at_level(logging.DEBUG):
         ds = load_dataset(data_cfg(p, nonfinite="drop"), seed=0)
     assert ds.n_train + ds.n_test == 57
-    assert "dropped 3 of 60 rows" in caplog.text and "a: 2" in caplog.text and "b: 1" in caplog.text
+    assert "dropped the rows with NaN/inf in numeric column(s) 'a', 'b'" in caplog.text
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert not re.search(r"\b(1|2|3|57|60)\b", logged), logged
     assert_clean(caplog.text, "the drop warning")
 
 
@@ -254,13 +259,16 @@ def test_train_run_logs_console_and_tensorboard_hold_no_private_value(tmp_path, 
     acc = cli.run(_compose(_train_overrides(p)), run_dir=run)
     assert 0 <= acc <= 1
     out, err = capfd.readouterr()
-    assert "dropped 2 of 400 rows" in caplog.text  # the run did see the planted rows
+    assert "dropped the rows with NaN/inf" in caplog.text  # the run did see the planted rows
+    assert "398" not in caplog.text  # ... and logged no count of them
     for text, where in ((caplog.text, "the log records"), (out, "stdout"), (err, "stderr (progress bar)")):
         assert_clean(text, where)
     privacy = json.loads((run / "privacy.json").read_text())
-    assert privacy["dataset_size"] == 298  # 398 rows minus 100 test rows: the sentinel rows were used
+    # the 398 kept rows minus the test rows of the per-row hash split: the sentinel rows were used
+    assert privacy["dataset_size"] == load_dataset(data_cfg(p, nonfinite="drop"), seed=0).n_train
+    assert 250 < privacy["dataset_size"] < 350
     assert_run_folder_clean(run)
-    text, values = _tensorboard_content(run / "tb")
+    text, values = _tensorboard_content(run / "private" / "tb")
     assert "privacy/report" in text and "test/acc" in text  # the reader did find the content
     assert_clean(text, "TensorBoard text / tags / hparams")
     assert not any(abs(abs(v) - NUM) < 1.0 for v in values), "a sentinel value was logged as a TensorBoard scalar"
@@ -277,7 +285,7 @@ def test_refused_run_logs_no_private_value(tmp_path, caplog, capfd):
         cli.run(_compose(_train_overrides(p)), run_dir=tmp_path / "run")
     assert exc.value.code == 2
     out, err = capfd.readouterr()
-    assert "3 non-numeric entries of 100 rows" in err
+    assert "column 'a' has non-numeric entries" in err and "3 non-numeric" not in err
     for text, where in ((caplog.text, "the log records"), (out, "stdout"), (err, "stderr")):
         assert_clean(text, where)
     for name in ("privacy.json", "privacy.txt", "metrics.json"):
@@ -286,7 +294,8 @@ def test_refused_run_logs_no_private_value(tmp_path, caplog, capfd):
 
 def test_release_run_logs_and_outputs_hold_no_private_value(tmp_path, caplog, capfd):
     """task=release on a user table: the planted values are in x (outside the public domain:
-    clipped) and in a column the release does not use; cell labels are public by design."""
+    clipped) and in a column the release does not use; cell labels are public by design. Even the
+    private evaluation (exact values, figures) holds no planted value."""
     rng = np.random.default_rng(1)
     n = 300
     df = pd.DataFrame({"cell": rng.choice([f"c{i}" for i in range(6)], n), "x": rng.uniform(0, 1, n),
@@ -297,9 +306,10 @@ def test_release_run_logs_and_outputs_hold_no_private_value(tmp_path, caplog, ca
     p = tmp_path / "micro.csv"
     df.to_csv(p, index=False)
     caplog.set_level(logging.DEBUG)
+    cells = "release.cell_values={cell: [c0, c1, c2, c3, c4, c5, c6]}"  # c6: declared, no rows
     cli.run(_compose(["task=release", "data=table", f"data.path={p}", "release.x=x", "release.y=y",
-                      "release.cells=[cell]", "release.statistic=slope", "release.seed=0",
-                      "release.compare=false", "release.figures=false"]), run_dir=tmp_path / "run")
+                      "release.cells=[cell]", "release.statistic=slope", cells,
+                      "release.private_evaluation=true", "release.tail_epsilons=[1]"]), run_dir=tmp_path / "run")
     out, err = capfd.readouterr()
     assert (tmp_path / "run" / "release.csv").exists()
     for text, where in ((caplog.text, "the log records"), (out, "stdout"), (err, "stderr")):
@@ -317,7 +327,7 @@ def test_subprocess_run_log_file_holds_no_private_value(tmp_path):
                           "trainer.baseline=false", f"hydra.run.dir={tmp_path}/run"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
-    logs = list((tmp_path / "run").glob("*.log"))
+    logs = list((tmp_path / "run" / "private").glob("*.log"))
     assert logs and "test accuracy" in logs[0].read_text()
     assert_clean(res.stdout, "stdout")
     assert_clean(res.stderr, "stderr")

@@ -58,3 +58,19 @@ def test_custom_statistic_by_brute_force_matches_closed_form():
     assert np.allclose(frame.noise_sd, np.sqrt(2) * frame.chi / (1.0 * est.n), rtol=1e-4)
     assert rel.epsilon["total_per_cell"] == 2.0
     assert "brute-force" in rel.info["sensitivity"]
+
+
+def test_fit_cells_with_public_cell_keys():
+    """With ``cell_keys`` the list of cells is the caller's public list: a listed cell without
+    rows stays (0 rows), rows of unlisted cells are left out; without it the cells are observed
+    (private) and the release says so."""
+    df = _frame(seed=2, n_cells=4)
+    keys = pd.DataFrame({"cell": [0, 1, 2, 7]})
+    est = fit_cells(df, x="x", y="y", cells=["cell"], cell_keys=keys)
+    assert list(est.keys.cell) == [0, 1, 2, 7]
+    assert est.n[3] == 0 and list(est.n[:3]) == [int((df.cell == g).sum()) for g in range(3)]
+    rel = est.release(statistic="p25", epsilon=1.0, seed=1)
+    assert rel.frame.reason.iloc[3] == "n < 3" and "declared" in rel.info["cells_source"]
+    observed = fit_cells(df, x="x", y="y", cells=["cell"]).release(epsilon=1.0)
+    assert "PRIVATE" in observed.info["cells_source"]
+    assert "1" not in rel.info["rng"]  # the seed is not echoed

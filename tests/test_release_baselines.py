@@ -1,4 +1,4 @@
-"""Baselines of MOS.md section 5: noise scales, epsilon splits, suppression rules, consistency."""
+"""Baselines of docs/release.md section 5: noise scales, epsilon splits, suppression rules, consistency."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The release task end to end: experiment=mos_atlas files, sweeps, user tables, bad input."""
+"""The release task end to end: experiment=mos_atlas files, seed files, user tables, bad input."""
 
 from __future__ import annotations
 
@@ -23,51 +23,88 @@ def _run(overrides: list[str], run_dir: Path) -> float:
 
 def test_mos_atlas_writes_every_file(tmp_path):
     _run(["experiment=mos_atlas", *SMALL], tmp_path)
-    for name in ("release.csv", "release.json", "comparison.csv", "comparison.md", "fig1_local_sensitivity.png",
-                 "fig2_ls_vs_n.png", "error_vs_n.png", "downstream_slopes.png", "tail_vs_epsilon.png"):
-        assert (tmp_path / name).stat().st_size > 0, name
+    ev = tmp_path / "private" / "evaluation"
+    for name in ("comparison.csv", "comparison.md", "fig1_local_sensitivity.png", "fig2_ls_vs_n.png",
+                 "error_vs_n.png", "downstream_slopes.png", "tail_vs_epsilon.png"):
+        assert (ev / name).stat().st_size > 0, name
+    # the top level holds only publishable files; everything exact is under private/
+    top = {p.name for p in tmp_path.iterdir() if p.is_file()}
+    assert top == {"release.csv", "release.json", "FILES.txt"}, top
+    manifest = (tmp_path / "FILES.txt").read_text()
+    for name in ("release.csv", "release.json", "private/dptrain.log", "private/evaluation/comparison.csv",
+                 "private/evaluation/fig1_local_sensitivity.png"):
+        assert name in manifest, name
     rel = pd.read_csv(tmp_path / "release.csv")
-    assert len(rel) == 120
+    assert len(rel) == 120  # every simulated cell (the simulator's design is public)
     assert {"theta_released", "se_released", "n_released", "noise_sd", "released", "reason"} <= set(rel.columns)
     assert not {"theta", "se", "n", "theta_true"} & set(rel.columns)  # never the true values
     released = rel[rel.released]
     assert np.allclose(released.n_released, np.round(released.n_released))
     meta = json.loads((tmp_path / "release.json").read_text())
-    assert "NOT differentially private" in meta["privacy"]
+    assert "NOT differentially private" in meta["privacy"] and "NOT differentially private" in meta["guarantee"]
     assert meta["epsilon"]["theta"] == 1.0 and meta["epsilon"]["total_per_cell"] == 3.0
     assert meta["neighbours"] == "add_remove" and meta["chi"][0]["chi"] > 0
-    assert sum(meta["cells_not_released"].values()) == int((~rel.released).sum())
+    assert meta["cells"]["listed"] == 120 and meta["cells"]["released"] == int(rel.released.sum())
+    assert sum(meta["cells"]["not_released"].values()) == int((~rel.released).sum())
+    assert "CSPRNG" in meta["randomness"]
     assert all(r for r in rel.loc[~rel.released, "reason"])  # every unreleased cell says why
-    comp = pd.read_csv(tmp_path / "comparison.csv")
+    comp = pd.read_csv(ev / "comparison.csv")
     methods = set(comp.method)
     assert {"mos", "suppression_5", "suppression_10", "suppression_20", "ss_laplace", "noisy_stats",
             "theil_sen", "theil_sen_wide", "dp_gd", "dp_sgd"} <= methods
     assert set(comp.band) >= {"all", "[1,20)"}
-    assert "NOT differentially private" in (tmp_path / "comparison.md").read_text()
+    assert "NOT differentially private" in (ev / "comparison.md").read_text()
 
 
-def test_seeded_release_is_reproducible_and_seed_changes_noise(tmp_path):
-    args = ["experiment=mos_atlas", *SMALL, "release.compare=false", "release.figures=false"]
-    _run(args, tmp_path / "a")
-    _run(args, tmp_path / "b")
-    _run([*args, "release.seed=1"], tmp_path / "c")  # same data (seed=0), other noise seed
-    a, b, c = (pd.read_csv(tmp_path / p / "release.csv") for p in ("a", "b", "c"))
+def test_noise_seed_file_reproduces_and_default_is_fresh(tmp_path):
+    """Default: two identical commands draw different noise. Opt-in: the same secret file and
+    settings reproduce the release; other settings get another stream; no output holds the secret."""
+    from dptrain.privacy.randomness import new_seed_file
+
+    key = new_seed_file(tmp_path / "noise.key")
+    secret = key.read_text().strip()
+    args = ["experiment=mos_atlas", *SMALL, "release.private_evaluation=false"]
+    _run(args, tmp_path / "fresh1")
+    _run(args, tmp_path / "fresh2")
+    _run([*args, f"privacy.noise_seed_file={key}"], tmp_path / "a")
+    _run([*args, f"privacy.noise_seed_file={key}"], tmp_path / "b")
+    _run([*args, f"privacy.noise_seed_file={key}", "release.min_n=4"], tmp_path / "c")
+    f1, f2, a, b, c = (pd.read_csv(tmp_path / p / "release.csv") for p in ("fresh1", "fresh2", "a", "b", "c"))
+    both = f1.released & f2.released
+    assert both.sum() > 50 and (f1.theta_released[both] != f2.theta_released[both]).mean() > 0.9
     pd.testing.assert_frame_equal(a, b)
     both = a.released & c.released
-    assert both.sum() > 50 and (a.theta_released[both] != c.theta_released[both]).mean() > 0.9
-    assert np.allclose(a.noise_sd[both], c.noise_sd[both])  # same chi, same scale
+    assert (a.theta_released[both] != c.theta_released[both]).mean() > 0.9  # another run: another stream
     meta = json.loads((tmp_path / "a" / "release.json").read_text())
-    assert "seed=0" in meta["randomness"]
+    assert "REPRODUCIBLE" in meta["randomness"] and "REMOVE the noise" in meta["randomness"]
+    for run in ("a", "b", "c"):
+        for p in (tmp_path / run).rglob("*"):
+            if p.is_file():
+                assert secret.encode() not in p.read_bytes(), p
+
+
+def test_noise_seed_file_inside_run_folder_refused(tmp_path, capsys):
+    from dptrain.privacy.randomness import new_seed_file
+
+    run = tmp_path / "run"
+    run.mkdir()
+    key = new_seed_file(run / "noise.key")
+    with pytest.raises(SystemExit) as exc:
+        _run(["experiment=mos_atlas", *SMALL, f"privacy.noise_seed_file={key}"], run)
+    assert exc.value.code == 2
+    assert "privacy.noise_seed_file" in capsys.readouterr().err
+    assert not (run / "release.csv").exists()
 
 
 def test_min_n_rule_and_chi_by_group(tmp_path):
-    _run(["experiment=mos_atlas", *SMALL, "release.compare=false", "release.figures=false",
+    _run(["experiment=mos_atlas", *SMALL, "release.private_evaluation=false",
           "release.min_n=10", "release.chi_by=[state]"], tmp_path)
     rel = pd.read_csv(tmp_path / "release.csv")
     meta = json.loads((tmp_path / "release.json").read_text())
     assert len(meta["chi"]) > 1 and all("group" in c for c in meta["chi"])
     assert rel.groupby("group").chi.nunique().max() == 1
     assert "N < release.min_n = 10" in set(rel.reason)
+    assert not (tmp_path / "private" / "evaluation").exists()
 
 
 def test_user_table_release(tmp_path):
@@ -78,13 +115,16 @@ def test_user_table_release(tmp_path):
     df["kid_rank"] = np.clip(0.3 + 0.4 * df.parent_rank + 0.15 * rng.standard_normal(n), 0, 1)
     df.to_stata(tmp_path / "micro.dta", write_index=False)
     _run(["task=release", "data=table", f"data.path={tmp_path / 'micro.dta'}", "release.x=parent_rank",
-          "release.y=kid_rank", "release.cells=[county,sex]", "release.statistic=slope", "release.seed=3",
-          "release.neighbors=add", "release.noise=normal", "release.compare=false", "release.figures=false"],
-         tmp_path)
+          "release.y=kid_rank", "release.cells=[county,sex]", "release.statistic=slope",
+          f"release.cell_values={{county: {list(range(31))}, sex: [F, M]}}",
+          "release.neighbors=add", "release.noise=normal"], tmp_path)
     rel = pd.read_csv(tmp_path / "release.csv")
-    assert len(rel) == 60 and {"county", "sex"} <= set(rel.columns)
+    assert len(rel) == 62 and {"county", "sex"} <= set(rel.columns)  # county 30 is declared, has no rows
+    assert set(rel.loc[rel.county == 30, "released"]) == {False}
     meta = json.loads((tmp_path / "release.json").read_text())
     assert meta["statistic"] == "slope" and meta["neighbours"] == "add" and meta["noise"] == "normal"
+    assert not (tmp_path / "private" / "evaluation").exists()  # real data: no private evaluation by default
+    assert not list(tmp_path.rglob("*.png")) and not list(tmp_path.rglob("comparison*"))
 
 
 @pytest.mark.parametrize("extra,needle", [
@@ -105,21 +145,26 @@ def test_bad_release_input_refused_by_name(extra, needle, tmp_path, capsys):
 
 
 def test_bad_tables_refused(tmp_path, capsys):
-    one_cell = pd.DataFrame({"cell": [1] * 10, "x": np.linspace(0, 1, 10), "y": np.linspace(0, 1, 10)})
-    one_cell.to_csv(tmp_path / "one.csv", index=False)
     outside = pd.DataFrame({"cell": [1, 2] * 10, "x": np.linspace(0, 2, 20), "y": 0.5})
     outside.to_csv(tmp_path / "out.csv", index=False)
+    text = pd.DataFrame({"cell": [1, 2] * 10, "x": ["a"] * 20, "y": 0.5})
+    text.to_csv(tmp_path / "text.csv", index=False)
     empty = tmp_path / "empty.csv"
     empty.write_text("cell,x,y\n")
-    cases = [(one_cell, "one.csv", [], "1 cell"), (outside, "out.csv", ["release.clip=false"], "outside the declared domain"),
-             (None, "empty.csv", [], "0 rows")]
-    for _, name, extra, needle in cases:
+    cases = [("out.csv", ["release.clip=false"], "outside the declared domain"),
+             ("text.csv", [], "non-numeric")]
+    for name, extra, needle in cases:
         with pytest.raises(SystemExit):
-            _run(["task=release", "data=table", f"data.path={tmp_path / name}", "release.compare=false",
-                  "release.figures=false", *extra], tmp_path / name)
+            _run(["task=release", "data=table", f"data.path={tmp_path / name}", "release.cell_values={cell: [1, 2]}",
+                  *extra], tmp_path / "run" / name)
         err = capsys.readouterr().err
         assert needle in err, (name, err)
-        assert not (tmp_path / name / "release.csv").exists()
+        assert not (tmp_path / "run" / name / "release.csv").exists()
+    # a header-only table over declared cells: every declared cell listed, none released
+    _run(["task=release", "data=table", f"data.path={empty}", "release.cell_values={cell: [1, 2]}"],
+         tmp_path / "run" / "empty")
+    rel = pd.read_csv(tmp_path / "run" / "empty" / "release.csv")
+    assert list(rel.cell) == [1, 2] and not rel.released.any() and set(rel.reason) == {"n < 3"}
 
 
 def test_custom_statistic_through_the_cli(tmp_path, monkeypatch):
@@ -127,10 +172,11 @@ def test_custom_statistic_through_the_cli(tmp_path, monkeypatch):
         "import numpy as np\n\ndef mean_y(x, y):\n    return float(np.mean(y))\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     _run(["experiment=mos_atlas", "data.n_cells=30", "release.statistic=custom",
-          "release.stat_fn=userstats:mean_y"], tmp_path / "out")
+          "release.stat_fn=userstats:mean_y", "release.private_evaluation=false"], tmp_path / "out")
     rel = pd.read_csv(tmp_path / "out" / "release.csv")
     meta = json.loads((tmp_path / "out" / "release.json").read_text())
     assert "NOT differentially private" in meta["privacy"] and meta["stat_fn"] == "userstats:mean_y"
+    assert len(rel) == 30 and (tmp_path / "out" / "FILES.txt").exists()
     # the mean of y in [0, 1] moves by at most 1/(n+1) (add) or 1/(n-1) (remove): N LS <= n/(n-1) <= 1.5
     assert rel.chi.dropna().max() <= 1.5 + 1e-9
     with pytest.raises(SystemExit):

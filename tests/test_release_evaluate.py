@@ -1,4 +1,4 @@
-"""dptrain.release.evaluate (MOS.md section 6), release.figures and scripts/bench_release.py."""
+"""dptrain.release.evaluate (docs/release.md section 6), figures, scripts/bench_release.py and the sweep summary."""
 
 from __future__ import annotations
 
@@ -237,3 +237,21 @@ def test_bench_script_small(tmp_path):
         and "peak memory (VmHWM)" in out.stdout
         and "goal <= 60 s" in out.stdout
     )
+
+
+def test_summarize_release_sweep_reads_private_evaluations(tmp_path):
+    """scripts/summarize_release_sweep.py reads each run's private/evaluation/comparison.csv."""
+    kw = dict(ols_theta=OLS, ols_se=np.full(10, 0.1), n=N, truth=TRUTH, covariate=COV)
+    for eps in (1, 2):
+        run = tmp_path / "sweep" / f"release.epsilon={eps}"
+        (run / "private" / "evaluation").mkdir(parents=True)
+        (run / ".hydra").mkdir()
+        (run / ".hydra" / "overrides.yaml").write_text(f"- release.epsilon={eps}\n")
+        compare_methods({"mos": frame(0.2), "ss_laplace": frame()}, **kw).to_csv(
+            run / "private" / "evaluation" / "comparison.csv", index=False)
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/summarize_release_sweep.py"), str(tmp_path / "sweep"),
+                          "--out", str(tmp_path / "out")], check=False, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    summary = pd.read_csv(tmp_path / "out" / "summary.csv")
+    assert set(summary.epsilon) == {1.0, 2.0} and set(summary.method) == {"mos", "ss_laplace"}
+    assert "eps=2" in (tmp_path / "out" / "summary.md").read_text()

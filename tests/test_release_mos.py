@@ -133,7 +133,11 @@ def test_seeded_reproducibility():
     e = release_mos(c, seed=None, **kw)
     pd.testing.assert_frame_equal(a, b)
     assert not a["theta_released"].equals(d["theta_released"])
-    assert "CSPRNG" in e.info["rng"] and "seed=9" in release_mos(c, seed=9, **kw).info["rng"]
+    seeded = release_mos(c, seed=9, **kw).info["rng"]
+    assert "CSPRNG" in e.info["rng"] and "REPRODUCIBLE" in seeded
+    assert "9" not in seeded  # the info never echoes the seed (whoever knows it removes the noise)
+    g = release_mos(c, rng=np.random.default_rng(9), **kw)  # a caller's stream (a release run's Randomness)
+    assert "supplied by the caller" in g.info["rng"]
 
 
 def test_no_true_values_in_frame():

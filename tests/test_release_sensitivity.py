@@ -1,4 +1,4 @@
-"""dptrain.release.sensitivity: closed-form local sensitivity vs brute-force refits (MOS.md 2-4)."""
+"""dptrain.release.sensitivity: closed-form local sensitivity vs brute-force refits (docs/release.md sections 2-4)."""
 
 from __future__ import annotations
 

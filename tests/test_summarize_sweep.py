@@ -42,7 +42,8 @@ def _write_run(sweep: Path, *, target_eps, seed, eps, acc, loss, auc, model="log
         f"seed: {seed}\nmodel:\n  _target_: dptrain.models.{model}\nprivacy:\n  enabled: {str(private).lower()}\n"
     )
     if metrics:
-        (run / "metrics.json").write_text(json.dumps({
+        (run / "private").mkdir()
+        (run / "private" / "metrics.json").write_text(json.dumps({
             "test/acc": acc, "test/loss": loss, "test/auc": auc,
             "baseline/nonprivate_acc": nonprivate_acc, "baseline/majority_acc": majority,
             "train/steps": 10,

@@ -2,7 +2,9 @@
 
 Every source goes through the same PUBLIC-schema encoding (:mod:`dptrain.data.table`): numeric
 columns clipped to declared bounds and scaled to [0, 1], categorical columns one-hot over the
-declared list plus an ``<other>`` slot, a binary target; nothing is fitted on the rows.
+declared list plus an ``<other>`` slot, a binary target; nothing is fitted on the rows. Without
+a ``split_column`` the train/test split is a per-row keyed hash that adding or removing one row
+cannot change for any other row. Errors and logs never quote a value or a count of rows.
 
 Public API::
 
@@ -123,8 +125,9 @@ def _get(obj: Any, name: str, default: Any = None) -> Any:
 
 def load_dataset(cfg: Any, *, seed: int) -> Dataset:
     """Load and encode the data described by ``cfg`` (a DataConfig, or the ``data`` node of the
-    composed Hydra config). ``seed`` drives the random train/test split (when there is no
-    ``split_column``) and the synthetic generator.
+    composed Hydra config). ``seed`` keys the per-row hash split (when there is no
+    ``split_column``: each row's side depends on its own content and the seed only, so no row
+    moves another; :func:`dptrain.data.table.split_scores`) and seeds the synthetic generator.
 
     * ``adult``: the shipped file (SHA-256 checked), split by ``split_column`` (``split``);
     * ``table``: ``cfg.path`` in ``cfg.format``;

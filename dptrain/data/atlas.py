@@ -1,4 +1,4 @@
-"""Seeded Atlas-like cell data for the release side (MOS.md section 7); no download needed.
+"""Seeded Atlas-like cell data for the release side (docs/release.md section 7); no download needed.
 
 Three generators, all deterministic given ``seed`` (``numpy.random.default_rng([seed, k])``):
 
@@ -9,6 +9,10 @@ Three generators, all deterministic given ``seed`` (``numpy.random.default_rng([
   binary outcome ``y_rare`` whose rate depends on ``z``, and a ``state`` column for chi by group.
 * :func:`simulate_rows_fast`: bare arrays (x, y, codes) for the 20M-row benchmark, generated in
   chunks into preallocated arrays.
+
+The cell design is public. A release on simulated data does not need the user to declare its
+cells: :func:`design_cells` lists every simulated cell (with its state), whether or not it drew
+any row, so the list of cells never depends on the rows (see dptrain.release.cell_domain).
 
 The truth of a cell. Rows of cell g are drawn as x ~ U(x_lo, x_hi) and
 y = clip(mu(x) + e, 0, 1) with a latent line mu and Gaussian e. The clipped conditional mean
@@ -30,7 +34,9 @@ import pandas as pd
 from scipy.special import expit, logit, ndtr
 
 __all__ = [
+    "DESIGN_COLUMNS",
     "clipped_mean",
+    "design_cells",
     "projection_line",
     "simulate_atlas",
     "simulate_figure2",
@@ -98,7 +104,7 @@ def _truth_frame(a: np.ndarray, b: np.ndarray, a_lat: np.ndarray, b_lat: np.ndar
 def simulate_figure2(
     *, seed: int, cells_per_n: int = 3, n_min: int = 20, n_max: int = 299, noise_sd: float = 0.18
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The paper's Figure 2 design (MOS.md section 7).
+    """The paper's Figure 2 design (docs/release.md section 7).
 
     For each N in n_min..n_max, ``cells_per_n`` cells: pr = mean of N draws of U(0, 0.75),
     st = mean of N draws of U(0, 1 - pr), x = st + pr U(0, 1); per observation intercept and
@@ -182,15 +188,16 @@ def simulate_atlas(
     p_g = expit(logit(rare_rate) + rare_z_effect z_g).
 
     Returns:
-        rows: ``cell, state, x, y, y_rare`` (rows sorted by cell; every cell has >= 1 row).
+        rows: ``cell, state, x, y, y_rare`` (rows sorted by cell; every cell has >= min_size rows:
+        with min_size=0 some cells have none, and still appear in ``truth``).
         truth: per cell ``cell, n, state, z, st, pr, a_latent, b_latent, p_rare`` and
         ``p25, p75, slope`` (population OLS projection of the clipped y on x; module docstring)
         and ``p25_latent, p75_latent, slope_latent``. The downstream truth: the slope of p25 on
         z across cells is about 0.08 (z_effect, slightly attenuated by clipping).
     """
-    if n_cells < 2 or not (-1.0 < size_z_corr < 1.0) or not (1 <= min_size <= max_size):
+    if n_cells < 2 or not (-1.0 < size_z_corr < 1.0) or not (0 <= min_size <= max_size):
         raise ValueError(
-            f"simulate_atlas: need n_cells >= 2, -1 < size_z_corr < 1, 1 <= min_size <= "
+            f"simulate_atlas: need n_cells >= 2, -1 < size_z_corr < 1, 0 <= min_size <= "
             f"max_size; got {n_cells}, {size_z_corr}, {min_size}, {max_size}"
         )
     rng = np.random.default_rng([int(seed), 22])
@@ -229,6 +236,17 @@ def simulate_atlas(
         }
     )
     return rows, truth
+
+
+DESIGN_COLUMNS: tuple[str, ...] = ("cell", "state")
+
+
+def design_cells(truth: pd.DataFrame) -> pd.DataFrame:
+    """The simulator's PUBLIC cell design: one row per simulated cell (including cells that drew
+    0 rows), with the design columns it has (``cell``, and ``state`` for :func:`simulate_atlas`).
+    A release on simulated data lists exactly these cells."""
+    cols = [c for c in DESIGN_COLUMNS if c in truth.columns]
+    return truth[cols].reset_index(drop=True).copy()
 
 
 def simulate_rows_fast(

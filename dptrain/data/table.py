@@ -1,6 +1,6 @@
 """Reading tables and encoding them with the PUBLIC schema declared in the data config.
 
-Nothing here is fitted on the rows (PRIVACY.md, "What leaks outside the accountant"):
+Nothing here is fitted on the rows (docs/privacy.md):
 
 * numeric column: clipped into the declared ``[lower, upper]`` (then ``log1p`` of value and
   bounds when ``transform: log1p``), scaled to ``[0, 1]`` by those bounds;
@@ -8,17 +8,36 @@ Nothing here is fitted on the rows (PRIVACY.md, "What leaks outside the accounta
   every value not in the list, missing values included;
 * target: 1 where the value (as a stripped string) equals ``data.positive``, else 0; with
   ``positive: null`` the column must already be numeric 0/1;
-* train/test split: the ``split_column`` ("train"/"test") or a permutation drawn from the seed
-  (it depends on the seed and the row count only).
+* train/test split: the ``split_column`` ("train"/"test"), or else a per-row hash split
+  (:func:`split_scores`) that no single row can move.
+
+The hash split (neighbour invariance: adding or removing one row changes nothing else). Each
+kept row gets ``u = H_salt(row) in [0, 1)`` and goes to the test part iff
+``u < data.test_fraction``. ``H`` is a
+keyed 64-bit hash of the row's content in the columns the schema reads (the target and the
+feature columns, in schema order): a numeric column contributes its parsed float64 value (before
+clipping; ``-0.0`` as ``0.0``), a label column (target, categorical) the stripped string it is
+compared with (``1``, ``1.0`` and ``"1"`` alike; missing values as one marker). The salt is
+derived from the run's ``seed`` (public: the same seed gives the same split, another seed another
+split). A row's side depends on that row alone, so adding or removing a row (anywhere in the
+file, or through ``data.nonfinite=drop``) moves no other row; identical rows share a side. The
+test part is about ``test_fraction`` of the rows, not exactly (its size is itself a private
+count and is never logged); with few distinct rows (e.g. only a few categorical columns) whole
+groups of identical rows share a side: declare a ``split_column`` then. The permutation split
+used before moved hundreds of rows of a 1,000-row table when one row was added.
 
 Refused (DataError): empty / header-only files, non-UTF-8 CSV, CSV rows whose field count differs
 from the header's (pandas would pad, truncate or shift them silently), duplicate column names,
 missing declared columns, non-numeric / non-finite numeric entries, nested (list / struct)
-labels, a target that is not binary or whose training rows are all in one class.
+labels, a target that is not binary or whose training rows are all in one class, a split with
+no train or no test row.
 
-Error messages name the setting, the column and counts of rows; they never quote a value read
-from the file (a headerless file's "column names" are row values, so those are not quoted
-either).
+Error messages and log lines name the setting and the column, say what was found in words and
+what is allowed. They quote no value read from the file (a headerless file's "column names" are
+row values, so those are not quoted either) and no count of rows or of entries (bad entries,
+dropped rows, rows per class or per split side, line numbers): such counts change when one row
+is added or removed, so they are private. The size N of the training set is public (the
+accountant's q = B/N uses it), and so is the number of columns in the header.
 """
 
 from __future__ import annotations
@@ -26,13 +45,12 @@ from __future__ import annotations
 import bz2
 import csv
 import gzip
+import hashlib
 import io
 import logging
 import lzma
 import math
-import re
 import sys
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,8 +72,8 @@ _CSV_COMPRESSION = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 class DataError(ValueError):
     """The data does not fit the declared schema, or cannot be read.
 
-    The message names the setting / column, says what was found in counts of rows (never a
-    value from the file) and what is allowed."""
+    The message names the setting / column, says what was found in words (never a value from
+    the file, never a count of rows or entries: those are private) and what is allowed."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -243,46 +261,28 @@ def _open_binary(p: Path):
     return open(p, "rb")
 
 
-def _count_non_utf8_lines(p: Path) -> tuple[int, int]:
-    bad = total = 0
-    with _open_binary(p) as f:
-        for line in f:
-            total += 1
-            try:
-                line.decode("utf-8")
-            except UnicodeDecodeError:
-                bad += 1
-    return bad, total
-
-
 def _non_utf8(p: Path) -> DataError:
-    try:
-        bad, total = _count_non_utf8_lines(p)
-        what = f"{bad} of {total} lines contain bytes that are not valid UTF-8"
-    except Exception:  # noqa: BLE001 - the count is a courtesy
-        what = "it contains bytes that are not valid UTF-8"
+    # no count of bad lines and no line number: both change with one row (private)
     return DataError(
-        f"data.path={str(p)!r}: {what}; allowed: UTF-8 text. Re-save the file as UTF-8 "
+        f"data.path={str(p)!r}: it contains bytes that are not valid UTF-8; allowed: UTF-8 text. Re-save the file as UTF-8 "
         "(e.g. iconv -f latin1 -t utf-8, or pandas to_csv(..., encoding='utf-8'))"
     )
 
 
 def _unreadable(p: Path, fmt: str, exc: BaseException) -> DataError:
-    # The exception text is not quoted: parsers may echo a piece of a row.
-    m = re.search(r"line (\d+)", str(exc)) if isinstance(exc, pd.errors.ParserError) else None
-    where = f" (parser error near line {m.group(1)})" if m else ""
+    # The exception text is not quoted: parsers may echo a piece of a row, and its line number
+    # is a private fact too.
     return DataError(
-        f"data.path={str(p)!r}: could not be read as {fmt} ({type(exc).__name__}){where}; "
+        f"data.path={str(p)!r}: could not be read as {fmt} ({type(exc).__name__}); "
         f"allowed: a valid CSV, Parquet or Stata .dta file (data.format={fmt} was used)"
     )
 
 
 def _check_duplicates(p: Path, names: Sequence[str]) -> None:
     stripped = [n.strip() for n in names if n.strip()]
-    n_dup = len(stripped) - len(set(stripped))
-    if n_dup:
+    if len(stripped) != len(set(stripped)):  # no count: a headerless file's "names" are row values
         raise DataError(
-            f"data.path={str(p)!r}: the header has {n_dup} duplicate column name(s) (after "
+            f"data.path={str(p)!r}: the header has duplicate column names (after "
             "stripping spaces); allowed: unique column names"
         )
 
@@ -303,12 +303,12 @@ def _is_blank(row: Sequence[str]) -> bool:
     return not any(cell.strip() for cell in row)
 
 
-def _csv_scan(p: Path) -> tuple[list[str], int, int, int]:
-    """The header and the shape of the data rows, in one streaming pass with the csv module:
-    ``(header, data rows, ragged rows, line of the first ragged row)``. A ragged row has more or
-    fewer fields than the header; pandas would silently pad it with NaN, drop its extra fields
-    (with ``usecols``) or, when every row has one extra field, shift all columns by turning the
-    first one into the index. Blank lines are skipped, as pandas does."""
+def _csv_scan(p: Path) -> tuple[list[str], bool]:
+    """The header and whether any data row is ragged, in one streaming pass with the csv
+    module. A ragged row has more or fewer fields than the header; pandas would silently pad it
+    with NaN, drop its extra fields (with ``usecols``) or, when every row has one extra field,
+    shift all columns by turning the first one into the index. Blank lines are skipped, as
+    pandas does."""
     try:
         with _BigFields(), _open_binary(p) as fb:
             f = io.TextIOWrapper(fb, encoding="utf-8-sig", newline="")
@@ -322,26 +322,14 @@ def _csv_scan(p: Path) -> tuple[list[str], int, int, int]:
                 raise DataError(f"data.path={str(p)!r}: the file is empty (no header line, 0 rows); "
                                 "allowed: a header line and at least one row")
             width = len(header)
-            counts = Counter(map(len, reader))
-            n_rows = sum(c for k, c in counts.items() if k > 0)
-            if all(k in (0, width) for k in counts):
-                return header, n_rows, 0, 0
-        # second pass only for a broken file: exact count (whitespace-only lines are blank) and
-        # where the first bad row is
+            if all(len(row) in (0, width) for row in reader):
+                return header, False
+        # second pass only for a suspect file: whitespace-only lines are blank, not ragged
         with _BigFields(), _open_binary(p) as fb:
             reader = csv.reader(io.TextIOWrapper(fb, encoding="utf-8-sig", newline=""))
-            seen_header, n_rows, bad, first = False, 0, 0, 0
-            for row in reader:
-                if _is_blank(row):
-                    continue
-                if not seen_header:
-                    seen_header = True
-                    continue
-                n_rows += 1
-                if len(row) != width:
-                    bad += 1
-                    first = first or reader.line_num
-            return header, n_rows, bad, first
+            rows = (row for row in reader if not _is_blank(row))
+            next(rows, None)  # the header
+            return header, any(len(row) != width for row in rows)
     except UnicodeDecodeError:
         raise _non_utf8(p) from None
     except (OSError, EOFError, csv.Error) as exc:
@@ -350,14 +338,13 @@ def _csv_scan(p: Path) -> tuple[list[str], int, int, int]:
 
 def _csv_header(p: Path) -> list[str]:
     """The header of a CSV file; refuses an empty file and rows whose field count differs from
-    the header's (counts and a line number only, never a value)."""
-    header, n_rows, bad, first = _csv_scan(p)
-    if bad:
+    the header's (no value, no count of rows, no line number: those are private)."""
+    header, ragged = _csv_scan(p)
+    if ragged:
         raise DataError(
-            f"data.path={str(p)!r}: {bad} of {n_rows} data rows have a different number of fields than "
-            f"the header ({len(header)} columns; the first such row ends on line {first}); allowed: "
-            f"exactly {len(header)} comma-separated fields in every row (quote fields that contain commas "
-            "or line breaks, and close every quote)"
+            f"data.path={str(p)!r}: some data rows have a different number of fields than the header "
+            f"({len(header)} columns); allowed: exactly {len(header)} comma-separated fields in every "
+            "row (quote fields that contain commas or line breaks, and close every quote)"
         )
     return header
 
@@ -442,11 +429,11 @@ def _label(v: Any) -> str | None:
 _NESTED = (list, tuple, dict, set, frozenset, np.ndarray, Mapping)
 
 
-def _nested_entries(col: pd.Series) -> int:
-    """Rows whose cell is a container (a Parquet list/struct/map value), not a scalar label."""
+def _has_nested(col: pd.Series) -> bool:
+    """Whether some cell is a container (a Parquet list/struct/map value), not a scalar label."""
     if col.dtype != object:
-        return 0
-    return int(col.map(lambda v: isinstance(v, _NESTED)).sum())
+        return False
+    return bool(col.map(lambda v: isinstance(v, _NESTED)).any())
 
 
 def label_codes(col: pd.Series, labels: Sequence[str], *, lower: bool = False,
@@ -454,15 +441,14 @@ def label_codes(col: pd.Series, labels: Sequence[str], *, lower: bool = False,
     """Index of each cell's stripped-string label in ``labels``; -1 if absent or missing.
     Vectorised: only the distinct values are converted to strings. ``lower``: compare the
     cells lower-cased (``labels`` must then be lower-case). A column of nested values (lists,
-    structs) is refused with a DataError naming ``setting`` and the count of such rows."""
+    structs) is refused with a DataError naming ``setting`` (no value, no count)."""
     try:
         codes, uniques = pd.factorize(col, use_na_sentinel=True)
     except TypeError:  # unhashable cells: Parquet lists / structs / maps (no value is quoted)
         where = setting or f"column {col.name!r}"
-        n_nested = _nested_entries(col)
-        what = f"{n_nested} nested entries (lists/structs/maps)" if n_nested else "values that cannot be compared as labels"
+        what = "nested entries (lists/structs/maps)" if _has_nested(col) else "values that cannot be compared as labels"
         raise DataError(
-            f"{where}: column {col.name!r} has {what} of {len(col)} rows; allowed: one scalar label "
+            f"{where}: column {col.name!r} has {what}; allowed: one scalar label "
             "(text or number) per row"
         ) from None
     if len(uniques) == 0:
@@ -476,20 +462,19 @@ def label_codes(col: pd.Series, labels: Sequence[str], *, lower: bool = False,
 
 
 def numeric_values(col: pd.Series, setting: str) -> np.ndarray:
-    """The column as float64 (NaN for missing). Non-numeric entries -> DataError (counts only)."""
-    name, n = col.name, len(col)
+    """The column as float64 (NaN for missing). Non-numeric entries -> DataError (no value, no count)."""
+    name = col.name
     if pd.api.types.is_bool_dtype(col.dtype) or (
         pd.api.types.is_numeric_dtype(col.dtype) and not pd.api.types.is_complex_dtype(col.dtype)
     ):
         return col.to_numpy(dtype=np.float64, na_value=np.nan)
     if pd.api.types.is_datetime64_any_dtype(col.dtype) or pd.api.types.is_timedelta64_dtype(col.dtype):
-        raise DataError(f"{setting}: column {name!r} holds dates/times ({n} rows), not numbers; allowed: numeric values")
+        raise DataError(f"{setting}: column {name!r} holds dates/times, not numbers; allowed: numeric values")
     obj = col.astype(object)
     num = pd.to_numeric(obj, errors="coerce")
-    bad = int((num.isna() & obj.notna()).sum())
-    if bad:
+    if bool((num.isna() & obj.notna()).any()):
         raise DataError(
-            f"{setting}: column {name!r} has {bad} non-numeric entries of {n} rows; allowed: numbers "
+            f"{setting}: column {name!r} has non-numeric entries; allowed: numbers "
             "(declare the column under data.categorical if it holds labels)"
         )
     return pd.Series(num).to_numpy(dtype=np.float64, na_value=np.nan)
@@ -504,28 +489,25 @@ def _scale(v: np.ndarray, spec: NumericSpec) -> np.ndarray:
 
 
 def _target(col: pd.Series, schema: Schema, rows: np.ndarray) -> np.ndarray:
-    n = len(rows)
     setting = f"data.target={schema.target!r}"
     if schema.positive is not None:
         y = (label_codes(col, [schema.positive], setting=setting) == 0)[rows]
         if not y.any():
             raise DataError(
-                f"data.positive={schema.positive!r}: no row of column {schema.target!r} ({n} rows) has "
+                f"data.positive={schema.positive!r}: no row of column {schema.target!r} has "
                 "this label; allowed: the exact label of the positive class (compared as stripped "
                 "strings, case-sensitive)"
             )
         return y.astype(np.float32)
     v = numeric_values(col.iloc[rows], f"{setting} (data.positive=null)")
-    missing = int(np.isnan(v).sum())
-    if missing:
+    if bool(np.isnan(v).any()):
         raise DataError(
-            f"{setting}: column {schema.target!r} has {missing} missing entries of {n} rows; allowed "
+            f"{setting}: column {schema.target!r} has missing entries; allowed "
             "with data.positive=null: 0 or 1 in every row (or set data.positive to the positive label)"
         )
-    other = int(((v != 0) & (v != 1)).sum())
-    if other:
+    if bool(((v != 0) & (v != 1)).any()):
         raise DataError(
-            f"{setting}: column {schema.target!r} has {other} entries of {n} rows that are not 0 or 1; "
+            f"{setting}: column {schema.target!r} has entries that are not 0 or 1; "
             "allowed with data.positive=null: numeric 0/1 (or set data.positive to the positive label)"
         )
     return v.astype(np.float32)
@@ -533,48 +515,105 @@ def _target(col: pd.Series, schema: Schema, rows: np.ndarray) -> np.ndarray:
 
 def _check_two_classes(y_train: np.ndarray, schema: Schema) -> None:
     """Refuse a target whose training rows are all in one class: no classifier can be fitted
-    (the non-private baseline would crash) and test AUC is meaningless. Counts only."""
+    (the non-private baseline would crash) and test AUC is meaningless. No count of rows per
+    class (private), not even which class it is."""
     nt, pos = len(y_train), int(y_train.sum())
     if 0 < pos < nt:
         return
     rule = (f"label 1 where it equals data.positive={schema.positive!r}" if schema.positive is not None
             else "data.positive=null: numeric 0/1")
     raise DataError(
-        f"data.target={schema.target!r}: all {nt} training rows are in one class ({pos} positive, "
-        f"{nt - pos} negative; {rule}); allowed: a binary target with both classes among the training "
-        "rows (check data.target, data.positive and data.split_column)"
+        f"data.target={schema.target!r}: the training rows are all in one class ({rule}); allowed: "
+        "a binary target with both classes among the training rows (check data.target, "
+        "data.positive and data.split_column)"
     )
 
 
-def _split(df: pd.DataFrame, schema: Schema, keep: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row indices (into df) of the train and test parts, each ascending."""
-    idx = np.flatnonzero(keep)
-    n = len(idx)
+def split_salt(seed: int) -> bytes:
+    """The 16-byte key of the hash split, derived from the run's (public) ``seed`` with BLAKE2b."""
+    return hashlib.blake2b(str(_seed(seed)).encode(), digest_size=16, person=b"dptrain-split").digest()
+
+
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _mix(h: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on a uint64 array (a bijection of 64-bit words)."""
+    h = h ^ (h >> np.uint64(30))
+    h = h * _M1
+    h = h ^ (h >> np.uint64(27))
+    h = h * _M2
+    return h ^ (h >> np.uint64(31))
+
+
+def _word(salt: bytes, data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8, key=salt).digest(), "little")
+
+
+def _label_words(col: pd.Series, rows: np.ndarray, salt: bytes) -> np.ndarray:
+    """One keyed 64-bit word per row: BLAKE2b of the cell's stripped-string label (one marker,
+    not valid UTF-8, for a missing cell). Only the distinct values are hashed."""
+    codes, uniques = pd.factorize(col, use_na_sentinel=True)
+    labels = [_label(u) for u in uniques]
+    words = [_word(salt, b"\xff" if s is None else s.encode("utf-8", "surrogatepass")) for s in labels]
+    lookup = np.array(words + [_word(salt, b"\xff")], dtype=np.uint64)  # code -1 -> missing
+    return lookup[codes[rows]]
+
+
+def split_scores(df: pd.DataFrame, schema: Schema, *, seed: int, rows: np.ndarray | None = None,
+                 numeric: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
+    """``u`` in [0, 1) for each of ``rows`` (default all): a keyed hash of the row's content in the
+    target and feature columns (module docstring); a row is a test row iff ``u < test_fraction``.
+
+    ``u`` depends on the row's own cells and the seed only, never on the other rows, their number
+    or their order. Numeric cells enter as their parsed float64 value (``numeric`` may pass the
+    columns parsed already; they must be finite on ``rows``), label cells (target, categorical) as
+    their stripped string. The columns' words are combined in schema order with SplitMix64 rounds
+    keyed by :func:`split_salt`, in numpy uint64 arithmetic (no dependence on pandas' hashing)."""
+    if rows is None:
+        rows = np.arange(len(df))
+    salt = split_salt(seed)
+    numeric = numeric or {}
+    words: list[np.ndarray] = [_label_words(df[schema.target], rows, salt)]
+    for spec in schema.numeric:
+        v = numeric[spec.name] if spec.name in numeric else numeric_values(df[spec.name], f"data.numeric.{spec.name}")
+        words.append((v[rows] + 0.0).view(np.uint64))  # + 0.0: -0.0 -> 0.0
+    words += [_label_words(df[col], rows, salt) for col, _ in schema.categorical]
+    def keyed(x: np.ndarray, name: bytes) -> np.ndarray:  # two keyed SplitMix64 rounds
+        return _mix(_mix(x ^ np.uint64(_word(salt, name + b"/1"))) ^ np.uint64(_word(salt, name + b"/2")))
+
+    h = np.full(len(rows), _word(salt, b"start"), dtype=np.uint64)
+    for j, w in enumerate(words):
+        h = _mix(h ^ keyed(w, b"column %d" % j))
+    h = keyed(h, b"end")
+    return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def _split(df: pd.DataFrame, schema: Schema, idx: np.ndarray, seed: int,
+           numeric: Mapping[str, np.ndarray]) -> np.ndarray:
+    """For the kept rows ``idx`` (into df): True where the row is a test row."""
     if schema.split_column is not None:
         col = schema.split_column
         codes = label_codes(df[col], ["train", "test"], lower=True, setting=f"data.split_column={col!r}")[idx]
-        bad = int((codes < 0).sum())
-        if bad:
+        if bool((codes < 0).any()):
             raise DataError(
-                f"data.split_column={col!r}: {bad} entries of {n} rows are neither 'train' nor 'test' "
+                f"data.split_column={col!r}: some entries are neither 'train' nor 'test' "
                 "(or are missing); allowed: train / test in every row"
             )
-        train, test = idx[codes == 0], idx[codes == 1]
-        for part, rows in (("train", train), ("test", test)):
-            if len(rows) == 0:
-                raise DataError(f"data.split_column={col!r}: 0 '{part}' rows of {n}; allowed: at least one train and one test row")
-        return train, test
-    if n < 2:
-        raise DataError(f"the data has {n} row(s); a random train/test split needs at least 2")
-    n_test = min(max(round(schema.test_fraction * n), 1), n - 1)
-    is_test = np.zeros(n, dtype=bool)
-    is_test[split_rng(seed).permutation(n)[:n_test]] = True
-    return idx[~is_test], idx[is_test]
-
-
-def split_rng(seed: int) -> np.random.Generator:
-    """The generator of the seeded train/test split (depends on the seed only)."""
-    return np.random.default_rng([_seed(seed), 2])
+        is_test = codes == 1
+        for part, rows in (("train", ~is_test), ("test", is_test)):
+            if not rows.any():
+                raise DataError(f"data.split_column={col!r}: no '{part}' rows; allowed: at least one train and one test row")
+        return is_test
+    is_test = split_scores(df, schema, seed=seed, rows=idx, numeric=numeric) < schema.test_fraction
+    for part, rows in (("train", ~is_test), ("test", is_test)):
+        if not rows.any():
+            raise DataError(
+                f"data.test_fraction={schema.test_fraction!r}: the per-row hash split (data.split_column=null) "
+                f"put no row in the {part} part; allowed: a table with more distinct rows, a test_fraction "
+                "further from 0 and 1, or data.split_column naming a column of train/test values"
+            )
+    return is_test
 
 
 def _seed(seed: Any) -> int:
@@ -610,7 +649,8 @@ def encode_features(df: pd.DataFrame, schema: Schema, rows: np.ndarray | None = 
 
 def build_dataset(df: pd.DataFrame, schema: Schema, *, seed: int, source: str, origin: str) -> Dataset:
     """Check ``df`` against the schema, encode, split. ``origin`` names the data in messages
-    (e.g. ``data.path='x.csv'``)."""
+    (e.g. ``data.path='x.csv'``). Errors and the log name settings and columns, never a count
+    of rows (module docstring)."""
     seed = _seed(seed)
     missing = [
         (setting, col)
@@ -624,7 +664,7 @@ def build_dataset(df: pd.DataFrame, schema: Schema, *, seed: int, source: str, o
         setting, col = missing[0]
         more = f" ({len(missing) - 1} more declared column(s) are missing too)" if len(missing) > 1 else ""
         raise DataError(
-            f"{setting}: column {col!r} is not in {origin} ({len(df)} rows){more}; allowed: a column of "
+            f"{setting}: column {col!r} is not in {origin}{more}; allowed: a column of "
             "the file (names compared after stripping spaces, case-sensitive)"
         )
     n = len(df)
@@ -632,40 +672,40 @@ def build_dataset(df: pd.DataFrame, schema: Schema, *, seed: int, source: str, o
         raise DataError(f"{origin} has 0 rows (header only); allowed: at least one row")
     nums: dict[str, np.ndarray] = {}
     bad_rows = np.zeros(n, dtype=bool)
-    per_col = []
+    dropped_in = []
     for spec in schema.numeric:
         v = numeric_values(df[spec.name], f"data.numeric.{spec.name}")
         nonfin = ~np.isfinite(v)
-        k = int(nonfin.sum())
-        if k:
+        if nonfin.any():
             if schema.nonfinite == "error":
-                n_nan = int(np.isnan(v).sum())
+                has_nan = bool(np.isnan(v).any())
+                kinds = "missing/NaN and infinite" if has_nan and bool(np.isinf(v).any()) else (
+                    "missing/NaN" if has_nan else "infinite")
                 raise DataError(
-                    f"data.numeric.{spec.name}: column {spec.name!r} has {k} non-finite entries of {n} rows "
-                    f"({n_nan} missing/NaN, {k - n_nan} infinite); allowed with data.nonfinite=error: finite "
-                    "numbers (set data.nonfinite=drop to drop those rows)"
+                    f"data.numeric.{spec.name}: column {spec.name!r} has non-finite entries ({kinds}); "
+                    "allowed with data.nonfinite=error: finite numbers (set data.nonfinite=drop to drop "
+                    "those rows)"
                 )
             bad_rows |= nonfin
-            per_col.append(f"{spec.name}: {k}")
+            dropped_in.append(spec.name)
         nums[spec.name] = v
-    keep = ~bad_rows
-    n_drop = int(bad_rows.sum())
-    if n_drop:
-        log.warning("data.nonfinite=drop: dropped %d of %d rows with NaN/inf in numeric columns (%s)",
-                    n_drop, n, ", ".join(per_col))
-        if n_drop == n:
-            raise DataError(f"{origin}: all {n} rows have NaN/inf in a numeric column and were dropped (data.nonfinite=drop); 0 rows left")
-    train, test = _split(df, schema, keep, seed)
-    rows = np.concatenate([train, test])
-    y = _target(df[schema.target], schema, rows)
-    x = encode_features(df, schema, rows, nums)
-    nt = len(train)
-    _check_two_classes(y[:nt], schema)
+    if dropped_in:
+        # which columns had NaN/inf, never how many rows (a private count); N_train is reported
+        log.warning("data.nonfinite=drop: dropped the rows with NaN/inf in numeric column(s) %s",
+                    ", ".join(repr(c) for c in dropped_in))
+    idx = np.flatnonzero(~bad_rows)
+    if len(idx) == 0:
+        raise DataError(f"{origin}: every row has NaN/inf in a numeric column and was dropped (data.nonfinite=drop); "
+                        "0 rows left; allowed: at least one row with finite numeric values")
+    y = _target(df[schema.target], schema, idx)
+    x = encode_features(df, schema, idx, nums)
+    is_test = _split(df, schema, idx, seed, nums)
+    _check_two_classes(y[~is_test], schema)
     return Dataset(
-        x_train=torch.from_numpy(x[:nt]),
-        y_train=torch.from_numpy(np.ascontiguousarray(y[:nt])),
-        x_test=torch.from_numpy(x[nt:]),
-        y_test=torch.from_numpy(np.ascontiguousarray(y[nt:])),
+        x_train=torch.from_numpy(np.ascontiguousarray(x[~is_test])),
+        y_train=torch.from_numpy(np.ascontiguousarray(y[~is_test])),
+        x_test=torch.from_numpy(np.ascontiguousarray(x[is_test])),
+        y_test=torch.from_numpy(np.ascontiguousarray(y[is_test])),
         feature_names=schema.feature_names,
         source=source,
     )

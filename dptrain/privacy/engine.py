@@ -1,4 +1,4 @@
-"""The DP-SGD step: Poisson sampling, per-example clipping, Gaussian noise (PRIVACY.md).
+"""The DP-SGD step: Poisson sampling, per-example clipping, Gaussian noise (docs/privacy.md).
 
 One small interface, :class:`GradientEngine`: ``engine(x, y)`` takes the examples of one
 Poisson batch and leaves in every trainable parameter's ``.grad``
@@ -15,7 +15,7 @@ Engines:
 * :class:`FastLinearEngine` ("fast"): models made of ``nn.Linear`` layers and elementwise
   activations. Per-example gradient norms from ``||g_i||^2 (||a_i||^2 + 1)`` per layer and the
   clipped sum as one matrix product per layer (book-keeping; Goodfellow 2015, Li et al. 2022,
-  Bu et al. 2023; ENGINE.md). Never materialises per-example gradients. A plain stack
+  Bu et al. 2023; docs/engine.md). Never materialises per-example gradients. A plain stack
   (Linear, activation, ..., Linear(., 1)) runs without autograd on buffers reused from step to
   step, with the bias gradients, 1/B and the noise folded into the same matrix products.
 * :class:`OpacusEngine` ("opacus"): any model Opacus' ``GradSampleModule`` supports; per-example
@@ -102,6 +102,17 @@ def per_example_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(logits, y, reduction="none")
 
 
+def _refuse_mixing_models(model: nn.Module, engine: str) -> None:
+    """Every private engine refuses models whose examples are not independent or that keep
+    buffers (:mod:`dptrain.privacy.model_check`), whatever else it supports."""
+    from dptrain.privacy.model_check import ADVICE, ModelCheckError, static_problems
+
+    problems = static_problems(model)
+    if problems:
+        raise ModelCheckError(f"model is not allowed for DP training ({engine}): " + "; ".join(problems)
+                              + ". Allowed: " + ADVICE + ".")
+
+
 class GradientEngine:
     """Base: holds the model, C, sigma, B and the noise generator."""
 
@@ -111,6 +122,8 @@ class GradientEngine:
     #: True when :meth:`noisy_grads` computes the whole ``.grad`` in one pass (clipped sum,
     #: division by B and the noise folded into each layer's matrix product)
     fused = False
+    #: private engines refuse models whose examples are not independent (model_check.py)
+    checks_model = True
 
     def __init__(
         self,
@@ -121,6 +134,8 @@ class GradientEngine:
         expected_batch_size: float,
         generator: torch.Generator,
     ) -> None:
+        if self.checks_model:
+            _refuse_mixing_models(model, type(self).__name__)
         self.model = model
         self.max_grad_norm = float(max_grad_norm)
         self.noise_multiplier = float(noise_multiplier)
@@ -128,6 +143,11 @@ class GradientEngine:
         self.generator = generator
         self.params = [p for p in model.parameters() if p.requires_grad]
         self._sizes = [p.numel() for p in self.params]
+        # the noise is drawn in the parameters' precision: float32 noise added to a float64 sum
+        # would leave the sum's low-order bits unprotected
+        dtypes = {p.dtype for p in self.params}
+        self.noise_dtype = torch.float64 if torch.float64 in dtypes else (dtypes.pop() if len(dtypes) == 1
+                                                                          else torch.get_default_dtype())
         #: compute the non-private diagnostics (loss, accuracy, clipped count) of each step;
         #: the training loop switches it on only for the steps it logs.
         self.collect_stats = True
@@ -147,7 +167,7 @@ class GradientEngine:
 
     # ------------------------------------------------------------------ noise
     def _draw(self) -> torch.Tensor:
-        return torch.empty(sum(self._sizes)).normal_(0.0, 1.0, generator=self.generator)
+        return torch.empty(sum(self._sizes), dtype=self.noise_dtype).normal_(0.0, 1.0, generator=self.generator)
 
     def _standard_normal(self) -> torch.Tensor:
         """This step's N(0, I) vector (one per step, whole model), and the next one queued.
@@ -290,6 +310,7 @@ class NonPrivateEngine(GradientEngine):
     """No clipping, no noise: ``.grad = sum_i grad_i / B``. The comparison pipeline."""
 
     name = "nonprivate"
+    checks_model = False  # no guarantee is claimed
 
     def __init__(self, model: nn.Module, *, expected_batch_size: float, generator: torch.Generator) -> None:
         super().__init__(
@@ -482,7 +503,7 @@ class FastLinearEngine(GradientEngine):
     """Book-keeping DP-SGD for Sequential(Linear, activation, ..., Linear): no per-example
     gradients. For a Linear layer z = a W^T + b and output gradients g (one row per example,
     from the SUM of per-example losses): ||grad_W,i||^2 = ||g_i||^2 ||a_i||^2,
-    ||grad_b,i||^2 = ||g_i||^2, and sum_i c_i grad_W,i = (c * g)^T a (ENGINE.md).
+    ||grad_b,i||^2 = ||g_i||^2, and sum_i c_i grad_W,i = (c * g)^T a (docs/engine.md).
 
     Three implementations of the same arithmetic:
 
@@ -498,6 +519,7 @@ class FastLinearEngine(GradientEngine):
     name = "fast"
 
     def __init__(self, model: nn.Module, **kwargs) -> None:
+        _refuse_mixing_models(model, type(self).__name__)  # the reason that matters, first
         reason = fast_path_blocker(model)
         if reason is not None:
             raise ValueError(f"trainer.engine=fast cannot run this model: {reason}")
@@ -543,7 +565,7 @@ class FastLinearEngine(GradientEngine):
     def _logistic_noisy_grads(self, x: torch.Tensor, y: torch.Tensor, *, noise: torch.Tensor | None,
                               noise_scale: float, sum_scale: float) -> tuple[list[torch.Tensor], StepStats]:
         """Logistic regression in closed form: dL_i/dz_i = sigmoid(z_i) - y_i, so example i's
-        gradient is g_i (x_i, 1), of squared norm g_i^2 (||x_i||^2 + 1) (ENGINE.md). The
+        gradient is g_i (x_i, 1), of squared norm g_i^2 (||x_i||^2 + 1) (docs/engine.md). The
         weight gradient is one matrix-vector product x^T (c * g) with the noise folded in."""
         lin = self.layers[0]
         bias = lin.bias is not None

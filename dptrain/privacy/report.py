@@ -12,22 +12,50 @@ import math
 from typing import Any
 
 NOT_COVERED = [
-    "hyperparameter tuning and the choice among runs of a sweep: each run's epsilon covers only that run",
-    "training-data diagnostics (tags diagnostics_nonprivate/* in TensorBoard and the progress bar's "
-    "loss/acc: train loss, train accuracy, realised batch size, clip fraction)",
+    "hyperparameter tuning and the choice among runs of a sweep: each run's epsilon covers only that run; "
+    "picking the best run by its test metrics uses the data again",
+    "training-data diagnostics (private/tb: diagnostics_nonprivate/*, the progress bar's loss/acc; "
+    "private/metrics.json): train loss, train accuracy, realised batch size, clip fraction",
     "the training-set size N (treated as public, as the accountant's q = B/N requires)",
-    "the public schema (numeric bounds, category lists, target label) is assumed public and was "
-    "declared in config, not fitted on the rows",
-    "the test split and its metrics (test/*) are computed on held-out rows outside the training set; "
-    "they are not protected by this guarantee",
-    "the non-private baseline (baseline/nonprivate_acc) is fitted on the training rows WITHOUT privacy",
-    "noise comes from a seeded pseudo-random generator (torch.Generator), not a cryptographic source; "
-    "floating-point side channels of the Gaussian sampler are not addressed",
+    "the public schema (numeric bounds, category lists, target label): assumed public, declared in the "
+    "config, not fitted on the rows",
+    "the test split and its metrics (test/*): computed on held-out rows that are not in the training set, "
+    "so the guarantee does not protect them; they are publishable only when the test rows are public "
+    "(data.test_public=true)",
+    "the non-private baseline (baseline/*, private/metrics.json) is fitted on the training rows WITHOUT privacy",
+    "the log (private/dptrain.log), timings and error messages: for the data holder only. They never quote "
+    "private values or counts of private rows, but a refusal of bad data (e.g. non-numeric entries, a "
+    "single-class target) depends on the rows: a refused run publishes nothing",
+    "floating-point side channels: the Gaussian noise is drawn in floating point (torch normal_), not from a "
+    "discretised Gaussian; the noise generator is torch's MT19937 (a statistical generator) seeded with "
+    "19,968 bits from the source described under 'randomness'",
 ]
 
 
+def files_section(*, test_public: bool) -> dict[str, dict[str, str]]:
+    """Which files of a training run folder may be published and which must stay with the data."""
+    publishable = {
+        "privacy.json, privacy.txt": "this report (no private value; N is public)",
+        "model.pt": "final weights + the public feature encoder (covered by the guarantee)",
+        "metrics.json": "publishable metrics only: steps, epochs, epsilon"
+        + (", and test/* (the test rows are declared public)" if test_public else
+           " (test metrics are private here: data.test_public=false)"),
+        "FILES.txt": "this list",
+        ".hydra/": "the configuration (the command line; holds no secret and no private value)",
+    }
+    private = {
+        "private/checkpoint.pt": "resumable state (model, optimizer, accountant; generator states only "
+        "when privacy.noise_seed_file is set)",
+        "private/metrics.json": "every metric, incl. those on private rows (baseline, timings"
+        + ("" if test_public else ", test/*") + ")",
+        "private/tb/": "TensorBoard curves: diagnostics on training rows and test curves",
+        "private/dptrain.log": "the log",
+    }
+    return {"publishable": publishable, "private": private}
+
+
 def tier(epsilon: float) -> str:
-    """PRIVACY.md: epsilon <= 1 strong, <= 10 reasonable, > 10 weak protection."""
+    """docs/privacy.md: epsilon <= 1 strong, <= 10 reasonable, > 10 weak protection."""
     if epsilon <= 1:
         return "strong (epsilon <= 1)"
     if epsilon <= 10:
@@ -47,14 +75,16 @@ def _versions() -> dict[str, str]:
 
 def build_report(
     *, mechanism: dict[str, Any], epsilons: dict[str, float] | None, accountant: str, seed: int,
-    data_source: str,
+    data_source: str, test_public: bool = False,
 ) -> dict[str, Any]:
     """Assemble the privacy report. ``epsilons`` maps accountant name -> epsilon (None when
-    privacy is off)."""
+    privacy is off). A run without noise (sigma = 0) is reported as NOT private."""
     base = {
         "data": data_source,
         "seed": seed,
-        "randomness": "seeded pseudo-random (torch.Generator); not cryptographically secure",
+        "seed_role": "model initialisation, the train/test split and generated data only; it does not "
+        "determine the DP noise or the Poisson sampler",
+        "randomness": mechanism.get("randomness", "unknown"),
         "engine": mechanism["engine"],
         "dataset_size": mechanism["dataset_size"],
         "expected_batch_size": mechanism["expected_batch_size"],
@@ -68,6 +98,7 @@ def build_report(
         "resumed_from_step": mechanism.get("resumed_from_step", 0),
         "resumed_from": mechanism.get("resumed_from"),
         "distributed": mechanism.get("distributed"),
+        "files": files_section(test_public=test_public),
         "versions": _versions(),
     }
     if not mechanism["enabled"]:
@@ -78,10 +109,17 @@ def build_report(
             **base,
         }
     eps = epsilons[accountant]
+    no_noise = not mechanism["noise_multiplier"] > 0
+    guarantee = (
+        "none: privacy.noise_multiplier=0 adds no noise, so epsilon is infinite; this model is NOT "
+        "differentially private and may reveal any training record"
+        if no_noise else
+        f"({eps:.4g}, {mechanism['delta']:.3g})-DP, example-level, add/remove-one-record "
+        "neighbours, for the final model and every intermediate iterate"
+    )
     return {
-        "private": True,
-        "guarantee": f"({eps:.4g}, {mechanism['delta']:.3g})-DP, example-level, add/remove-one-record "
-        "neighbours, for the final model and every intermediate iterate",
+        "private": not no_noise,
+        "guarantee": guarantee,
         "epsilon": eps,
         "delta": mechanism["delta"],
         "delta_source": mechanism["delta_source"],
@@ -93,7 +131,7 @@ def build_report(
             "dp-accounting RdpAccountant, orders up to >= 1024, improved conversion (Balle et al. 2020)",
             "pld": "privacy loss distribution, dp-accounting PLDAccountant (tight up to discretisation)",
         },
-        "tier": tier(eps),
+        "tier": "none (no noise)" if no_noise else tier(eps),
         "unit_of_privacy": "one example (one row of the training table)",
         "neighbours": "add/remove",
         "sampling": "poisson",
@@ -109,19 +147,35 @@ def build_report(
     }
 
 
+def _files_lines(report: dict[str, Any]) -> list[str]:
+    files = report.get("files")
+    if not files:
+        return []
+    return ["", "Files: may be PUBLISHED",
+            *[f"  {name}: {why}" for name, why in files["publishable"].items()],
+            "Files: PRIVATE, keep them with the data",
+            *[f"  {name}: {why}" for name, why in files["private"].items()]]
+
+
 def format_report(report: dict[str, Any]) -> str:
     """Human-readable privacy.txt."""
     lines = ["dptrain privacy report", "=" * 22]
     if not report["private"]:
         lines += [f"GUARANTEE: {report['guarantee']}", ""]
         lines += [f"{k}: {report[k]}" for k in ("data", "dataset_size", "steps", "epochs", "seed")]
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + _files_lines(report)) + "\n"
     lines += [
         f"GUARANTEE: {report['guarantee']}",
         f"epsilon = {report['epsilon']:.6g} at delta = {report['delta']:.3g} "
         f"(headline accountant: {report['accountant']})",
         f"delta: {report['delta_source']}; {report['delta_vs_1_over_n']}",
         f"protection tier: {report['tier']}",
+        "",
+        "In plain words: adding or removing any one person's row in the training data changes the probability "
+        "of any output of this run (the model and every file listed as publishable below) by at most a "
+        f"factor e^epsilon = {math.exp(min(report['epsilon'], 700)):.3g}, except with probability delta. It "
+        "protects the training rows only, and only through the publishable files: the private files below "
+        "must stay with the data.",
         "",
         "epsilon by accountant (same delta):",
     ]
@@ -147,10 +201,12 @@ def format_report(report: dict[str, Any]) -> str:
         *([f"distributed: {report['distributed']['world_size']} processes ({report['distributed']['backend']}); "
            f"{report['distributed']['sharding']}; {report['distributed']['reduction']}"]
           if report.get("distributed") else []),
-        f"randomness: {report['randomness']}, seed = {report['seed']}",
+        f"randomness of the noise and the sampler: {report['randomness']}",
+        f"seed = {report['seed']} ({report['seed_role']})",
         "versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
         "",
         "NOT covered by this guarantee:",
         *[f"  - {item}" for item in report["not_covered"]],
+        *_files_lines(report),
     ]
     return "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""Vectorised math behind ``dptrain.release.sensitivity`` (MOS.md section 2).
+"""Vectorised math behind ``dptrain.release.sensitivity`` (docs/release.md section 2).
 
 Notation, per cell: n rows, means xbar and ybar, S = Sxx = sum (x_i - xbar)^2, slope b, residuals
 e_i = (y_i - ybar) - b u_i with u_i = x_i - xbar, and RSS = sum e_i^2.

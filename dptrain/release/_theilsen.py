@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
-#: all-pairs refuses cells with more pairs than this (memory: ~10 float64 arrays of this size)
+#: all-pairs is not run on a cell with more pairs than this (memory: ~10 float64 arrays of this
+#: size); such a cell uses k matchings (variant auto) or is not released (variant all_pairs)
 MAX_PAIRS = 20_000_000
 
 
@@ -84,12 +85,14 @@ def pairs(n: int, *, variant: str, k: int | None, rng: np.random.Generator) -> t
 
 
 def theil_sen_cells(x: np.ndarray, y: np.ndarray, codes: np.ndarray, n: np.ndarray, *,
-                    x0: float | None, lo: float, hi: float, epsilon: float, variant: str,
-                    k: int | None, width: float, rng: np.random.Generator) -> np.ndarray:
-    """DP Theil-Sen per cell (a loop over cells); NaN for cells with n < 2.
+                    x0: float | None, lo: float, hi: float, epsilon: float, matchings: np.ndarray,
+                    k: int | None, width: float, rng: np.random.Generator,
+                    skip: np.ndarray | None = None) -> np.ndarray:
+    """DP Theil-Sen per cell (a loop over cells); NaN for cells with n < 2 and cells in ``skip``.
 
-    Per-point sensitivity of the rank utility: n - 1 (all pairs) or k (matchings), so the
-    exponential mechanism runs at epsilon / (n - 1) or epsilon / k.
+    ``matchings``: per cell, True for k random matchings, False for all pairs. Per-point
+    sensitivity of the rank utility: n - 1 (all pairs) or k (matchings), so the exponential
+    mechanism runs at epsilon / (n - 1) or epsilon / k.
     """
     order = np.argsort(codes, kind="stable")
     starts = np.concatenate(([0], np.cumsum(n.astype(np.int64))))
@@ -97,10 +100,11 @@ def theil_sen_cells(x: np.ndarray, y: np.ndarray, codes: np.ndarray, n: np.ndarr
     for g in range(n.shape[0]):
         rows = order[starts[g]:starts[g + 1]]
         m = rows.size
-        if m < 2:
+        if m < 2 or (skip is not None and skip[g]):
             continue
+        variant = "matchings" if matchings[g] else "all_pairs"
         i, j = pairs(m, variant=variant, k=k, rng=rng)
         est = pair_estimates(x[rows], y[rows], i, j, x0=x0)
-        eps_em = epsilon / (m - 1) if variant == "all_pairs" else epsilon / k
+        eps_em = epsilon / k if matchings[g] else epsilon / (m - 1)
         out[g] = exp_mech_median(est, lo=lo, hi=hi, epsilon=eps_em, rng=rng, width=width)
     return out

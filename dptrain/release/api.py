@@ -1,7 +1,8 @@
 """Python API of the release side: fit per-cell estimates -> local sensitivity -> release.
 
-    >>> est = fit_cells(df, x="parent_rank", y="kid_rank", cells=["county", "sex"])
-    >>> rel = est.release(statistic="p25", epsilon=1.0, seed=0)      # MOS
+    >>> keys = pd.DataFrame({"county": [...], "sex": [...]})          # the PUBLIC list of cells
+    >>> est = fit_cells(df, x="parent_rank", y="kid_rank", cells=["county", "sex"], cell_keys=keys)
+    >>> rel = est.release(statistic="p25", epsilon=1.0)              # MOS, CSPRNG noise
     >>> rel.to_frame()                                                 # one row per cell
     >>> est.release_custom(my_statistic, epsilon=1.0)                  # any f(x, y) -> float
 
@@ -9,6 +10,11 @@ Results are frozen objects with read-only properties and ``to_frame()``. ``CellE
 holds PRIVATE per-cell estimates (for analysis and evaluation inside the secure environment);
 only a ``Release`` is meant for publication. MOS is NOT differentially private: chi is computed
 from the private data; the guarantee is only epsilon-DP conditional on chi.
+
+Cells: pass ``cell_keys`` (a public table of the cells) so that the list of cells does not depend
+on the rows; without it the cells are those OBSERVED in ``df`` and the list itself is private
+(a one-person cell appears only when that person is in the data). ``seed``: reproducible noise
+for analysis; no returned object echoes it, and whoever knows it can remove the noise.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ class CellEstimates:
     """Per-cell OLS fits of y on x (PRIVATE). Build with :func:`fit_cells`."""
 
     cells: Cells
+    cells_source: str = "observed in the rows (PRIVATE: the list of cells reveals which cells have rows)"
 
     @property
     def n(self) -> np.ndarray:
@@ -91,9 +98,11 @@ class CellEstimates:
 
     def release(self, *, statistic: str = "p25", epsilon: float | dict = 1.0, neighbors: str = "add_remove",
                 noise: str = "laplace", chi_groups: np.ndarray | None = None, seed: int | None = None) -> Release:
-        """MOS release of theta, its SE and N (MOS.md sections 3-4)."""
-        return Release.from_mos(release_mos(self.cells, statistic=statistic, epsilon=epsilon, neighbors=neighbors,
-                                            noise=noise, chi_groups=chi_groups, seed=seed))
+        """MOS release of theta, its SE and N (docs/release.md). NOT differentially private
+        (chi comes from the private data): epsilon-DP only conditional on chi."""
+        rel = Release.from_mos(release_mos(self.cells, statistic=statistic, epsilon=epsilon, neighbors=neighbors,
+                                           noise=noise, chi_groups=chi_groups, seed=seed))
+        return Release(frame=rel.frame, epsilon=rel.epsilon, info={**rel.info, "cells_source": self.cells_source})
 
     def release_custom(self, stat_fn: Callable[[np.ndarray, np.ndarray], float], *, epsilon: float = 1.0,
                        neighbors: str = "add_remove", seed: int | None = None, grid: int = 41) -> Release:
@@ -107,14 +116,35 @@ class CellEstimates:
 
 
 def fit_cells(df: pd.DataFrame, *, x: str, y: str, cells: list[str], domain: Domain | None = None,
-              clip: bool = True) -> CellEstimates:
-    """Group rows into cells and fit OLS per cell (grouped sums; no loop over cells)."""
-    return CellEstimates(group_cells(df, x=x, y=y, cells=list(cells), domain=domain or Domain(), clip=clip))
+              clip: bool = True, cell_keys: pd.DataFrame | None = None) -> CellEstimates:
+    """Group rows into cells and fit OLS per cell (grouped sums; no loop over cells).
+
+    ``cell_keys``: a PUBLIC table with one column per cell column and one row per cell; every
+    listed cell is kept (with 0 rows if none match) and rows of unlisted cells are left out. Without
+    it the cells are those observed in ``df``, which makes the list of cells private."""
+    domain = domain or Domain()
+    if cell_keys is None:
+        return CellEstimates(group_cells(df, x=x, y=y, cells=list(cells), domain=domain, clip=clip))
+    from dptrain.release.cell_domain import from_table
+    from dptrain.release.cells import make_cells, xy_values
+
+    listed = from_table(pd.DataFrame(cell_keys), list(cells), origin="declared", description="cell_keys",
+                        setting="cell_keys")
+    for setting, col in (("release.x", x), ("release.y", y)):
+        if col not in df.columns:
+            raise ReleaseError(f"{setting}: column {col!r} is not in the data; allowed: a column of the table")
+    codes = listed.row_codes(df)
+    keep = codes >= 0
+    xv, yv = xy_values(df.loc[keep], x=x, y=y, domain=domain, clip=clip)
+    cells_obj = make_cells(xv, yv, codes[keep], keys=listed.keys, domain=domain)
+    return CellEstimates(cells_obj, cells_source="declared by the caller (cell_keys, public)")
 
 
 def release_custom(cells: Cells, stat_fn: Callable[[np.ndarray, np.ndarray], float], *, epsilon: float,
-                   neighbors: str = "add_remove", seed: int | None = None, grid: int = 41) -> Release:
-    """See :meth:`CellEstimates.release_custom`."""
+                   neighbors: str = "add_remove", seed: int | None = None, grid: int = 41,
+                   rng: np.random.Generator | None = None) -> Release:
+    """See :meth:`CellEstimates.release_custom`. NOT differentially private (chi from the data).
+    ``rng`` (a release run's stream) overrides ``seed``."""
     if not (isinstance(epsilon, (int, float)) and np.isfinite(epsilon) and epsilon > 0):
         raise ReleaseError(f"release.epsilon={epsilon!r} is not allowed: must be a finite number > 0")
     order = np.argsort(cells.codes, kind="stable")
@@ -126,7 +156,10 @@ def release_custom(cells: Cells, stat_fn: Callable[[np.ndarray, np.ndarray], flo
         ls = brute_force_cells(cells, stat_fn=stat_fn, neighbors=neighbors, grid=grid)
     ok = np.isfinite(ls) & np.isfinite(theta) & (cells.n >= 3)
     chi_v = chi(np.where(ok, ls, np.inf), cells.n)
-    rng, rng_desc = make_rng(seed)
+    if rng is None:
+        rng, rng_desc = make_rng(seed)
+    else:
+        rng_desc = "a numpy Generator supplied by the caller"
     with np.errstate(divide="ignore", invalid="ignore"):
         scale, step = calibrate(np.where(ok, chi_v / cells.n, np.inf), epsilon)
     theta_rel = np.where(ok, add_noise(np.where(ok, theta, 0.0), scale, kind="laplace", rng=rng, step=step), np.nan)

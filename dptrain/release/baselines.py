@@ -1,4 +1,4 @@
-"""The baselines MOS is judged against (MOS.md section 5), all on the same cells.
+"""The baselines MOS is judged against (docs/release.md section 5), all on the same cells.
 
 Every function returns ``(frame, meta)``: ``frame`` has one row per cell in cell order (index
 ``cell``) and columns ``released`` (bool), ``reason`` ("" when released, else why not),
@@ -26,6 +26,7 @@ from torch import nn
 
 from ..privacy.accounting import AccountingError, calibrate_noise_multiplier, rdp_epsilon
 from ..privacy.engine import GradientEngine, PoissonSampler, StepStats
+from ..privacy.randomness import seeded_mt19937
 from . import _theilsen
 from .cells import STATISTICS, Cells, ReleaseError, ols
 from .cells import statistic as cell_statistic
@@ -156,10 +157,9 @@ def suppression(cells: Cells, *, statistic: str, k: int, rate_outcome: bool = Fa
     n = cells.n
     rules = [(n < k, f"N < k={k}")]
     if rate_outcome:
-        bad = int(np.count_nonzero((cells.y != 0.0) & (cells.y != 1.0)))
-        if bad:
-            raise ReleaseError(f"release.rate_outcome=true needs y in {{0, 1}}: {bad} of {cells.y.size} rows "
-                               "have another value; allowed: a binary outcome, or rate_outcome=false")
+        if np.any((cells.y != 0.0) & (cells.y != 1.0)):
+            raise ReleaseError("release.rate_outcome=true needs y in {0, 1}: some rows have another value; "
+                               "allowed: a binary outcome, or rate_outcome=false")
         rules += [(cells.sy < k, f"events N p < k={k}"), (n - cells.sy < k, f"non-events N (1 - p) < k={k}")]
     fit = ols(cells)
     rules.append((~fit.defined, "OLS undefined (N < 3 or no spread in x)"))
@@ -167,7 +167,7 @@ def suppression(cells: Cells, *, statistic: str, k: int, rate_outcome: bool = Fa
     frame = _frame(_reasons(cells.n_cells, rules), theta, 0.0)
     return frame, _meta(
         "suppression", statistic=statistic, neighbours=None, epsilon=None, delta=0.0,
-        split="none: no noise", reference="MOS.md section 5.1 (Chetty & Friedman 2019, the teen-birth example)",
+        split="none: no noise", reference="Chetty & Friedman 2019 (the teen-birth example); docs/release.md section 5",
         guarantee="none: privacy loss uncontrolled (released cells are exact; which cells are released "
                   "depends on private counts)", k=k, rate_outcome=bool(rate_outcome))
 
@@ -230,7 +230,7 @@ def sufficient_stats_laplace(cells: Cells, *, statistic: str, epsilon: float,
     return _frame(reason, theta, sd), _meta(
         "sufficient_stats_laplace", statistic=statistic, neighbours="add_remove", epsilon=eps, delta=0.0,
         split="epsilon/5 to each of n, sum x, sum y, sum x^2, sum xy",
-        reference="MOS.md section 5.2; the Laplace mechanism (Dwork, McSherry, Nissim, Smith 2006)",
+        reference="the Laplace mechanism (Dwork, McSherry, Nissim, Smith 2006); docs/release.md section 5",
         guarantee="epsilon-DP (pure), add/remove", sensitivities=sens, laplace_scales=scale,
         noise_sd_note="delta-method approximation at the noisy sums",
         caveats=[("sensitivities use max |x|, |y| over the domain; a domain not centred at 0 pays for "
@@ -247,7 +247,8 @@ def _noisy_moments(cells: Cells, eps: float, rng: np.random.Generator) -> tuple:
         xbar, ybar = cells.sx / n, cells.sy / n
         nvar = np.maximum(cells.sxx - n * xbar * xbar, 0.0)
         ncov = cells.sxy - n * xbar * ybar
-    dl = np.maximum(1.0 - 1.0 / n, 0.0)
+    with np.errstate(divide="ignore"):
+        dl = np.maximum(1.0 - 1.0 / n, 0.0)  # n = 0 (a declared cell without rows): -inf -> 0, no noise needed
     t1, g1 = calibrate(dl * wx * wy, eps / 3.0)
     t2, g2 = calibrate(dl * wx * wx, eps / 3.0)
     ncov_n = add_noise(ncov, t1, kind="laplace", rng=rng, step=g1)
@@ -300,7 +301,7 @@ def noisy_stats(cells: Cells, *, statistic: str, epsilon: float,
     return _frame(reason, theta, sd), _meta(
         "noisy_stats", statistic=statistic, neighbours="replace_one", epsilon=eps, delta=0.0,
         split="epsilon/3 each to ncov, nvar and the intercept", reference=ALABI + ", section 2.1",
-        guarantee="epsilon-DP (pure), replace-one (n public)",
+        guarantee="epsilon-DP (pure), replace-one within a cell (each cell's N treated as public)",
         epsilon_spent=2 * eps / 3 if statistic == "slope" else eps,
         laplace_scale_note="ncov: 3 (1 - 1/n) wx wy / eps; nvar: 3 (1 - 1/n) wx^2 / eps; "
                            "intercept: 3 (wy + |alpha~| wx) / (n eps); each inflated by the 2^-20 grid")
@@ -310,24 +311,28 @@ def noisy_stats(cells: Cells, *, statistic: str, epsilon: float,
 def dp_theil_sen(cells: Cells, *, statistic: str, epsilon: float, rng: np.random.Generator,
                  variant: str = "all_pairs", k: int | None = None, wide: bool = False,
                  width: float = 0.01, value_range: tuple[float, float] | None = None) -> tuple[pd.DataFrame, dict]:
-    """DP Theil-Sen (Alabi et al. 2022, DPExpTheilSen / DPWideTheilSen). Replace-one, n public.
+    """DP Theil-Sen (Alabi et al. 2022, DPExpTheilSen / DPWideTheilSen). epsilon-DP (pure),
+    replace-one within a cell (each cell's n public).
 
     Per pair of points with distinct x: the pair's line's prediction at x0 (p25/p75) or its slope;
     clipped to ``value_range``; the median by the exponential mechanism (``_theilsen``).
     ``variant="all_pairs"``: all n(n-1)/2 pairs, each point in n - 1 of them, so the mechanism
-    runs at epsilon / (n - 1). ``"matchings"``: k random perfect matchings, each point in <= k pairs,
-    epsilon / k. ``wide``: values below/above the median pushed ``width`` (0.01 in the paper, on
-    the unit scale; scaled by the y width, by wy / wx for the slope) away before the median.
+    runs at epsilon / (n - 1); a cell with more than ``_theilsen.MAX_PAIRS`` pairs is NOT released
+    (reason "all-pairs limit", no N quoted). ``"matchings"``: k random perfect matchings, each point
+    in <= k pairs, epsilon / k. ``"auto"``: all pairs up to the limit, k matchings above it (needs
+    k). Choosing by n is allowed here: n is public under replace-one neighbours. Either way the
+    cell's estimate is epsilon-DP. ``wide``: values below/above the median pushed ``width`` (0.01
+    in the paper, on the unit scale; scaled by the y width, by wy / wx for the slope) away first.
     Default range: [-0.5, 1.5] on the unit square for p25/p75 (the paper); for the slope
     [-4, 4] wy / wx, the slopes of lines whose p25 and p75 both lie in [-0.5, 1.5].
-    Cells with N < 2 (public) are not released; noise_sd is NaN (not additive noise).
+    Cells with N < 2 (public under replace-one) are not released; noise_sd is NaN.
     """
     _check_statistic(statistic)
     eps = _check_epsilon(epsilon)
-    if variant not in ("all_pairs", "matchings"):
-        raise ReleaseError(f"release.variant={variant!r} is not allowed: all_pairs or matchings")
-    if variant == "matchings":
-        k = _check_int(k, "release.k (matchings)")
+    if variant not in ("all_pairs", "matchings", "auto"):
+        raise ReleaseError(f"release.theil_sen_variant={variant!r} is not allowed: auto, all_pairs or matchings")
+    if variant != "all_pairs":
+        k = _check_int(k, "release.theil_sen_k (matchings)")
     d = cells.domain
     wx, wy = _widths(cells)
     scale = wy / wx if statistic == "slope" else wy
@@ -336,20 +341,27 @@ def dp_theil_sen(cells: Cells, *, statistic: str, epsilon: float, rng: np.random
     lo, hi = (float(v) for v in value_range)
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
         raise ReleaseError(f"release.value_range={value_range!r} is not allowed: finite lo < hi")
-    biggest = float(cells.n.max()) if cells.n_cells else 0.0
-    if variant == "all_pairs" and biggest * (biggest - 1) / 2 > _theilsen.MAX_PAIRS:
-        raise ReleaseError(f"release.variant=all_pairs: a cell of N={biggest:.0f} has more than "
-                           f"{_theilsen.MAX_PAIRS} pairs; allowed: variant=matchings with k")
+    too_many = cells.n * (cells.n - 1) / 2 > _theilsen.MAX_PAIRS
+    matchings = np.full(cells.n_cells, variant == "matchings") | ((variant == "auto") & too_many)
+    skip = (variant == "all_pairs") & too_many
     x0 = None if statistic == "slope" else d.x0(statistic)
     w = float(width) * scale if wide else 0.0
     theta = _theilsen.theil_sen_cells(cells.x, cells.y, cells.codes, cells.n, x0=x0, lo=lo, hi=hi,
-                                      epsilon=eps, variant=variant, k=k, width=w, rng=rng)
-    reason = _reasons(cells.n_cells, [(cells.n < 2, "N < 2: no pairs")])
-    per = "epsilon/(n-1) per pair estimate (all pairs)" if variant == "all_pairs" else f"epsilon/k = epsilon/{k}"
+                                      epsilon=eps, matchings=matchings, k=k, width=w, rng=rng, skip=skip)
+    reason = _reasons(cells.n_cells, [
+        (cells.n < 2, "N < 2: no pairs"),
+        (skip, (f"all-pairs limit ({_theilsen.MAX_PAIRS:,} pairs) exceeded; allowed: release.theil_sen_variant="
+                "auto or matchings")),
+    ])
+    per = {"all_pairs": f"all pairs at epsilon/(n-1) (cells above {_theilsen.MAX_PAIRS:,} pairs not released)",
+           "matchings": f"k = {k} random matchings at epsilon/k",
+           "auto": f"all pairs at epsilon/(n-1) up to {_theilsen.MAX_PAIRS:,} pairs, else k = {k} random "
+                   "matchings at epsilon/k (chosen by the public n)"}[variant]
     return _frame(reason, theta, np.nan), _meta(
         "dp_theil_sen" + ("_wide" if wide else ""), statistic=statistic, neighbours="replace_one", epsilon=eps,
         delta=0.0, split=f"all epsilon to one exponential-mechanism median; {per}",
-        reference=ALABI + ", DPTheilSen", guarantee="epsilon-DP (pure), replace-one (n public)",
+        reference=ALABI + ", DPTheilSen",
+        guarantee="epsilon-DP (pure), replace-one within a cell (each cell's N treated as public)",
         variant=variant, k=k, value_range=(lo, hi), width=w,
         caveats=["exponential mechanism sampled in floating point (not bit-exact)"])
 
@@ -463,16 +475,21 @@ class SquaredLossLinearEngine(GradientEngine):
 
 
 def _sgd_cell(u: np.ndarray, t: np.ndarray, *, sigma: float, C: float, q: float, B: float, steps: int,
-              lr: float, seed: int) -> tuple[float, float]:
-    """DP-SGD on one cell; the mean of the second half of the iterates (a, b)."""
-    gen = torch.Generator().manual_seed(seed)
+              lr: float, rng: np.random.Generator) -> tuple[float, float]:
+    """DP-SGD on one cell; the mean of the second half of the iterates (a, b).
+
+    The noise generator is a torch MT19937 whose whole 624-word state comes from ``rng``
+    (:func:`seeded_mt19937`; ``manual_seed`` would keep 32 bits), the Poisson sampler a child of
+    ``rng``. The model is float64, and so is its noise (the engine draws in the parameters' dtype)."""
+    noise_rng, sample_rng = rng.spawn(2)
+    gen = seeded_mt19937(noise_rng.integers(0, 2**32, size=624, dtype=np.uint64).astype(np.uint32))
     model = nn.Linear(1, 1).double()
     with torch.no_grad():
         model.weight.zero_()
         model.bias.fill_(0.5)
     engine = SquaredLossLinearEngine(model, max_grad_norm=C, noise_multiplier=sigma, expected_batch_size=B,
                                      generator=gen)
-    sampler = PoissonSampler(num_rows=u.size, sample_rate=q, rng=np.random.default_rng(seed))
+    sampler = PoissonSampler(num_rows=u.size, sample_rate=q, rng=sample_rng)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     xs, ys = torch.from_numpy(u).reshape(-1, 1), torch.from_numpy(t)
     acc = np.zeros(2)
@@ -496,7 +513,8 @@ def dp_sgd_engine(cells: Cells, *, statistic: str, epsilon: float, delta: float,
 
     Rows on the unit square with x centred (as :func:`dp_gradient_descent`); Poisson sampling
     with rate q (``PoissonSampler``); :class:`SquaredLossLinearEngine` clips per example to C, adds
-    N(0, sigma^2 C^2) in ``GradientEngine.__call__`` (torch generator seeded from ``rng``) and
+    N(0, sigma^2 C^2) in ``GradientEngine.__call__`` (float64, torch generator whose full state
+    comes from ``rng``) and
     divides by B = q n~, n~ a Laplace noisy count (``count_fraction`` epsilon); SGD, projection
     onto the same box, mean of the second half of the iterates. sigma =
     calibrate_noise_multiplier(target = (1 - count_fraction) epsilon, q, steps, delta), RDP;
@@ -520,7 +538,7 @@ def dp_sgd_engine(cells: Cells, *, statistic: str, epsilon: float, delta: float,
     for g in np.flatnonzero(n_noisy >= 3):
         rows = order[starts[g]:starts[g + 1]]
         a[g], b[g] = _sgd_cell(u[rows], t[rows], sigma=sigma, C=C, q=q, B=q * float(n_noisy[g]), steps=T,
-                               lr=lr, seed=int(rng.integers(2**63 - 1)))
+                               lr=lr, rng=rng.spawn(1)[0])
     theta = _theta_from_unit(a, b, cells, statistic)
     reason = _reasons(cells.n_cells, [(n_noisy < 3, "noisy n < 3")])
     eps_used = rdp_epsilon(sample_rate=q, noise_multiplier=sigma, steps=T, delta=delta)

@@ -1,4 +1,4 @@
-"""Per-cell sufficient statistics and OLS fits, for all cells at once (MOS.md sections 1-2).
+"""Per-cell sufficient statistics and OLS fits, for all cells at once (docs/release.md sections 1-2).
 
 Everything here is vectorised over cells: grouped sums by ``np.bincount`` over integer cell
 codes, never a Python loop over cells. Values are clipped into the declared PUBLIC domain
@@ -18,8 +18,8 @@ STATISTICS: tuple[str, ...] = ("p25", "p75", "slope")
 
 
 class ReleaseError(ValueError):
-    """Bad release input; the message names the setting/column, the value or count, and what is
-    allowed, never a private value."""
+    """Bad release input; the message names the setting/column, the value and what is allowed,
+    never a private value and never a private count (rows, rows per cell, cells with rows)."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,12 @@ def make_cells(x: np.ndarray, y: np.ndarray, codes: np.ndarray, *, keys: pd.Data
 def group_cells(
     df: pd.DataFrame, *, x: str, y: str, cells: list[str], domain: Domain, clip: bool = True
 ) -> Cells:
-    """Group a table's rows into cells (the distinct combinations of ``cells`` columns).
+    """Group a table's rows into the cells OBSERVED in it (the distinct combinations of ``cells``).
+
+    The list of cells is then a function of the private rows: a cell with one person appears
+    only when that person is in the data. A release run never uses this (it takes the cells from
+    a public declaration or a private selection, :mod:`dptrain.release.cell_domain`); it serves
+    the Python API's analysis inside the secure environment.
 
     Args:
         df: the private microdata.
@@ -95,33 +100,41 @@ def group_cells(
     """
     for setting, col in [("release.x", x), ("release.y", y)] + [("release.cells", c) for c in cells]:
         if col not in df.columns:
-            raise ReleaseError(f"{setting}: column {col!r} is not in the data ({len(df)} rows)")
+            raise ReleaseError(f"{setting}: column {col!r} is not in the data; allowed: a column of the table")
     if len(df) == 0:
-        raise ReleaseError("the data has 0 rows: nothing to release")
+        raise ReleaseError("the data has no rows: nothing to release")
     if not cells:
         raise ReleaseError("release.cells=[] is not allowed: name at least one cell column")
-    xv = pd.to_numeric(df[x], errors="coerce").to_numpy(dtype=np.float64)
-    yv = pd.to_numeric(df[y], errors="coerce").to_numpy(dtype=np.float64)
-    for setting, col, v in (("release.x", x, xv), ("release.y", y, yv)):
-        bad = int((~np.isfinite(v)).sum())
-        if bad:
-            raise ReleaseError(f"{setting}: column {col!r} has {bad} missing, non-numeric or infinite entries of {len(v)} rows")
-    if not clip:
-        for setting, col, v, lo, hi in (("release.x", x, xv, domain.x_lo, domain.x_hi),
-                                        ("release.y", y, yv, domain.y_lo, domain.y_hi)):
-            out = int(((v < lo) | (v > hi)).sum())
-            if out:
-                raise ReleaseError(
-                    f"{setting}: column {col!r} has {out} entries of {len(v)} rows outside the declared domain "
-                    f"[{lo}, {hi}]; allowed: values inside release.domain, or release.clip=true")
+    xv, yv = xy_values(df, x=x, y=y, domain=domain, clip=clip)
     codes, uniques = pd.MultiIndex.from_frame(df[cells]).factorize() if len(cells) > 1 else pd.factorize(df[cells[0]])
     if (codes < 0).any():
-        raise ReleaseError(f"release.cells: {int((codes < 0).sum())} rows of {len(df)} have a missing cell value")
+        raise ReleaseError("release.cells: some rows have a missing cell value; allowed: a value in every cell column")
     if len(uniques) < 2:
-        raise ReleaseError(f"release.cells={cells!r} defines {len(uniques)} cell: a release needs at least 2 cells")
+        raise ReleaseError(f"release.cells={cells!r} defines fewer than 2 cells: a release needs at least 2 cells")
     keys = uniques.to_frame(index=False) if len(cells) > 1 else pd.DataFrame({cells[0]: np.asarray(uniques)})
     keys.columns = list(cells)
     return make_cells(xv, yv, codes, keys=keys, domain=domain)
+
+
+def xy_values(df: pd.DataFrame, *, x: str, y: str, domain: Domain, clip: bool = True,
+              drop_nonfinite: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The x and y columns as float64. Missing, non-numeric or infinite entries are refused (or,
+    with ``drop_nonfinite``, returned as NaN for the caller to leave out); with ``clip=False``,
+    entries outside the domain are refused. Messages never count or quote the entries."""
+    xv = pd.to_numeric(df[x], errors="coerce").to_numpy(dtype=np.float64)
+    yv = pd.to_numeric(df[y], errors="coerce").to_numpy(dtype=np.float64)
+    for setting, col, v in (("release.x", x, xv), ("release.y", y, yv)):
+        if not drop_nonfinite and not np.isfinite(v).all():
+            raise ReleaseError(f"{setting}: column {col!r} has missing, non-numeric or infinite entries; allowed: "
+                               "finite numbers in every row, or data.nonfinite=drop (such rows are left out)")
+    if not clip:
+        for setting, col, v, lo, hi in (("release.x", x, xv, domain.x_lo, domain.x_hi),
+                                        ("release.y", y, yv, domain.y_lo, domain.y_hi)):
+            if ((v < lo) | (v > hi)).any():
+                raise ReleaseError(
+                    f"{setting}: column {col!r} has entries outside the declared domain [{lo}, {hi}]; "
+                    "allowed: values inside release.domain, or release.clip=true")
+    return xv, yv
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""How releases are judged (MOS.md section 6), by cell-size band, vectorised over cells.
+"""How releases are judged (docs/release.md section 6), by cell-size band, vectorised over cells.
 
 Every metric is computed for each band of N (``bands``: half-open intervals [lo, hi)) and for
 all cells together (band ``"all"``). The reference ("truth") is the true cell parameter when

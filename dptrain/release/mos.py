@@ -1,4 +1,4 @@
-"""Maximum Observed Sensitivity (Chetty & Friedman 2019), MOS.md sections 3-4.
+"""Maximum Observed Sensitivity (Chetty & Friedman 2019), docs/release.md sections 3-4.
 
     chi_g      = max over the cells h of g's chi-group of N_h LS_h   (cells with infinite LS skipped)
     theta~_g   = theta_g + noise of scale t_g,  t_g ~= chi / (eps_theta N_g)
@@ -61,10 +61,10 @@ def _group_codes(groups: Any, n_cells: int) -> np.ndarray:
         return np.zeros(n_cells, dtype=np.int64)
     g = np.asarray(groups)
     if g.shape != (n_cells,):
-        raise ReleaseError(f"release.chi_groups has shape {g.shape}: one group label per cell ({n_cells}) is needed")
+        raise ReleaseError(f"release.chi_groups has shape {g.shape}: one group label per listed cell ({n_cells}) is needed")
     codes, _ = pd.factorize(pd.Series(g), use_na_sentinel=True)
     if (codes < 0).any():
-        raise ReleaseError(f"release.chi_groups: {int((codes < 0).sum())} of {n_cells} cells have a missing group")
+        raise ReleaseError("release.chi_groups: some cells have a missing group; allowed: one group label per cell")
     return codes.astype(np.int64)
 
 
@@ -127,11 +127,12 @@ def release_mos(
     noise: str = "laplace",
     chi_groups: np.ndarray | None = None,
     seed: int | None = None,
+    rng: np.random.Generator | None = None,
     epsilon_split: tuple = (1, 1, 1),
     sensitivity: Any = None,
     se_sensitivity: Any = None,
 ) -> MOSRelease:
-    """Release theta, its SE and N for every cell by MOS noise infusion (MOS.md sections 3-4).
+    """Release theta, its SE and N for every cell by MOS noise infusion (docs/release.md sections 3-4).
 
     Args:
         cells: the cells (sufficient statistics and rows).
@@ -142,7 +143,9 @@ def release_mos(
         noise: "laplace" (grid discrete Laplace) or "normal" (rounded Gaussian, same variance,
             no pure-epsilon meaning).
         chi_groups: one group label per cell over which chi is maximised (None: all cells).
-        seed: None (CSPRNG) or an int (reproducible; not for production).
+        seed: None (CSPRNG) or an int (reproducible; not for production; never echoed in ``info``).
+        rng: a numpy Generator to draw from instead (a release run passes
+            ``Randomness.numpy("release-mos")``); overrides ``seed``.
         sensitivity, se_sensitivity: precomputed ``Sensitivity`` objects (``.ls``, ``.reason``,
             ``.beat_corners``) for theta and its SE; by default computed with
             ``dptrain.release.sensitivity.local_sensitivity`` / ``se_local_sensitivity``.
@@ -157,7 +160,10 @@ def release_mos(
     G = cells.n_cells
     group_codes = _group_codes(chi_groups, G)
     group_labels = np.asarray(chi_groups) if chi_groups is not None else np.full(G, "all", dtype=object)
-    rng, rng_desc = make_rng(seed)
+    if rng is None:
+        rng, rng_desc = make_rng(seed)
+    else:
+        rng_desc = "a numpy Generator supplied by the caller"
 
     if sensitivity is None or se_sensitivity is None:
         from .sensitivity import local_sensitivity, se_local_sensitivity

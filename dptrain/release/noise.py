@@ -1,4 +1,4 @@
-"""Floating-point-safe noise for releases (MOS.md section 4).
+"""Floating-point-safe noise for releases (docs/release.md section 4).
 
 Why not ``value + rng.laplace(0, scale)``: a floating-point Laplace sample is not a sample of the
 real Laplace law. The set of doubles that ``fl(x + L)`` can take, and how often, depends on the
@@ -53,8 +53,9 @@ only up to double rounding. That error does not depend on the true value (the su
 integer grid whatever the value), so it cannot create the Mironov leak; a bit-exact integer
 sampler (Canonne, Kamath, Steinke 2020) would remove even the probability rounding.
 
-Randomness: :func:`make_rng`. Without a seed, numpy's PCG64 is seeded with 256 bits from the
-operating system's CSPRNG (``secrets``); with a seed it is reproducible and not for production.
+Randomness: every function takes a numpy ``Generator``. A release run draws them from
+:class:`dptrain.privacy.randomness.Randomness` (OS CSPRNG by default, one stream per method);
+:func:`make_rng` serves the Python API (CSPRNG, or a caller's seed that no output echoes).
 """
 
 from __future__ import annotations
@@ -70,18 +71,22 @@ NOISE_KINDS: tuple[str, ...] = ("laplace", "normal")
 
 
 def make_rng(seed: int | None) -> tuple[np.random.Generator, str]:
-    """A numpy Generator and a sentence saying how it was seeded.
+    """A numpy Generator and a sentence saying how it was seeded (never the seed itself).
 
-    ``seed=None``: PCG64 seeded from ``secrets.randbits(256)`` (the OS CSPRNG); otherwise a
-    reproducible PCG64 seeded with ``seed`` (a non-negative int), for tests and replication only.
+    For the Python API only; a release run (task=release) takes its streams from
+    :class:`dptrain.privacy.randomness.Randomness`. ``seed=None``: PCG64 seeded with 256 bits from
+    the OS CSPRNG (``secrets``); otherwise a reproducible PCG64 seeded with ``seed`` (a
+    non-negative int, all its bits kept by numpy's SeedSequence): whoever knows that seed can
+    regenerate the noise and remove it.
     """
     if seed is None:
         return (np.random.Generator(np.random.PCG64(secrets.randbits(256))),
-                "numpy PCG64 seeded from the OS CSPRNG (secrets), 256 bits")
+                "numpy PCG64 seeded from the OS CSPRNG (secrets), 256 bits, fresh for this call")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or int(seed) < 0:
-        raise ReleaseError(f"release.seed={seed!r} is not allowed: a non-negative integer, or null for a CSPRNG seed")
+        raise ReleaseError(f"seed={seed!r} is not allowed: a non-negative integer, or None for a CSPRNG seed")
     return (np.random.Generator(np.random.PCG64(int(seed))),
-            f"numpy PCG64 seeded PRNG (seed={int(seed)}), reproducible, not for production releases")
+            "numpy PCG64 seeded by the caller (REPRODUCIBLE: whoever knows the seed can regenerate and remove "
+            "the noise; keep it secret, not for production releases)")
 
 
 def grid_step(scale: np.ndarray | float) -> np.ndarray:

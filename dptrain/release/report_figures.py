@@ -1,4 +1,5 @@
-"""The figures of a release run (PNG files in the run folder), from its computed pieces."""
+"""The figures of a release run's PRIVATE evaluation (PNG files under <run>/private/evaluation/): they
+show exact private values (a real cell's raw rows, each cell's N, errors against exact estimates)."""
 
 from __future__ import annotations
 

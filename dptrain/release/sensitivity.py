@@ -1,4 +1,4 @@
-"""Local sensitivity LS_g of per-cell OLS statistics and of their standard errors (MOS.md 2, 4).
+"""Local sensitivity LS_g of per-cell OLS statistics and of their standard errors (docs/release.md sections 2, 4).
 
 Closed forms, vectorised over cells and rows (no Python loop over cells); the math lives in
 ``dptrain.release._ls_math``. For a statistic theta in {p25, p75, slope} with influence factor
@@ -7,7 +7,7 @@ alpha + beta u ((S/n, x0 - xbar) for a + b x0; (0, 1) for b), u = x - xbar, S = 
     add (x*, y*):   d_add = e* (alpha + beta u) / (u^2 + S (1 + 1/n)),     e* = y* - yhat(x*)
     remove row i:   d_rem,i = -e_i (alpha + beta u_i) / (S (1 - 1/n) - u_i^2)
 
-(p25/p75: MOS.md's formula times S/S; slope: d_add = u e* / (S (1 + 1/n) + u^2)).
+(p25/p75: the paper's formula times S/S; slope: d_add = u e* / (S (1 + 1/n) + u^2)).
 LS_add is the EXACT sup over the domain (y* at its ends, x* at the domain ends or at the roots
 of a quadratic, see ``_ls_math.theta_add_sup``); LS_remove is the max over rows of |d_rem,i|.
 
@@ -124,7 +124,7 @@ def local_sensitivity(cells: Cells, *, statistic: str,
 
 def se_local_sensitivity(cells: Cells, *, statistic: str, neighbors: str = "add_remove",
                          grid: int = 129) -> Sensitivity:
-    """LS of the homoskedastic OLS standard error of theta (MOS.md 4: the SE as a statistic).
+    """LS of the homoskedastic OLS standard error of theta (docs/release.md section 4: the SE as a statistic).
 
     Add (x*, y*), u = x* - xbar, e* = y* - yhat(x*), h* = 1/n + u^2/S:
         RSS' = RSS + e*^2/(1 + h*), n' = n + 1, xbar' = xbar + u/(n+1), S' = S + n u^2/(n+1).

@@ -1,0 +1,119 @@
+"""Models that DP-SGD can protect: each example's output must depend on that example alone.
+
+Per-example clipping bounds one example's influence on a step only if the loss of example i
+is a function of example i (and the parameters) alone. A layer that mixes the examples of a
+batch (BatchNorm normalises each example with the batch's mean and variance) lets one example
+move every other example's gradient: removing one example changed the clipped sum by more than
+C in a run that still claimed its epsilon. A layer that updates buffers from data (BatchNorm's
+running mean and variance, any custom module with buffers) writes statistics of private batches,
+without noise, into the model that is published.
+
+:func:`check_model` refuses such models by name, before any private row is read and again when
+an engine is built (every engine: the fast one, Opacus, and any other). Three independent checks:
+
+1. by type: batch normalisation of any kind (``BatchNorm1d/2d/3d``, ``SyncBatchNorm``, lazy
+   variants, with or without ``affine`` / ``track_running_stats``) and instance normalisation
+   that tracks running statistics;
+2. by state: any module holding buffers (tensors that are not parameters), whatever its class;
+3. by behaviour: the model is run (on a copy, in training mode, on random inputs of the public
+   width) on a batch, then on the same batch with one row changed; every other row's output must
+   be unchanged (catches custom modules that mix rows without buffers, e.g. ``x - x.mean(0)``).
+
+Opacus' ``ModuleValidator`` is consulted as well (its errors are added to the message), but not
+relied on: it accepts ``BatchNorm1d(affine=False)``, which mixes examples.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+ADVICE = ("use a layer that treats every example on its own instead: nn.LayerNorm or nn.GroupNorm, or "
+          "no normalisation (the features are already scaled by their public bounds)")
+
+
+class ModelCheckError(ValueError):
+    """The model cannot be trained with a per-example DP guarantee; the message says why."""
+
+
+def _mixing_by_type(name: str, module: nn.Module) -> str | None:
+    where = f"module {name!r}" if name else "the model itself"
+    if isinstance(module, nn.modules.batchnorm._NormBase) and not isinstance(module, nn.modules.instancenorm._InstanceNorm):
+        return (f"{where}: {type(module).__name__} normalises each example with statistics of the whole batch, so "
+                "one example changes every other example's gradient")
+    if isinstance(module, nn.modules.instancenorm._InstanceNorm) and module.track_running_stats:
+        return f"{where}: {type(module).__name__}(track_running_stats=True) updates running statistics from private batches"
+    return None
+
+
+def static_problems(model: nn.Module) -> list[str]:
+    """Problems found without running the model: types that mix a batch, buffers, Opacus'
+    validator. Empty when none is found."""
+    problems: list[str] = []
+    for name, module in model.named_modules():
+        reason = _mixing_by_type(name, module)
+        if reason is not None:
+            problems.append(reason)
+            continue
+        buffers = [b for b, _ in module.named_buffers(recurse=False)]
+        if buffers:
+            problems.append(f"{f'module {name!r}' if name else 'the model itself'}: {type(module).__name__} holds buffers "
+                            f"({', '.join(buffers)}), state that may be updated from private batches without noise "
+                            "and is saved with the model")
+    try:
+        from opacus.validators import ModuleValidator
+
+        for err in ModuleValidator.validate(model, strict=False):
+            text = f"Opacus: {err}"
+            if not any(str(err) in p for p in problems):
+                problems.append(text)
+    except Exception:  # noqa: BLE001 - the validator is a second opinion only
+        pass
+    return problems
+
+
+@torch.no_grad()
+def mixing_probe(model: nn.Module, *, in_features: int, rows: int = 8) -> str | None:
+    """Run a copy of the model in training mode on random inputs of the public width, then on
+    the same inputs with row 0 changed; a description of the problem if any other row's output
+    moved (the data is random: no private row is used). Dropout and other random layers see the
+    same random numbers in both passes."""
+    probe = copy.deepcopy(model).train()
+    gen = torch.Generator().manual_seed(0)
+    dtype = next((p.dtype for p in probe.parameters()), torch.get_default_dtype())
+    x = torch.rand(rows, in_features, generator=gen, dtype=dtype) * 2 - 1
+    x2 = x.clone()
+    x2[0] = torch.rand(in_features, generator=gen, dtype=dtype) * 2 - 1
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(1)
+            out = probe(x)
+            torch.manual_seed(1)
+            out2 = probe(x2)
+    except Exception as err:  # noqa: BLE001
+        return f"the model cannot be run on a batch of {rows} examples with {in_features} features ({type(err).__name__}: {err})"
+    if not isinstance(out, torch.Tensor) or out.shape[:1] != (rows,):
+        return f"the model's output for a batch of {rows} examples is not one row per example"
+    if not torch.equal(out[1:], out2[1:]):
+        return ("changing one example changed the outputs of the OTHER examples of the batch: a layer mixes the "
+                "examples of a batch (e.g. normalisation with batch statistics)")
+    return None
+
+
+def check_model(model: nn.Module, *, in_features: int | None = None) -> None:
+    """Raise :class:`ModelCheckError` unless every example's output depends on that example
+    alone and no module holds buffers. ``in_features``: the public feature width, for the
+    behavioural probe (skipped when None)."""
+    problems = static_problems(model)
+    if not problems and in_features is not None:
+        moved = mixing_probe(model, in_features=in_features)
+        if moved is not None:
+            problems.append(moved)
+    if problems:
+        raise ModelCheckError(
+            "model is not allowed for DP training: per-example clipping protects an example only if no other "
+            "example's output depends on it and the model keeps no state updated from data. Found: "
+            + "; ".join(problems) + ". Allowed: " + ADVICE + "."
+        )
