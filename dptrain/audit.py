@@ -55,8 +55,8 @@ interval [0, eps) of epsilons it rejects at level 1 - confidence (the first eps 
 reaches that level, so a non-monotone delta term can only make the bound smaller). With
 delta = 0 it is the exact binomial (Clopper-Pearson) bound.
 
-``audit.mutation=no_noise`` sets the engine's noise multiplier to 0 (``fit(on_engine=...)``)
-while the accountant still records the configured sigma: the run then claims an epsilon it does
+``audit.mutation=no_noise`` runs the mechanism's ``without_noise()`` copy: its engine adds no
+noise while the accountant still records the configured sigma: the run then claims an epsilon it does
 not have, and the audit must report a bound above that claim. Its report says so loudly.
 """
 
@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,9 +71,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy import optimize, special, stats
 from torch import nn
 
+from dptrain.audit_bound import (  # noqa: F401  (the audit's statistics, re-exported)
+    Guesses,
+    audit_scores,
+    count_correct,
+    epsilon_lower_bound,
+    guess_counts,
+    p_value,
+)
 from dptrain.config import Config, ConfigError
 from dptrain.data import Dataset
 
@@ -94,123 +100,6 @@ BROKEN_WARNING = (
     "accountant still claims sigma; this model has NO privacy guarantee and its claimed epsilon is false"
 )
 
-
-# --------------------------------------------------------------------------------------------
-# The lower bound (pure functions)
-# --------------------------------------------------------------------------------------------
-
-
-def _check_counts(m: int, r: int, v: int) -> None:
-    if not (0 <= v <= r <= m):
-        raise ValueError(f"need 0 <= v <= r <= m, got m={m}, r={r}, v={v}")
-
-
-def p_value(*, m: int, r: int, v: int, epsilon: float, delta: float) -> float:
-    """Largest probability of >= v correct guesses out of r (m canaries) that an
-    (epsilon, delta)-DP run allows (Steinke, Nasr, Jagielski 2023, Theorems 3.1 and 5.2):
-
-        f(v) + 2 m delta max_{1<=i<=v} (f(v - i) - f(v)) / i,   f(u) = P[Binomial(r, p) >= u],
-
-    with p = e^eps / (1 + e^eps), capped at 1. (i > v adds nothing: f(v - i) = 1 there.)"""
-    _check_counts(m, r, v)
-    if not (epsilon >= 0 and 0 <= delta <= 1):
-        raise ValueError(f"need epsilon >= 0 and delta in [0, 1], got {epsilon}, {delta}")
-    p = special.expit(epsilon)
-    tail = float(stats.binom.sf(v - 1, r, p))  # P[B >= v]
-    if delta > 0 and v >= 1:
-        below = stats.binom.pmf(np.arange(v - 1, -1, -1), r, p)  # P[B = v-1], P[B = v-2], ..., P[B = 0]
-        slope = float(np.max(np.cumsum(below) / np.arange(1, v + 1)))  # max_i P[v-i <= B < v] / i
-        tail += 2.0 * m * delta * slope
-    return min(tail, 1.0)
-
-
-def _pure_dp_bound(r: int, v: int, level: float) -> float:
-    """delta = 0: the eps where P[Binomial(r, p(eps)) >= v] = level, from the exact identity
-    P[Binomial(r, p) >= v] = I_p(v, r - v + 1) (regularised incomplete beta), i.e. p is the
-    ``level`` quantile of Beta(v, r - v + 1); 1 - p is taken from the mirrored Beta so that
-    the logit keeps its precision when p is close to 1."""
-    p = float(stats.beta.ppf(level, v, r - v + 1))
-    one_minus_p = float(stats.beta.isf(level, r - v + 1, v))
-    if p <= 0.5:
-        return 0.0
-    return max(0.0, math.log(p) - math.log(one_minus_p))
-
-
-def epsilon_lower_bound(*, m: int, r: int, v: int, delta: float, confidence: float = 0.95) -> float:
-    """Epsilon lower bound at ``confidence`` from v correct guesses out of r (m canaries):
-    the largest eps such that every eps' < eps has :func:`p_value` < 1 - confidence. 0 when
-    nothing is rejected (always the case for v <= r / 2). An (eps, delta)-DP run reports a bound
-    above eps with probability at most 1 - confidence."""
-    _check_counts(m, r, v)
-    if not (0.5 < confidence < 1):
-        raise ValueError(f"confidence={confidence} must be in (0.5, 1)")
-    level = 1.0 - confidence
-    if r == 0 or v <= r / 2:
-        return 0.0
-
-    def excess(eps: float) -> float:
-        return p_value(m=m, r=r, v=v, epsilon=eps, delta=delta) - level
-
-    if excess(0.0) >= 0:
-        return 0.0
-    pure = _pure_dp_bound(r, v, level)
-    if delta == 0:
-        return pure
-    # p_value(delta) >= p_value(0), which crosses the level exactly at `pure` and increases, so
-    # the first crossing lies in (0, pure]: scan a grid for it, then solve in its bracket.
-    grid = np.linspace(0.0, pure, 201)
-    lo = 0.0
-    for eps in grid[1:]:
-        if excess(float(eps)) >= 0:
-            return float(optimize.brentq(excess, lo, float(eps), xtol=1e-10, rtol=1e-12))
-        lo = float(eps)
-    return pure  # not reached: p_value(pure) >= level
-
-
-# --------------------------------------------------------------------------------------------
-# Guessing
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Guesses:
-    k: int  # guesses "in" for the k highest scores and "out" for the k lowest
-    r: int  # number of guesses, 2k
-    v: int  # correct guesses
-    lower_bound: float  # at the union-bound-adjusted confidence
-
-
-def count_correct(scores: np.ndarray, included: np.ndarray, k: int) -> tuple[int, int]:
-    """(r, v): guess "in" for the k highest scores, "out" for the k lowest (ties broken by
-    index, which is independent of the coin flips), abstain on the rest."""
-    m = len(scores)
-    if not (1 <= k <= m // 2):
-        raise ValueError(f"k={k} must be in [1, m/2] for m={m}")
-    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
-    top, bottom = order[:k], order[m - k:]
-    v = int(np.sum(included[top])) + int(np.sum(~included[bottom]))
-    return 2 * k, v
-
-
-def guess_counts(m: int, fractions: list[float]) -> list[int]:
-    """The distinct k = floor(f m / 2) of the configured guess fractions, ascending."""
-    return sorted({max(1, math.floor(f * m / 2)) for f in fractions})
-
-
-def audit_scores(scores: np.ndarray, included: np.ndarray, *, fractions: list[float], delta: float,
-                 confidence: float) -> tuple[Guesses, list[Guesses]]:
-    """Every k of the list with its bound at confidence 1 - (1 - confidence) / K (union bound
-    over the K distinct k), and the one with the largest bound (the smallest k on ties)."""
-    m = len(scores)
-    ks = guess_counts(m, fractions)
-    each = 1.0 - (1.0 - confidence) / len(ks)
-    rows = []
-    for k in ks:
-        r, v = count_correct(scores, included, k)
-        rows.append(Guesses(k=k, r=r, v=v, lower_bound=epsilon_lower_bound(m=m, r=r, v=v, delta=delta,
-                                                                            confidence=each)))
-    best = max(rows, key=lambda g: (g.lower_bound, -g.k))
-    return best, rows
 
 
 # --------------------------------------------------------------------------------------------
@@ -284,6 +173,58 @@ def _canary_rng(conf: Config) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([int(seed), 0xA0D17]))
 
 
+def run_task(cfg: Any, *, run_dir: Path) -> float:
+    """task=audit (experiment=audit_logit / audit_mlp): settings, randomness and the model
+    (with the canary columns) checked before the data is read; one training run with canaries,
+    then an epsilon lower bound beside the claimed epsilon. Returns the bound."""
+    from omegaconf import OmegaConf
+
+    from dptrain.config import validate
+    from dptrain.data import load_dataset
+    from dptrain.objectives import build_objective
+    from dptrain.outputs import randomness_for
+    from dptrain.tracking import atomic_write_text
+    from dptrain.train import build_model, data_spec_from_config
+
+    conf: Config = OmegaConf.to_object(cfg)
+    validate(conf)
+    randomness = randomness_for(conf, cfg, run_dir=run_dir)
+    build_model(conf, spec=data_spec_from_config(conf.data, extra_features=conf.audit.canaries),
+                objective=build_objective(conf.objective))
+    data = load_dataset(conf.data, seed=conf.seed)
+    atomic_write_text(run_dir / ".hydra" / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    report = run_audit(conf, data, run_dir=run_dir, randomness=randomness)
+    for line in format_audit(report):
+        (log.warning if report["broken"] or report["claim_refuted"] else log.info)("%s", line)
+    log.info("audit outputs in %s (audit.json, audit_canaries.csv; FILES.txt lists them)", run_dir)
+    return float(report["epsilon_lower_bound"])
+
+
+def _train_with_canaries(conf: Config, canaries: Canaries, *, public_n: int, delta: float, run_dir: Path | None,
+                         randomness: Any) -> tuple[Any, torch.Tensor]:
+    """One DP-SGD run on the data plus the drawn-in canaries; (result, initial first-layer
+    weights). The mechanism's N is ``public_n`` (all m canaries counted), so q, the steps and
+    delta do not depend on the coin flips. ``audit.mutation=no_noise``: the mechanism's engine
+    adds no noise while its accountant records sigma."""
+    from dptrain.tracking import Tracker, private_dir
+    from dptrain.train import LaunchConfig, fit, mechanism_for
+
+    mechanism = mechanism_for(conf, dataset_size=public_n, delta=delta)
+    if conf.audit.mutation == "no_noise":
+        log.warning("%s", BROKEN_WARNING)
+        mechanism = mechanism.without_noise()
+    initial: dict[str, torch.Tensor] = {}
+    tracker = Tracker(private_dir(run_dir) if run_dir is not None else Path("."),
+                      tensorboard=conf.logger.tensorboard and run_dir is not None)
+    try:
+        result = fit(conf, canaries.data, mechanism=mechanism, tracker=tracker,
+                     launch=LaunchConfig(randomness=randomness),
+                     on_engine=lambda e: initial.setdefault("weight", first_linear(e.model).weight.detach().clone()))
+    finally:
+        tracker.close()
+    return result, initial["weight"]
+
+
 def run_audit(conf: Config, data: Dataset, *, run_dir: Path | None = None, randomness: Any = None) -> dict[str, Any]:
     """Train once with canaries, score them, guess, bound. Writes ``audit.json``,
     ``audit_canaries.csv``, ``FILES.txt`` and ``private/metrics.json`` to ``run_dir`` (when
@@ -291,89 +232,71 @@ def run_audit(conf: Config, data: Dataset, *, run_dir: Path | None = None, rando
     :func:`dptrain.config.validate`. ``randomness``: the secret streams of the training run
     (default: fresh from the OS CSPRNG)."""
     from dptrain.config import validate_against_size
-    from dptrain.tracking import Tracker, atomic_write_text, private_dir, write_json, write_manifest
-    from dptrain.train import final_epsilons, fit
+    from dptrain.train import final_epsilons
 
-    start = time.perf_counter()
-    a = conf.audit
+    start, a = time.perf_counter(), conf.audit
     canaries = add_canaries(data, m=a.canaries, rng=_canary_rng(conf))
     public_n = data.n_train + a.canaries  # not the drawn-in count: q, steps and delta must not depend on it
     delta = validate_against_size(conf, public_n)
-    broken = a.mutation == "no_noise"
-    initial: dict[str, torch.Tensor] = {}
-
-    def on_engine(engine) -> None:
-        initial["weight"] = first_linear(engine.model).weight.detach().clone()
-        if broken:
-            engine.noise_multiplier = 0.0  # the accountant still records the configured sigma
-
-    if broken:
-        log.warning("%s", BROKEN_WARNING)
-    tracker = Tracker(private_dir(run_dir), tensorboard=conf.logger.tensorboard) if run_dir is not None else Tracker(
-        Path("."), tensorboard=False)
-    try:
-        result = fit(conf, canaries.data, delta=delta, tracker=tracker, on_engine=on_engine, randomness=randomness,
-                     dataset_size=public_n)
-    finally:
-        tracker.close()
-    epsilons = final_epsilons(result, delta=delta)
-    claimed = epsilons[conf.privacy.accountant]
-    scores = canary_scores(result.model, canaries, initial["weight"], method=a.score)
+    result, initial = _train_with_canaries(conf, canaries, public_n=public_n, delta=delta, run_dir=run_dir,
+                                           randomness=randomness)
+    epsilons = final_epsilons(result, delta=delta, headline=conf.privacy.accountant)
+    scores = canary_scores(result.model, canaries, initial, method=a.score)
     best, rows = audit_scores(scores, canaries.included, fractions=list(a.guess_fractions), delta=delta,
                               confidence=a.confidence)
-    refuted = best.lower_bound > claimed
-    report: dict[str, Any] = {
-        "claimed_epsilon": claimed,
-        "accountant": conf.privacy.accountant,
-        "epsilons": epsilons,
-        "delta": delta,
-        "epsilon_lower_bound": best.lower_bound,
-        "confidence": a.confidence,
-        "claim_refuted": refuted,
-        "m": a.canaries,
-        "canaries_included": int(canaries.included.sum()),
-        "r": best.r,
-        "v": best.v,
-        "k_plus": best.k,
-        "k_minus": best.k,
-        "k_tried": [g.k for g in rows],
+    report = _audit_report(conf, best, rows, epsilons=epsilons, delta=delta, canaries=canaries,
+                           mechanism=result.privacy)
+    report["seconds"] = time.perf_counter() - start
+    if run_dir is not None:
+        _write_audit_files(run_dir, report, canaries=canaries, scores=scores, metrics=result.metrics)
+    return report
+
+
+def _audit_report(conf: Config, best: Guesses, rows: list[Guesses], *, epsilons: dict[str, float], delta: float,
+                  canaries: Canaries, mechanism: dict[str, Any]) -> dict[str, Any]:
+    a, claimed = conf.audit, epsilons[conf.privacy.accountant]
+    broken = a.mutation == "no_noise"
+    return {
+        "claimed_epsilon": claimed, "accountant": conf.privacy.accountant, "epsilons": epsilons, "delta": delta,
+        "epsilon_lower_bound": best.lower_bound, "confidence": a.confidence,
+        "claim_refuted": best.lower_bound > claimed,
+        "m": a.canaries, "canaries_included": int(canaries.included.sum()),
+        "r": best.r, "v": best.v, "k_plus": best.k, "k_minus": best.k, "k_tried": [g.k for g in rows],
         "selection": (f"best of {len(rows)} k fixed in advance (audit.guess_fractions), union bound: each at "
                       f"confidence {1 - (1 - a.confidence) / len(rows):.6g}"),
         "per_k": [{"k": g.k, "r": g.r, "v": g.v, "epsilon_lower_bound": g.lower_bound} for g in rows],
-        "score": a.score,
-        "score_description": SCORE_DESCRIPTION[a.score],
-        "canary_design": CANARY_DESIGN,
-        "mutation": a.mutation,
-        "broken": broken,
-        "warning": BROKEN_WARNING if broken else None,
+        "score": a.score, "score_description": SCORE_DESCRIPTION[a.score], "canary_design": CANARY_DESIGN,
+        "mutation": a.mutation, "broken": broken, "warning": BROKEN_WARNING if broken else None,
         "meaning": (
             "a lower bound on the epsilon of THIS configuration with THESE canaries: if the run were "
             f"(epsilon, delta)-DP, a bound above epsilon would appear with probability <= {1 - a.confidence:.3g}. "
             "A bound below the claim is not a proof of privacy."
         ),
         "bound": "Steinke, Nasr, Jagielski 2023 (one training run), Theorems 3.1 / 5.2",
-        "mechanism": result.privacy,
-        "seed": conf.seed,
-        "audit_seed": a.seed,
-        "seconds": time.perf_counter() - start,
+        "mechanism": mechanism, "seed": conf.seed, "audit_seed": a.seed,
     }
-    if run_dir is not None:
-        write_json(run_dir / "audit.json", report)
-        write_json(private_dir(run_dir) / "metrics.json", result.metrics)
-        lines = ["canary,included,score"] + [
-            f"{j},{int(inc)},{s:.9g}" for j, (inc, s) in enumerate(zip(canaries.included, scores))]
-        atomic_write_text(run_dir / "audit_canaries.csv", "\n".join(lines) + "\n")
-        write_manifest(run_dir, publishable={
-            "audit.json": "the audit's result: scores of the trained (DP) model on synthetic canaries, post-processing",
-            "audit_canaries.csv": "each canary's coin flip and score (synthetic records, not data)",
-            "FILES.txt": "this list", ".hydra/": "the configuration",
-        }, private={
-            "private/metrics.json": "test metrics and timings of the audited run (rows of the data)",
-            "private/tb/": "TensorBoard curves of the audited run",
-            "private/dptrain.log": "the log",
-            "private/checkpoint.pt": "not written: an audit is one fresh run",
-        }, guarantee=f"the audited run claims ({claimed:.4g}, {delta:.3g})-DP; this audit is a lower bound, not a proof")
-    return report
+
+
+def _write_audit_files(run_dir: Path, report: dict[str, Any], *, canaries: Canaries, scores: np.ndarray,
+                       metrics: dict[str, float]) -> None:
+    from dptrain.tracking import atomic_write_text, private_dir, write_json, write_manifest
+
+    write_json(run_dir / "audit.json", report)
+    write_json(private_dir(run_dir) / "metrics.json", metrics)
+    lines = ["canary,included,score"] + [
+        f"{j},{int(inc)},{s:.9g}" for j, (inc, s) in enumerate(zip(canaries.included, scores))]
+    atomic_write_text(run_dir / "audit_canaries.csv", "\n".join(lines) + "\n")
+    write_manifest(run_dir, publishable={
+        "audit.json": "the audit's result: scores of the trained (DP) model on synthetic canaries, post-processing",
+        "audit_canaries.csv": "each canary's coin flip and score (synthetic records, not data)",
+        "FILES.txt": "this list", ".hydra/": "the configuration",
+    }, private={
+        "private/metrics.json": "test metrics and timings of the audited run (rows of the data)",
+        "private/tb/": "TensorBoard curves of the audited run",
+        "private/dptrain.log": "the log",
+        "private/checkpoint.pt": "not written: an audit is one fresh run",
+    }, guarantee=f"the audited run claims ({report['claimed_epsilon']:.4g}, {report['delta']:.3g})-DP; this audit "
+                 "is a lower bound, not a proof")
 
 
 def format_audit(report: dict[str, Any]) -> list[str]:
@@ -387,7 +310,8 @@ def format_audit(report: dict[str, Any]) -> list[str]:
     )
     lines.append(
         f"audit: epsilon lower bound = {report['epsilon_lower_bound']:.4g} at {report['confidence']:.0%} confidence "
-        f"vs claimed epsilon = {report['claimed_epsilon']:.4g} ({report['accountant']}, delta = {report['delta']:.3g}): "
+        f"vs claimed epsilon = {report['claimed_epsilon']:.4g} ({report['accountant']}, "
+        f"delta = {report['delta']:.3g}): "
         f"{verdict}"
     )
     lines.append(

@@ -29,11 +29,14 @@ import glob
 import math
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from dptrain.errors import DPTrainError
 
 FORMAT = "dptrain-checkpoint-v2"
 FILENAME = "checkpoint.pt"
@@ -51,7 +54,7 @@ def checkpoint_path_in(run_dir: Path) -> Path:
     return Path(run_dir) / SUBDIR / FILENAME
 
 
-class CheckpointError(ValueError):
+class CheckpointError(DPTrainError):
     """A checkpoint cannot be used to resume this run; the message says why."""
 
 
@@ -112,27 +115,36 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
     return path
 
 
-def save_checkpoint(
-    path: Path, *, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-    accountant_state: dict, sample_rng: np.random.Generator | None, noise_state: torch.Tensor | None,
-    fingerprint: dict[str, Any], train_seconds: float, samplers: list | None = None,
-) -> None:
-    """``sample_rng`` / ``noise_state`` / ``samplers`` (every rank's sampler state in a
-    distributed job): the secret streams, None unless the run opted into reproducible noise."""
+@dataclass(frozen=True)
+class Checkpoint:
+    """What a checkpoint holds. ``sampler_state`` / ``samplers`` (every rank's, in a distributed
+    job) / ``noise_state`` are the secret streams' states: None unless the run opted into
+    reproducible noise."""
+
+    step: int
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    accountant_state: dict
+    fingerprint: dict[str, Any]
+    train_seconds: float
+    sampler_state: dict | None = None
+    samplers: list | None = None
+    noise_state: torch.Tensor | None = None
+
+
+def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
+    """Write ``checkpoint`` to ``path`` atomically (:func:`atomic_torch_save`)."""
+    c = checkpoint
     atomic_torch_save({
         "format": FORMAT,
-        "step": int(step),
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "accountant": accountant_state,
-        "rng": {
-            "sampler": sample_rng.bit_generator.state if sample_rng is not None else None,
-            "samplers": samplers,
-            "noise": noise_state,
-            "torch_global": torch.get_rng_state(),
-        },
-        "fingerprint": dict(fingerprint),
-        "train_seconds": float(train_seconds),
+        "step": int(c.step),
+        "model": c.model.state_dict(),
+        "optimizer": c.optimizer.state_dict(),
+        "accountant": c.accountant_state,
+        "rng": {"sampler": c.sampler_state, "samplers": c.samplers, "noise": c.noise_state,
+                "torch_global": torch.get_rng_state()},
+        "fingerprint": dict(c.fingerprint),
+        "train_seconds": float(c.train_seconds),
     }, path)
 
 

@@ -29,8 +29,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dptrain.errors import DPTrainError
 
-class DistributedError(RuntimeError):
+
+class DistributedError(DPTrainError):
     """trainer.distributed=true without a usable torch.distributed environment."""
 
 

@@ -1,11 +1,16 @@
-"""Fit and evaluate one model with DP-SGD (or without privacy, same pipeline)."""
+"""The training task: fit one model with DP-SGD (or without privacy, same pipeline).
+
+Reading order: :func:`run_task` (the task as the command line runs it) -> :func:`fit` (set-up,
+resume, budget, the loop, summary) -> the pieces, each its own function. The mechanism (sigma,
+C, q, B, N, steps, delta, accountant) is one value, :class:`DPSGDMechanism`, built before the
+model sees a row; the engine and the accountant both read it. What the model's outputs mean is
+the objective's business (:mod:`dptrain.objectives`).
+"""
 
 from __future__ import annotations
 
 import logging
-import math
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,20 +24,86 @@ from tqdm import tqdm
 
 from dptrain.config import Config, ConfigError
 from dptrain.data import Dataset
-from dptrain.privacy.accounting import PrivacyAccountant, calibrate_noise_multiplier
-from dptrain.privacy.engine import GradientEngine, PoissonSampler, make_engine, per_example_loss
+from dptrain.objectives import DataSpec, build_objective
+from dptrain.privacy.accounting import PrivacyAccountant
+from dptrain.privacy.engine import GradientEngine, PoissonSampler
+from dptrain.privacy.mechanism import DPSGDMechanism
 from dptrain.privacy.randomness import Randomness
 from dptrain.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Where and how a run executes: its folder (checkpoints, resume), the source of its secret
+    randomness (default: fresh from the OS CSPRNG) and, for one job across processes, the
+    :class:`dptrain.distributed.DistContext`."""
+
+    run_dir: Path | None = None
+    randomness: Randomness | None = None
+    dist: Any = None
+
+
 @dataclass
 class TrainResult:
     model: nn.Module
     metrics: dict[str, float]
-    privacy: dict[str, Any]  # the mechanism's parameters (input to the privacy report)
+    privacy: dict[str, Any]  # the mechanism and how the run went (input to the privacy report)
     accountant: PrivacyAccountant = field(default_factory=PrivacyAccountant)
+    mechanism: DPSGDMechanism | None = None
+
+
+# ------------------------------------------------------------------------------ the task
+
+
+def run_task(cfg: Any, *, run_dir: Path) -> float:
+    """task=train: settings checked, randomness and model checked, THEN the data read, trained,
+    and the run folder written (dptrain.outputs). Returns the primary test metric (a sweeper's
+    objective). Bad input raises a DPTrainError before anything is written."""
+    from dptrain.config import validate, validate_against_size
+    from dptrain.data import load_dataset
+    from dptrain.outputs import randomness_for, write_training_outputs
+    from dptrain.privacy.report import summary_lines
+
+    conf: Config = OmegaConf.to_object(cfg)
+    validate(conf)
+    randomness = randomness_for(conf, cfg, run_dir=run_dir)
+    build_model(conf, spec=data_spec_from_config(conf.data), objective=build_objective(conf.objective))
+    data = load_dataset(conf.data, seed=conf.seed)
+    delta = validate_against_size(conf, data.n_train)
+    dist_ctx, run_dir = _join_processes(conf, run_dir)
+    main = dist_ctx is None or dist_ctx.is_main
+    tracker = Tracker(run_dir / "private" if main else run_dir, tensorboard=conf.logger.tensorboard and main)
+    try:
+        result = fit(conf, data, mechanism=mechanism_for(conf, dataset_size=data.n_train, delta=delta),
+                     tracker=tracker, launch=LaunchConfig(run_dir=run_dir, randomness=randomness, dist=dist_ctx))
+    except BaseException:
+        tracker.close()
+        raise
+    if main:
+        report = write_training_outputs(conf, cfg, result, data=data, tracker=tracker, run_dir=run_dir)
+        for line in summary_lines(result, report, dist_ctx=dist_ctx, run_dir=run_dir):
+            log.info(line)
+    if dist_ctx is not None:
+        from dptrain.distributed import shutdown
+
+        shutdown()
+    return float(result.metrics[f"test/{build_objective(conf.objective).primary_metric}"])
+
+
+def _join_processes(conf: Config, run_dir: Path) -> tuple[Any, Path]:
+    """(DistContext or None, the run folder every rank uses: rank 0's)."""
+    if not conf.trainer.distributed:
+        return None, run_dir
+    from dptrain.distributed import init_from_env
+
+    ctx = init_from_env()
+    log.info("distributed: rank %d of %d (backend %s)", ctx.rank, ctx.world_size, ctx.backend)
+    return ctx, Path(ctx.all_gather_objects(str(run_dir))[0])
+
+
+# ------------------------------------------------------------------------------ set-up pieces
 
 
 def public_feature_count(data_cfg: Any) -> int:
@@ -46,301 +117,296 @@ def public_feature_count(data_cfg: Any) -> int:
     return len(schema_from_config(data_cfg).feature_names)
 
 
-def build_model(cfg: Config, *, in_features: int) -> nn.Module:
-    """Instantiate ``model`` (Hydra ``_target_``) for ``in_features`` inputs and, for a private
-    run, refuse it unless every example's output depends on that example alone
-    (:func:`dptrain.privacy.model_check.check_model`)."""
+def data_spec_from_config(data_cfg: Any, *, extra_features: int = 0) -> DataSpec:
+    """The data's description (feature width, target kind) from its public schema."""
+    return DataSpec(n_features=public_feature_count(data_cfg) + extra_features, target_kind="binary")
+
+
+def build_model(cfg: Config, *, spec: DataSpec, objective: Any) -> nn.Module:
+    """Instantiate ``model`` (Hydra ``_target_``) for the data's description and the objective's
+    output width and, for a private run, refuse it unless every example's output depends on that
+    example alone (:func:`dptrain.privacy.model_check.check_model`)."""
     from dptrain.privacy.model_check import check_model
 
+    objective.check_data(spec)
+    width = objective.output_width(spec)
+    extra = {} if width == 1 else {"out_features": width}
     model = instantiate(OmegaConf.create(cfg.model) if isinstance(cfg.model, dict) else cfg.model,
-                        in_features=in_features)
+                        in_features=spec.n_features, **extra)
     if cfg.privacy.enabled:
-        check_model(model, in_features=in_features)
+        check_model(model, in_features=spec.n_features)
     return model
 
 
-@torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    """Accuracy, mean log-loss and ROC AUC on held-out rows."""
-    from sklearn.metrics import roc_auc_score
-
-    logits = model(x)
-    loss = float(per_example_loss(logits, y).mean())
-    acc = float(((logits > 0).to(y.dtype) == y).float().mean())
-    auc = float(roc_auc_score(y.numpy(), logits.numpy())) if 0 < float(y.mean()) < 1 else math.nan
-    return {"acc": acc, "loss": loss, "auc": auc}
+def mechanism_for(cfg: Config, *, dataset_size: int, delta: float) -> DPSGDMechanism:
+    """The run's mechanism from its settings and the PUBLIC N (sigma given or calibrated)."""
+    return DPSGDMechanism.from_settings(cfg.privacy, epochs=cfg.trainer.epochs,
+                                        expected_batch_size=cfg.trainer.batch_size, dataset_size=dataset_size,
+                                        delta=delta)
 
 
-def nonprivate_baseline(data: Dataset, *, seed: int) -> float:
-    """Test accuracy of a non-private sklearn LogisticRegression on the same features/split."""
-    from sklearn.linear_model import LogisticRegression
+@dataclass
+class _Run:
+    """Everything the loop touches, built by :func:`_set_up`."""
 
-    clf = LogisticRegression(max_iter=2000, random_state=seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        clf.fit(data.x_train.numpy(), data.y_train.numpy())
-    return float(clf.score(data.x_test.numpy(), data.y_test.numpy()))
+    cfg: Config
+    mechanism: DPSGDMechanism
+    objective: Any
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    engine: GradientEngine
+    accountant: PrivacyAccountant
+    sampler: PoissonSampler
+    x: torch.Tensor
+    y: torch.Tensor
+    launch: LaunchConfig
+    randomness: Randomness
+    rank: int = 0
+    world: int = 1
+    done: int = 0
+    train_seconds: float = 0.0
+    steps: int = 0
+    stop_reason: str = "completed the planned steps"
+    resume_path: Path | None = None
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def fingerprint(self) -> dict[str, Any]:
+        return self.mechanism.fingerprint(world_size=self.world, randomness=self.randomness.mode)
 
 
-def resolve_noise(cfg: Config, *, sample_rate: float, steps: int, delta: float) -> tuple[float, str]:
-    """sigma from config, or calibrated to target_epsilon (smallest sigma whose epsilon from
-    the configured accountant is <= target, to a relative tolerance)."""
-    p = cfg.privacy
-    if p.noise_multiplier is not None:
-        return float(p.noise_multiplier), "config"
-    sigma = calibrate_noise_multiplier(
-        target_epsilon=p.target_epsilon, sample_rate=sample_rate, steps=steps, delta=delta,
-        accountant=p.accountant, rtol=p.calibration_rtol,
-    )
-    log.info(
-        "calibrated noise_multiplier=%.6g for target_epsilon=%g (accountant=%s, q=%.6g, steps=%d, delta=%g)",
-        sigma, p.target_epsilon, p.accountant, sample_rate, steps, delta,
-    )
-    return sigma, "calibrated"
-
-
-def fit(cfg: Config, data: Dataset, *, delta: float, tracker: Tracker, run_dir: Path | None = None,
-        on_engine: Callable[[GradientEngine], None] | None = None, dist_ctx: Any = None,
-        randomness: Randomness | None = None, dataset_size: int | None = None) -> TrainResult:
-    """Train with Poisson-sampled DP-SGD; returns the model, test metrics and mechanism.
-
-    ``randomness`` is the source of the SECRET streams, the Poisson sampler and the noise
-    (:mod:`dptrain.privacy.randomness`): by default fresh from the OS CSPRNG for this run, so no
-    output can regenerate them. ``cfg.seed`` only seeds the model's initialisation (torch's
-    global generator).
-
-    ``dataset_size`` is the PUBLIC N from which q = B/N, the planned steps and the budget are
-    computed (default: the training rows). The audit passes a count that does not depend on
-    which canaries were drawn in.
-
-    With ``run_dir``, checkpoints go to ``run_dir/private/checkpoint.pt`` every
-    ``trainer.checkpoint_every`` steps and at the end (atomically), and ``trainer.resume``
-    continues from one (:mod:`dptrain.checkpoint`). ``privacy.max_epsilon`` stops training at
-    the last step whose epsilon (headline accountant, whole history) stays within the budget; a
-    resume whose history already exceeds it is refused.
-
-    ``on_engine`` (tests and the privacy audit only) is called with the engine before the first
-    step, e.g. to break it on purpose and check that the audit notices.
-
-    ``dist_ctx`` (a :class:`dptrain.distributed.DistContext`): one job across processes; each
-    rank Poisson-samples its own shard, the clipped sums are all-reduced, rank 0 adds the noise
-    once, and only rank 0 evaluates and writes (see :mod:`dptrain.distributed`)."""
-    from dptrain.checkpoint import (
-        CheckpointError,
-        check_fingerprint,
-        checkpoint_path_in,
-        load_checkpoint,
-        resolve_resume,
-        restore,
-        save_checkpoint,
-    )
-
-    t, p = cfg.trainer, cfg.privacy
-    if t.threads > 0:
-        torch.set_num_threads(t.threads)
+def _set_up(cfg: Config, data: Dataset, mechanism: DPSGDMechanism, launch: LaunchConfig) -> _Run:
+    """Threads, the initial weights (from the public ``seed``), the secret streams, the model,
+    optimiser, engine (built BY the mechanism), accountant and this rank's sampler."""
+    if cfg.trainer.threads > 0:
+        torch.set_num_threads(cfg.trainer.threads)
     torch.manual_seed(cfg.seed)  # model initialisation only: public, data-independent
-    rank, world = (dist_ctx.rank, dist_ctx.world_size) if dist_ctx is not None else (0, 1)
-    main = rank == 0
-    randomness = randomness if randomness is not None else Randomness.fresh()
-    sample_gen = randomness.numpy("poisson-sampler", rank)
-    noise_gen = randomness.torch("gaussian-noise")
-    n, batch = (dataset_size if dataset_size is not None else data.n_train), t.batch_size
-    q = batch / n
-    planned = max(1, round(t.epochs / q))
-    private = p.enabled
-    sigma, sigma_source = resolve_noise(cfg, sample_rate=q, steps=planned, delta=delta) if private else (0.0, "off")
-    fingerprint = {
-        "enabled": private, "noise_multiplier": sigma, "max_grad_norm": float(p.max_grad_norm) if private else None,
-        "sample_rate": q, "expected_batch_size": batch, "dataset_size": n,
-        "delta": delta if private else None, "planned_steps": planned,
-        "accountant": p.accountant if private else None,
-        "world_size": world, "randomness": randomness.mode,
-    }
-
-    model = build_model(cfg, in_features=data.n_features)
+    dist = launch.dist
+    rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
+    randomness = launch.randomness if launch.randomness is not None else Randomness.fresh()
+    objective = build_objective(cfg.objective)
+    model = build_model(cfg, spec=data.spec, objective=objective)
     optim_factory = instantiate(OmegaConf.create(cfg.optim) if isinstance(cfg.optim, dict) else cfg.optim)
     optimizer = optim_factory(params=[p for p in model.parameters() if p.requires_grad])
-    accountant = PrivacyAccountant()
-    done, train_seconds = 0, 0.0
-    resume_path = resolve_resume(t.resume, run_dir) if run_dir is not None else None
-    if t.resume is not None and run_dir is None:
-        raise CheckpointError("trainer.resume needs a run folder")
-    if resume_path is not None:
-        state = load_checkpoint(resume_path)
-        check_fingerprint(state["fingerprint"], fingerprint, resume_path)
-        restore(state, model=model, optimizer=optimizer, sample_rng=sample_gen, noise_gen=noise_gen,
-                path=resume_path, rank=rank)
-        accountant.load_state_dict(state["accountant"])
-        done, train_seconds = int(state["step"]), float(state["train_seconds"])
-        if accountant.steps != (done if private else 0):
-            raise CheckpointError(
-                f"checkpoint {resume_path} is inconsistent: step {done} but the accountant recorded "
-                f"{accountant.steps} steps; refusing to resume"
-            )
-        log.info("resumed from %s at step %d of %d (accountant history restored: %s; sampler and noise: %s)",
-                 resume_path, done, planned, accountant.history,
-                 "restored" if randomness.reproducible else "fresh streams from the OS CSPRNG")
-
-    engine = make_engine(
-        model, engine=t.engine, private=private, max_grad_norm=p.max_grad_norm,
-        noise_multiplier=sigma, expected_batch_size=batch, generator=noise_gen,
-    )
-    if dist_ctx is not None:
-        dist_ctx.broadcast_parameters(model)
-        engine.dist = dist_ctx
-    if on_engine is not None:
-        on_engine(engine)
-
-    steps, stop_reason = planned_steps_within_budget(cfg, accountant, done=done, planned=planned, sigma=sigma,
-                                                     sample_rate=q, delta=delta)
-    tracker.purge_after(done)  # a resumed run overwrites TensorBoard points logged after its checkpoint
-    log.info("engine=%s, N=%d, B=%d, q=%.6g, steps=%d, sigma=%g", engine.name, n, batch, q, steps, sigma)
+    engine = mechanism.build_engine(model, engine=cfg.trainer.engine, generator=randomness.torch("gaussian-noise"),
+                                    objective=objective)
     # this rank's shard (all rows when not distributed): rows rank, rank + W, rank + 2W, ...
-    x_train, y_train = (data.x_train, data.y_train) if world == 1 else (
+    x, y = (data.x_train, data.y_train) if world == 1 else (
         data.x_train[rank::world].contiguous(), data.y_train[rank::world].contiguous())
-    sampler = PoissonSampler(num_rows=x_train.shape[0], sample_rate=q, rng=sample_gen)
-    checkpoint_path = checkpoint_path_in(run_dir) if run_dir is not None else None
-
-    def checkpoint(step: int) -> None:
-        # the secret streams' states are stored only when the user opted into reproducible noise
-        keep = randomness.reproducible
-        samplers = (dist_ctx.all_gather_objects(sample_gen.bit_generator.state)
-                    if dist_ctx is not None and checkpoint_path is not None and keep else None)
-        if checkpoint_path is not None and main:
-            save_checkpoint(
-                checkpoint_path, step=step, model=model, optimizer=optimizer,
-                accountant_state=accountant.state_dict(), sample_rng=sample_gen if keep else None,
-                noise_state=engine.noise_generator_state() if keep else None,
-                fingerprint=fingerprint, train_seconds=train_seconds, samplers=samplers,
-            )
-
-    sizes, window = 0, 0  # realised batch sizes since the last log line (a non-private diagnostic)
-    loop_start = time.perf_counter()
-    bar = tqdm(total=steps, initial=min(done, steps), disable=not (t.progress and main),
-               desc="dp-sgd" if private else "sgd", dynamic_ncols=True)
-    for step in range(done + 1, steps + 1):
-        log_now = step % t.log_every == 0 or step == steps
-        engine.collect_stats = log_now  # diagnostics only on logged steps: off the hot path
-        t0 = time.perf_counter()
-        idx = sampler.sample()
-        stats = engine(x_train.index_select(0, idx), y_train.index_select(0, idx))
-        optimizer.step()
-        train_seconds += time.perf_counter() - t0
-        if private:
-            accountant.step(noise_multiplier=sigma, sample_rate=q)
-        sizes, window = sizes + stats.batch_size, window + 1
-        if log_now:
-            seen = max(stats.batch_size, 1)
-            diag = {  # the logged step's own batch (non-private: computed on training rows)
-                "diagnostics_nonprivate/train_loss": stats.loss_sum / seen,
-                "diagnostics_nonprivate/train_acc": stats.correct / seen,
-                "diagnostics_nonprivate/batch_size": sizes / window if world == 1 else stats.batch_size,
-            }
-            if private:
-                diag["diagnostics_nonprivate/clip_fraction"] = stats.clipped / seen
-                diag["privacy/epsilon"] = accountant.get_epsilon(delta=delta, accountant="rdp")
-            tracker.scalars(diag, step=step)
-            postfix = {"loss": f"{diag['diagnostics_nonprivate/train_loss']:.4f}",
-                       "acc": f"{diag['diagnostics_nonprivate/train_acc']:.3f}"}
-            if private:
-                postfix["eps"] = f"{diag['privacy/epsilon']:.3f}"
-            bar.set_postfix(postfix, refresh=False)
-            sizes, window = 0, 0
-        if step % t.eval_every == 0 and step != steps and main:
-            tracker.scalars({f"test/{k}": v for k, v in evaluate(model, data.x_test, data.y_test).items()}, step=step)
-        if t.checkpoint_every > 0 and step % t.checkpoint_every == 0 and step != steps:
-            checkpoint(step)
-        bar.update(1)
-    bar.close()
-    loop_seconds = time.perf_counter() - loop_start
-    final_step = max(steps, done)
-    checkpoint(final_step)
-
-    test = evaluate(model, data.x_test, data.y_test)  # identical parameters on every rank
-    tracker.scalars({f"test/{k}": v for k, v in test.items()}, step=final_step)
-    metrics: dict[str, float] = {f"test/{k}": v for k, v in test.items()}
-    metrics["baseline/majority_acc"] = float(max(data.y_test.mean(), 1 - data.y_test.mean()))
-    if t.baseline and main:
-        metrics["baseline/nonprivate_acc"] = nonprivate_baseline(data, seed=cfg.seed)
-    metrics.update({
-        "train/steps": final_step,
-        "train/planned_steps": planned,
-        "train/resumed_from_step": done,
-        "train/epochs": final_step * q,
-        "time/train_seconds": train_seconds,
-        "time/loop_seconds": loop_seconds,
-        "time/steps_per_second": final_step / train_seconds if train_seconds > 0 else math.nan,
-    })
-    mechanism = {
-        "enabled": private,
-        "engine": engine.name,
-        "noise_multiplier": sigma,
-        "noise_multiplier_source": sigma_source,
-        "target_epsilon": p.target_epsilon,
-        "max_grad_norm": p.max_grad_norm,
-        "sample_rate": q,
-        "expected_batch_size": batch,
-        "dataset_size": n,
-        "steps": final_step,
-        "planned_steps": planned,
-        "epochs": final_step * q,
-        "delta": delta,
-        "delta_source": "config" if p.delta is not None
-        else "default: largest power of ten <= 1/(10 N)",
-        "max_epsilon": p.max_epsilon if private else None,
-        "stopped_early": final_step < planned,
-        "stop_reason": stop_reason,
-        "resumed_from_step": done,
-        "resumed_from": str(resume_path) if resume_path is not None else None,
-        "randomness": randomness.describe(),
-        "randomness_mode": randomness.mode,
-        "checkpoint": str(checkpoint_path) if checkpoint_path is not None else None,
-        "distributed": None if dist_ctx is None else {
-            "world_size": world, "backend": dist_ctx.backend,
-            "sharding": "disjoint shards (row i on rank i mod W), each Poisson-sampled at the job's q "
-            "with a rank-specific stream",
-            "reduction": "all_reduce of the clipped sums; noise N(0, sigma^2 C^2) drawn once per step on "
-            "rank 0; divided by the global expected batch size",
-        },
-    }
-    return TrainResult(model=model, metrics=metrics, privacy=mechanism, accountant=accountant)
+    sampler = PoissonSampler(num_rows=x.shape[0], sample_rate=mechanism.sample_rate,
+                             rng=randomness.numpy("poisson-sampler", rank))
+    return _Run(cfg=cfg, mechanism=mechanism, objective=objective, model=model, optimizer=optimizer, engine=engine,
+                accountant=PrivacyAccountant(), sampler=sampler, x=x, y=y, launch=launch, randomness=randomness,
+                rank=rank, world=world)
 
 
-def planned_steps_within_budget(cfg: Config, accountant: PrivacyAccountant, *, done: int, planned: int,
-                                sigma: float, sample_rate: float, delta: float) -> tuple[int, str]:
+def _resume(run: _Run) -> None:
+    """Continue from a checkpoint (``trainer.resume``): model, optimiser, the accountant's full
+    history, and the secret streams where the run opted into reproducible noise."""
+    from dptrain.checkpoint import CheckpointError, check_fingerprint, load_checkpoint, resolve_resume, restore
+
+    resume = run.cfg.trainer.resume
+    if resume is not None and run.launch.run_dir is None:
+        raise CheckpointError("trainer.resume needs a run folder")
+    path = resolve_resume(resume, run.launch.run_dir) if run.launch.run_dir is not None else None
+    if path is None:
+        return
+    state = load_checkpoint(path)
+    check_fingerprint(state["fingerprint"], run.fingerprint(), path)
+    restore(state, model=run.model, optimizer=run.optimizer, sample_rng=run.sampler.rng,
+            noise_gen=run.engine.generator, path=path, rank=run.rank)
+    run.accountant.load_state_dict(state["accountant"])
+    run.done, run.train_seconds, run.resume_path = int(state["step"]), float(state["train_seconds"]), path
+    if run.accountant.steps != (run.done if run.mechanism.enabled else 0):
+        raise CheckpointError(f"checkpoint {path} is inconsistent: step {run.done} but the accountant recorded "
+                              f"{run.accountant.steps} steps; refusing to resume")
+    log.info("resumed from %s at step %d of %d (accountant history restored: %s; sampler and noise: %s)",
+             path, run.done, run.mechanism.planned_steps, run.accountant.history,
+             "restored" if run.randomness.reproducible else "fresh streams from the OS CSPRNG")
+
+
+def planned_steps_within_budget(cfg: Config, accountant: PrivacyAccountant, *, done: int,
+                                mechanism: DPSGDMechanism) -> tuple[int, str]:
     """(steps to run to, stop reason) under ``privacy.max_epsilon``: the last step count whose
     epsilon (headline accountant, over the WHOLE history, resumed part included) stays within
-    the budget. Computed before training: epsilon depends on (sigma, q, steps) only, never on
-    the data. A resumed history that already exceeds the budget is refused (its model has that
+    the budget. Computed before training: epsilon depends on the mechanism only, never on the
+    data. A resumed history that already exceeds the budget is refused (its model has that
     epsilon whatever happens next)."""
-    p = cfg.privacy
+    p, planned = cfg.privacy, mechanism.planned_steps
     if not p.enabled or p.max_epsilon is None:
         return planned, "completed the planned steps"
     if done:
-        spent = accountant.get_epsilon(delta=delta, accountant=p.accountant)
+        spent = accountant.get_epsilon(delta=mechanism.delta, accountant=p.accountant)
         if spent > p.max_epsilon:
             raise ConfigError(
                 f"privacy.max_epsilon={p.max_epsilon:g} is not allowed for this resume: the checkpoint's history "
                 f"already spent {p.accountant} epsilon {spent:.6g} in {done} steps, so its model has that epsilon; "
                 f"allowed: privacy.max_epsilon >= {spent:.6g}, or a new run folder to train from scratch"
             )
-    allowed = done + accountant.max_steps_within(
-        max_epsilon=p.max_epsilon, noise_multiplier=sigma, sample_rate=sample_rate, delta=delta,
-        accountant=p.accountant, limit=max(planned - done, 0),
-    )
+    allowed = done + accountant.max_steps_within(max_epsilon=p.max_epsilon, event=mechanism.event,
+                                                 delta=mechanism.delta, accountant=p.accountant,
+                                                 limit=max(planned - done, 0))
     if allowed >= planned:
         return planned, "completed the planned steps"
-    reason = (
-        f"privacy.max_epsilon={p.max_epsilon:g} reached: stopped after step {allowed} of {planned} "
-        f"({p.accountant} epsilon after {allowed} steps is within the budget, after {allowed + 1} it "
-        "would exceed it)"
-    )
+    reason = (f"privacy.max_epsilon={p.max_epsilon:g} reached: stopped after step {allowed} of {planned} "
+              f"({p.accountant} epsilon after {allowed} steps is within the budget, after {allowed + 1} it "
+              "would exceed it)")
     log.warning("privacy budget: %s", reason)
     return allowed, reason
 
 
-def final_epsilons(result: TrainResult, *, delta: float) -> dict[str, float]:
-    """Epsilon of the whole run from every accountant (PLD composes the recorded history)."""
-    return {name: result.accountant.get_epsilon(delta=delta, accountant=name) for name in ("rdp", "pld")}
+# ------------------------------------------------------------------------------ fit
 
 
+def fit(cfg: Config, data: Dataset, *, mechanism: DPSGDMechanism, tracker: Tracker | None = None,
+        launch: LaunchConfig | None = None, on_engine: Callable[[GradientEngine], None] | None = None) -> TrainResult:
+    """Train with Poisson-sampled DP-SGD under ``mechanism``; returns the model, test metrics
+    and what the report needs.
+
+    ``launch.randomness`` is the source of the SECRET streams, the Poisson sampler and the noise
+    (:mod:`dptrain.privacy.randomness`): by default fresh from the OS CSPRNG for this run, so no
+    output can regenerate them. ``cfg.seed`` only seeds the model's initialisation. With
+    ``launch.run_dir``, checkpoints go to ``run_dir/private/checkpoint.pt`` every
+    ``trainer.checkpoint_every`` steps and at the end, and ``trainer.resume`` continues from one.
+    ``privacy.max_epsilon`` stops at the last step within the budget. ``launch.dist``: one job
+    across processes (:mod:`dptrain.distributed`). ``on_engine`` (tests) sees the engine before
+    the first step."""
+    launch = launch if launch is not None else LaunchConfig()
+    tracker = tracker if tracker is not None else Tracker(Path("."), tensorboard=False)
+    run = _set_up(cfg, data, mechanism, launch)
+    _resume(run)
+    if launch.dist is not None:
+        launch.dist.broadcast_parameters(run.model)
+        run.engine.dist = launch.dist
+    if on_engine is not None:
+        on_engine(run.engine)
+    run.steps, run.stop_reason = planned_steps_within_budget(cfg, run.accountant, done=run.done, mechanism=mechanism)
+    tracker.purge_after(run.done)  # a resumed run overwrites TensorBoard points logged after its checkpoint
+    log.info("engine=%s, N=%d, B=%d, q=%.6g, steps=%d, sigma=%g", run.engine.name, mechanism.dataset_size,
+             mechanism.expected_batch_size, mechanism.sample_rate, run.steps, mechanism.noise_multiplier)
+    loop_seconds = _loop(run, data, tracker)
+    return _summarise(run, data, tracker, loop_seconds)
+
+
+def _loop(run: _Run, data: Dataset, tracker: Tracker) -> float:
+    """The DP-SGD steps: sample, clipped noisy gradient, optimiser step, account. Returns the
+    loop's wall time."""
+    t = run.cfg.trainer
+    sizes, window = 0, 0  # realised batch sizes since the last log line (a non-private diagnostic)
+    start = time.perf_counter()
+    bar = tqdm(total=run.steps, initial=min(run.done, run.steps), disable=not (t.progress and run.main),
+               desc="dp-sgd" if run.mechanism.enabled else "sgd", dynamic_ncols=True)
+    for step in range(run.done + 1, run.steps + 1):
+        log_now = step % t.log_every == 0 or step == run.steps
+        run.engine.collect_stats = log_now  # diagnostics only on logged steps: off the hot path
+        t0 = time.perf_counter()
+        idx = run.sampler.sample()
+        stats = run.engine(run.x.index_select(0, idx), run.y.index_select(0, idx))
+        run.optimizer.step()
+        run.train_seconds += time.perf_counter() - t0
+        if run.mechanism.enabled:
+            run.accountant.record(run.mechanism.event)
+        sizes, window = sizes + stats.batch_size, window + 1
+        if log_now:
+            _log_step(run, tracker, bar, step, stats, sizes / window)
+            sizes, window = 0, 0
+        if step % t.eval_every == 0 and step != run.steps and run.main:
+            tracker.scalars({f"test/{k}": v for k, v in evaluate(run, data).items()}, step=step)
+        if t.checkpoint_every > 0 and step % t.checkpoint_every == 0 and step != run.steps:
+            _checkpoint(run, step)
+        bar.update(1)
+    bar.close()
+    return time.perf_counter() - start
+
+
+def _log_step(run: _Run, tracker: Tracker, bar: Any, step: int, stats: Any, mean_batch: float) -> None:
+    """The logged step's non-private diagnostics (computed on training rows) and epsilon so far."""
+    seen = max(stats.batch_size, 1)
+    diag = {
+        "diagnostics_nonprivate/train_loss": stats.loss_sum / seen,
+        "diagnostics_nonprivate/train_acc": stats.correct / seen,
+        "diagnostics_nonprivate/batch_size": mean_batch if run.world == 1 else stats.batch_size,
+    }
+    postfix = {"loss": f"{diag['diagnostics_nonprivate/train_loss']:.4f}",
+               "acc": f"{diag['diagnostics_nonprivate/train_acc']:.3f}"}
+    if run.mechanism.enabled:
+        diag["diagnostics_nonprivate/clip_fraction"] = stats.clipped / seen
+        diag["privacy/epsilon"] = run.accountant.get_epsilon(delta=run.mechanism.delta, accountant="rdp")
+        postfix["eps"] = f"{diag['privacy/epsilon']:.3f}"
+    tracker.scalars(diag, step=step)
+    bar.set_postfix(postfix, refresh=False)
+
+
+def _checkpoint(run: _Run, step: int) -> None:
+    """Rank 0 writes the checkpoint; the secret streams' states only with reproducible noise."""
+    from dptrain.checkpoint import Checkpoint, checkpoint_path_in, save_checkpoint
+
+    if run.launch.run_dir is None:
+        return
+    keep, dist = run.randomness.reproducible, run.launch.dist
+    samplers = dist.all_gather_objects(run.sampler.rng.bit_generator.state) if dist is not None and keep else None
+    if run.main:
+        save_checkpoint(checkpoint_path_in(run.launch.run_dir), Checkpoint(
+            step=step, model=run.model, optimizer=run.optimizer, accountant_state=run.accountant.state_dict(),
+            fingerprint=run.fingerprint(), train_seconds=run.train_seconds,
+            sampler_state=run.sampler.rng.bit_generator.state if keep else None, samplers=samplers,
+            noise_state=run.engine.noise_generator_state() if keep else None))
+
+
+@torch.no_grad()
+def evaluate(run: _Run, data: Dataset) -> dict[str, float]:
+    """The objective's metrics on the held-out rows."""
+    return run.objective.metrics(run.model(data.x_test), data.y_test)
+
+
+def _summarise(run: _Run, data: Dataset, tracker: Tracker, loop_seconds: float) -> TrainResult:
+    """The final checkpoint, test metrics, baselines and the run's record for the report."""
+    final_step = max(run.steps, run.done)
+    _checkpoint(run, final_step)
+    test = evaluate(run, data)  # identical parameters on every rank
+    tracker.scalars({f"test/{k}": v for k, v in test.items()}, step=final_step)
+    metrics: dict[str, float] = {f"test/{k}": v for k, v in test.items()}
+    metrics.update({f"baseline/{k}": v for k, v in run.objective.baseline(
+        data, seed=run.cfg.seed, fit=run.cfg.trainer.baseline and run.main).items()})
+    q = run.mechanism.sample_rate
+    metrics.update({
+        "train/steps": final_step, "train/planned_steps": run.mechanism.planned_steps,
+        "train/resumed_from_step": run.done, "train/epochs": final_step * q,
+        "time/train_seconds": run.train_seconds, "time/loop_seconds": loop_seconds,
+        "time/steps_per_second": final_step / run.train_seconds if run.train_seconds > 0 else float("nan"),
+    })
+    return TrainResult(model=run.model, metrics=metrics, privacy=_record(run, final_step),
+                       accountant=run.accountant, mechanism=run.mechanism)
+
+
+def _record(run: _Run, final_step: int) -> dict[str, Any]:
+    """The mechanism and how the run went, for the privacy report."""
+    dist, p = run.launch.dist, run.cfg.privacy
+    return {
+        **run.mechanism.report_fields(), "engine": run.engine.name, "steps": final_step,
+        "epochs": final_step * run.mechanism.sample_rate,
+        "delta_source": "config" if p.delta is not None else "default: largest power of ten <= 1/(10 N)",
+        "max_epsilon": p.max_epsilon if p.enabled else None, "stopped_early": final_step < run.mechanism.planned_steps,
+        "stop_reason": run.stop_reason, "resumed_from_step": run.done,
+        "resumed_from": str(run.resume_path) if run.resume_path is not None else None,
+        "checkpoint": str(run.launch.run_dir / "private" / "checkpoint.pt") if run.launch.run_dir else None,
+        "randomness": run.randomness.describe(), "randomness_mode": run.randomness.mode,
+        "distributed": None if dist is None else {
+            "world_size": run.world, "backend": dist.backend,
+            "sharding": "disjoint shards (row i on rank i mod W), each Poisson-sampled at the job's q "
+            "with a rank-specific stream",
+            "reduction": "all_reduce of the clipped sums; noise N(0, sigma^2 C^2) drawn once per step on "
+            "rank 0; divided by the global expected batch size",
+        },
+    }
+
+
+def final_epsilons(result: TrainResult, *, delta: float, headline: str = "rdp") -> dict[str, float]:
+    """Epsilon of the whole run from every reported accountant and the headline one (the full
+    history is composed: PLD composes the recorded events)."""
+    from dptrain.privacy.accounting import REPORTED
+
+    names = list(dict.fromkeys([*REPORTED, headline]))
+    return {name: result.accountant.get_epsilon(delta=delta, accountant=name) for name in names}

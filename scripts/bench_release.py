@@ -3,7 +3,9 @@
     python scripts/bench_release.py [--rows 20000000] [--cells 400000] [--out release.csv]
 
 Generates the rows with dptrain.data.atlas.simulate_rows_fast (timed, not counted in the total),
-then times make_cells -> local_sensitivity -> se_local_sensitivity -> release_mos -> CSV.
+then times make_cells -> local_sensitivity -> se_local_sensitivity -> release_mos -> CSV, the way a
+release run does it (one ``CellEstimates``: OLS and its refined moments computed once, in the
+local_sensitivity stage, and shared).
 Stages whose module is not written yet print "not yet available". Peak memory is the process's
 VmHWM (/proc/self/status), so it includes the generated rows and the interpreter's imports
 (dptrain.data pulls in torch). Goal: <= 60 s total and <= 8 GB peak at 20M rows / 400k cells.
@@ -73,27 +75,30 @@ def main(argv: list[str] | None = None) -> int:
     cells = st.run("make_cells", lambda: make_cells(*rows, keys=keys, domain=Domain()))
     rows = None  # only the cells' clipped copies stay alive
 
-    def sens():
-        from dptrain.release.sensitivity import local_sensitivity
+    # the release run's path: one CellEstimates holds the OLS fit and its refined moments, computed
+    # once (inside the first stage) and shared by both sensitivities and MOS
+    from dptrain.release.api import CellEstimates
 
-        return local_sensitivity(cells, statistic="p25", neighbors="add_remove")
+    est = CellEstimates(cells)
+
+    def sens():
+        return est.local_sensitivity(statistic="p25", neighbors="add_remove")
 
     def se_sens():
-        from dptrain.release.sensitivity import se_local_sensitivity
-
-        return se_local_sensitivity(cells, statistic="p25", neighbors="add_remove")
+        return est.se_local_sensitivity(statistic="p25", neighbors="add_remove")
 
     ls = st.run("local_sensitivity", sens)
     se_ls = st.run("se_local_sensitivity", se_sens)
 
     def mos():
         from dptrain.privacy.randomness import Randomness
-        from dptrain.release.mos import release_mos
+        from dptrain.release.mos import MOSInputs, release_mos
 
         # the noise stream a release run uses (fresh from the OS CSPRNG); reuse the sensitivities
-        # computed above (release_mos would otherwise compute them again)
+        # and the fit computed above (release_mos would otherwise compute them again)
         rng = Randomness.fresh().numpy("release-mos")
-        return release_mos(cells, statistic="p25", epsilon=1.0, rng=rng, sensitivity=ls, se_sensitivity=se_ls)
+        return release_mos(cells, statistic="p25", epsilon=1.0, rng=rng,
+                           precomputed=MOSInputs(sensitivity=ls, se_sensitivity=se_ls, fit=est.fit))
 
     release = st.run("release_mos", mos)
     if release is not None:

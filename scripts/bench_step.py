@@ -66,7 +66,11 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 from dptrain.models import logit, mlp
-from dptrain.privacy.engine import PoissonSampler, make_engine, per_example_loss
+from dptrain.objectives import BINARY
+from dptrain.privacy.engine import PoissonSampler, make_engine
+
+per_example_loss = BINARY.per_example_loss  # binary cross-entropy with logits, one per example
+
 
 IN_FEATURES = 100
 C = 1.0
@@ -152,7 +156,6 @@ def make_step(mode: str, model_name: str, batch: int, x: torch.Tensor, y: torch.
         engine = make_engine(
             model,
             engine=mode.split("-")[1],
-            private=True,
             max_grad_norm=C,
             noise_multiplier=SIGMA,
             expected_batch_size=batch,
@@ -435,7 +438,8 @@ class OtherLoad:
         try:
             wall = time.perf_counter() - self.t0
             other = max(0.0, (self._busy() - self.busy0) - (self._own() - self.own0))
-            text = f"other processes used {other:.1f} CPU-s over {wall:.0f} s wall ({other / wall:.2f} cores on average)"
+            text = (f"other processes used {other:.1f} CPU-s over {wall:.0f} s wall "
+                    f"({other / wall:.2f} cores on average)")
             if other / wall > 0.05:
                 text += " -- WARNING: the machine was not idle, these timings are contaminated; re-run"
             return text
@@ -489,15 +493,18 @@ def main() -> None:
     for line in machine_description():
         print("# " + line)
     print(
-        f"# data: x (N, {IN_FEATURES}) float32, y (N,) in memory, N = max(50 B, 100000); C={C}, sigma={SIGMA}, SGD lr={LR}"
+        f"# data: x (N, {IN_FEATURES}) float32, y (N,) in memory, N = max(50 B, 100000); "
+        f"C={C}, sigma={SIGMA}, SGD lr={LR}"
     )
     print(
         f"# timing: warm-up {args.warmup_steps} steps or {args.warmup_seconds} s (>= 2 steps), {args.repeats} repeats "
         f"of ~{args.block_seconds} s blocks per mode, interleaved; median steps/s; [q1-q3] = interquartile range"
     )
     print(
-        "# ratio = step time(mode) / step time(nonprivate), from the medians; mem MB = peak extra RSS of the steps, persistent buffers included "
-        "(VmHWM - RSS before the first step; resolution ~0.5 MB); mem x = mem / nonprivate mem (shown if nonprivate >= 1 MB)"
+        "# ratio = step time(mode) / step time(nonprivate), from the medians; "
+        "mem MB = peak extra RSS of the steps, persistent buffers included "
+        "(VmHWM - RSS before the first step; resolution ~0.5 MB); "
+        "mem x = mem / nonprivate mem (shown if nonprivate >= 1 MB)"
     )
     sys.stdout.flush()
 
@@ -545,8 +552,10 @@ def main() -> None:
                 if "dptrain-fast" in res:
                     fast = base_rate / res["dptrain-fast"]["steps_per_s"]
                     if b in (1024, 4096):
-                        goals.append((threads, f"{model_name} B={b}: dptrain-fast / nonprivate = {fast:.2f}", fast <= GOAL_RATIO, f"<= {GOAL_RATIO}"))
-                    mem, base_mem = memory.get((model_name, b, "dptrain-fast")), memory.get((model_name, b, "nonprivate"))
+                        goals.append((threads, f"{model_name} B={b}: dptrain-fast / nonprivate = {fast:.2f}",
+                                      fast <= GOAL_RATIO, f"<= {GOAL_RATIO}"))
+                    mem, base_mem = (memory.get((model_name, b, "dptrain-fast")),
+                                     memory.get((model_name, b, "nonprivate")))
                     if (b in (1024, 4096) and threads == args.threads[0] and mem is not None
                             and base_mem is not None and base_mem >= 1.0):
                         mx = mem / base_mem
@@ -558,14 +567,16 @@ def main() -> None:
                                       ab <= 1.05, "<= 1.05, no regression beyond 5%"))
                     if model_name == "mlp" and "opacus-ghost" in res:
                         sp = res["dptrain-fast"]["steps_per_s"] / res["opacus-ghost"]["steps_per_s"]
-                        goals.append((threads, f"mlp B={b}: opacus-ghost / dptrain-fast = {sp:.2f}", sp >= GOAL_GHOST, f">= {GOAL_GHOST}"))
+                        goals.append((threads, f"mlp B={b}: opacus-ghost / dptrain-fast = {sp:.2f}",
+                                      sp >= GOAL_GHOST, f">= {GOAL_GHOST}"))
         print(f"# threads={threads}: {load.report()}")
     print()
     print("## goals")
     for threads, text, ok, target in goals:
         print(f"threads={threads}  {text:50s} (goal {target}): {'MET' if ok else 'MISSED'}")
     print()
-    print(f"# load average at end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; total {time.perf_counter() - t_start:.0f} s")
+    print(f"# load average at end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; "
+          f"total {time.perf_counter() - t_start:.0f} s")
     if engine_digest() != digest0:
         print(f"# WARNING: dptrain/privacy/engine.py changed during the run ({digest0} -> {engine_digest()})")
 

@@ -45,7 +45,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweep", type=Path)
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--metric", nargs="+", default=["rmse_truth", "p68_truth", "share_released", "tail_top", "slope_released"])
+    ap.add_argument("--metric", nargs="+",
+                    default=["rmse_truth", "p68_truth", "share_released", "tail_top", "slope_released"])
     args = ap.parse_args()
     out = args.out or args.sweep
     out.mkdir(parents=True, exist_ok=True)

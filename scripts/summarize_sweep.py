@@ -4,7 +4,8 @@
 
 Reads, in every direct sub-folder (one Hydra job) of MULTIRUN_DIR, ``private/metrics.json`` (all
 metrics: the comparison uses the test metrics and the non-private baseline, so the summary is a
-PRIVATE evaluation unless the test rows are public), ``privacy.json``, ``.hydra/config.yaml`` and ``.hydra/overrides.yaml``; a folder missing any of
+PRIVATE evaluation unless the test rows are public), ``privacy.json``, ``.hydra/config.yaml`` and
+``.hydra/overrides.yaml``; a folder missing any of
 them is skipped with a warning naming it. Runs are grouped by every override that varies across
 the sweep except ``seed`` (plus the model name), and ``summary.csv``, ``summary.md`` and
 ``summary.png`` are written into --out (default: MULTIRUN_DIR).
@@ -169,7 +170,9 @@ def _fmt(value) -> str:
 
 def to_markdown(table: pd.DataFrame) -> str:
     cols = list(table.columns)
-    esc = lambda s: s.replace("|", "\\|")
+    def esc(s: str) -> str:
+        return s.replace("|", "\\|")
+
     lines = [
         "| " + " | ".join(esc(c) for c in cols) + " |",
         "|" + "|".join("---" for _ in cols) + "|",
@@ -206,7 +209,7 @@ def plot(table: pd.DataFrame, metric: str, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
     mean_c, std_c = f"{metric}_mean", f"{metric}_std"
-    priv = table[(table["private"] == True) & (table["epsilon"] > 0)]
+    priv = table[table["private"].astype(bool) & (table["epsilon"] > 0)]
     # one line per model, split further only by overrides that vary among the private rows
     varying = [
         k for k in table.attrs.get("varying", [])
@@ -224,7 +227,7 @@ def plot(table: pd.DataFrame, metric: str, path: Path) -> None:
         ax.errorbar(grp["epsilon"], grp[mean_c], yerr=grp[std_c].fillna(0.0),
                     marker="o", capsize=3, label=name)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    nonpriv = table[table["private"] == False]
+    nonpriv = table[~table["private"].astype(bool)]
     for i, (model, grp) in enumerate(nonpriv.groupby("model", sort=True)):
         ax.axhline(grp[mean_c].mean(), linestyle="-.", color=colors[(i + 3) % len(colors)],
                    label=f"{NONPRIVATE_LABEL}, {model}")
@@ -273,7 +276,7 @@ def diffprivlib_rows(sweep: Path, table: pd.DataFrame, runs: list[dict]) -> pd.D
     seeds = sorted({int(r["seed"]) for r in runs if r["seed"] is not None}) or [0]
     data = load_dataset(data_cfg, seed=int(config.get("seed", 0)))
     norm = float(np.sqrt(len(data_cfg.numeric) + len(data_cfg.categorical)))
-    eps_values = sorted({round(float(e), 6) for e in table.loc[table["private"] == True, "epsilon"].dropna()})
+    eps_values = sorted({round(float(e), 6) for e in table.loc[table["private"].astype(bool), "epsilon"].dropna()})
     rows = []
     for eps in eps_values:
         accs = []
@@ -311,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no complete runs found under {sweep}", file=sys.stderr)
         return 1
     table = summarize(runs)
-    if not args.no_diffprivlib and (table["private"] == True).any():
+    if not args.no_diffprivlib and table["private"].astype(bool).any():
         extra = diffprivlib_rows(sweep, table, runs)
         attrs = dict(table.attrs)
         table = pd.concat([table, extra], ignore_index=True)

@@ -14,7 +14,7 @@ recorded in tests/test_mutations.py.
 An engine factory is anything called as
 ``factory(model, max_grad_norm=C, noise_multiplier=sigma, expected_batch_size=B, generator=g)``
 and returning a :class:`~dptrain.privacy.engine.GradientEngine`: an engine class, or
-``functools.partial(make_engine, engine="fast", private=True)``.
+``functools.partial(make_engine, engine="fast")``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,11 @@ import torch
 from scipy import stats
 
 from dptrain.models import mlp
-from dptrain.privacy.engine import GradientEngine, PoissonSampler, per_example_loss
+from dptrain.objectives import BINARY
+from dptrain.privacy.engine import GradientEngine, PoissonSampler
+
+per_example_loss = BINARY.per_example_loss  # binary cross-entropy with logits, one per example
+
 
 #: Two-sided false-alarm probability of each statistical test on correct code.
 ALPHA = 1e-5
@@ -149,7 +153,8 @@ def check_noise(
             m = min(sizes[i], sizes[j])
             cross.append(_corr_z(per_param[i][:, :m].ravel(), per_param[j][:, :m].ravel()))
     out["max_cross_z"] = max(abs(c) for c in cross)
-    assert out["max_cross_z"] < Z_MAX, f"noise of different parameter tensors is correlated: |z| = {out['max_cross_z']:.1f}"
+    assert out["max_cross_z"] < Z_MAX, (
+        f"noise of different parameter tensors is correlated: |z| = {out['max_cross_z']:.1f}")
 
     ratio, p = _var_test(z, target)
     out.update(var_ratio=ratio, var_p=p)
@@ -208,7 +213,8 @@ def check_clipping(factory: EngineFactory, model: torch.nn.Module, *, n: int = 2
         worst_err = max(worst_err, err)
     out = {"C": C, "clipped": int((norms > C).sum()), "max_norm_over_C": worst_ratio, "max_rel_err": worst_err}
     assert worst_ratio <= 1 + 1e-5, f"a clipped per-example contribution has norm {worst_ratio:.4f} C > C"
-    assert worst_err <= 1e-4, f"a per-example contribution differs from the loop reference by {worst_err:.3g} (relative)"
+    assert worst_err <= 1e-4, (
+        f"a per-example contribution differs from the loop reference by {worst_err:.3g} (relative)")
     return out
 
 
@@ -276,7 +282,8 @@ def check_sampler_law(sampler: Any, *, num_rows: int, sample_rate: float, draws:
                       stats.binom.sf(hi - 1, n, q)])
     chi = stats.chisquare(obs, probs / probs.sum() * draws)
     out["size_chi2"], out["size_chi2_p"] = float(chi.statistic), float(chi.pvalue)
-    assert chi.pvalue > ALPHA, f"batch sizes are not Binomial(N, q): chi-square {chi.statistic:.1f}, p = {chi.pvalue:.3g}"
+    assert chi.pvalue > ALPHA, (
+        f"batch sizes are not Binomial(N, q): chi-square {chi.statistic:.1f}, p = {chi.pvalue:.3g}")
     counts = np.bincount(torch.cat(batches).numpy(), minlength=n).astype(np.float64)
     row_sd = math.sqrt(draws * q * (1 - q))
     row_z = (counts - draws * q) / row_sd
@@ -287,7 +294,8 @@ def check_sampler_law(sampler: Any, *, num_rows: int, sample_rate: float, draws:
     disp = float(np.sum(row_z**2))
     disp_p = 2 * min(float(stats.chi2.cdf(disp, n)), float(stats.chi2.sf(disp, n)))
     out["row_dispersion"], out["row_dispersion_p"] = disp / n, disp_p
-    assert disp_p > ALPHA, f"per-row inclusion counts are not Binomial(draws, q): dispersion {disp / n:.3f}, p = {disp_p:.3g}"
+    assert disp_p > ALPHA, (
+        f"per-row inclusion counts are not Binomial(draws, q): dispersion {disp / n:.3f}, p = {disp_p:.3g}")
     return out
 
 

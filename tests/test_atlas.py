@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from dptrain.data.atlas import (
+    AtlasConfig,
     clipped_mean,
     design_cells,
     projection_line,
@@ -156,7 +157,7 @@ def test_rows_fast():
 def test_design_cells_list_every_simulated_cell_even_without_rows():
     """The simulator's cell design is public: a release on simulated data lists these cells, so
     the list never depends on which cells drew rows (a cell with 0 rows is listed too)."""
-    rows, truth = simulate_atlas(seed=3, n_cells=300, min_size=0, size_median=2.0)
+    rows, truth = simulate_atlas(seed=3, n_cells=300, config=AtlasConfig(min_size=0, size_median=2.0))
     design = design_cells(truth)
     assert list(design.columns) == ["cell", "state"] and list(design.cell) == list(range(300))
     empty = set(range(300)) - set(rows.cell)

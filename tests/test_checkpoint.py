@@ -136,10 +136,10 @@ def _crash_after_checkpoint(monkeypatch, run_dir: Path, overrides: list[str], at
     real_save = ckpt.save_checkpoint
     saves: list[int] = []
 
-    def save_then_crash(path, **kw):
-        real_save(path, **kw)
-        saves.append(kw["step"])
-        if kw["step"] >= at_step:
+    def save_then_crash(path, checkpoint):
+        real_save(path, checkpoint)
+        saves.append(checkpoint.step)
+        if checkpoint.step >= at_step:
             raise _Crash()
 
     monkeypatch.setattr(ckpt, "save_checkpoint", save_then_crash)

@@ -76,7 +76,7 @@ BAD = [
     (["trainer.batch_size=100000"], "trainer.batch_size"),
     (["trainer.epochs=0"], "trainer.epochs"),
     (["trainer.epochs=-1"], "trainer.epochs"),
-    (["++data.categorical={c: []}"], "data.categorical.c"),
+    (["++data.categorical={c: []}"], "data.categorical"),  # data=synthetic has no categorical columns
     (["privacy.accountant=moments"], "privacy.accountant"),
 ]
 
@@ -252,7 +252,8 @@ def test_hparams_trial_is_logged(tmp_path):
     acc.Reload()
     content = acc.PluginTagToContent("hparams")
     start = [plugin_data_pb2.HParamsPluginData.FromString(v).session_start_info
-             for v in content.values() if plugin_data_pb2.HParamsPluginData.FromString(v).HasField("session_start_info")]
+             for v in content.values()
+             if plugin_data_pb2.HParamsPluginData.FromString(v).HasField("session_start_info")]
     assert len(start) == 1
     hp = start[0].hparams
     assert hp["noise_multiplier"].number_value == 1.3 and hp["seed"].number_value == 4

@@ -95,7 +95,8 @@ def test_adult_numeric_scaling_matches_schema(adult):
     age = adult.feature_names.index("age")
     np.testing.assert_allclose(adult.x_train[:, age].numpy(), (train["age"] - 17) / 73, atol=1e-6)
     cg = adult.feature_names.index("capital_gain")
-    np.testing.assert_allclose(adult.x_train[:, cg].numpy(), np.log1p(train["capital_gain"]) / np.log1p(99999), atol=1e-6)
+    np.testing.assert_allclose(adult.x_train[:, cg].numpy(), np.log1p(train["capital_gain"]) / np.log1p(99999),
+                               atol=1e-6)
 
 
 def test_adult_sha256_checked(tmp_path, monkeypatch):
@@ -404,7 +405,8 @@ def secret_frame(n: int = 12) -> pd.DataFrame:
 
 
 def test_refuse_missing_and_unsupported_files(tmp_path):
-    refused(DataError, lambda: load_dataset(table_cfg(tmp_path / "nope.csv"), seed=0), "data.path", "nope.csv", "no such file")
+    refused(DataError, lambda: load_dataset(table_cfg(tmp_path / "nope.csv"), seed=0),
+            "data.path", "nope.csv", "no such file")
     p = tmp_path / "t.xlsx"
     p.write_bytes(b"SECRETVALUE")
     refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.path", "data.format", "suffix")
@@ -422,7 +424,7 @@ def test_refuse_empty_and_header_only(tmp_path):
     for name, content in (("e.csv", b""), ("blank.csv", b"\n\n"), ("e.parquet", b"")):
         p = tmp_path / name
         p.write_bytes(content)
-        refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.path", "empty", "0 rows")
+        refused(DataError, lambda p=p: load_dataset(table_cfg(p), seed=0), "data.path", "empty", "0 rows")
     p = tmp_path / "h.csv"
     p.write_text("age,money,color,label,part\n")
     refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "0 rows")
@@ -432,7 +434,8 @@ def test_refuse_empty_and_header_only(tmp_path):
 
 def test_refuse_missing_columns(tmp_path):
     p = write(secret_frame(), tmp_path / "t.csv")
-    refused(DataError, lambda: load_dataset(table_cfg(p, target="income"), seed=0), "data.target", "'income'", "is not in")
+    refused(DataError, lambda: load_dataset(table_cfg(p, target="income"), seed=0),
+            "data.target", "'income'", "is not in")
     cfg = table_cfg(p)
     cfg["numeric"] = dict(cfg["numeric"], height={"lower": 0, "upper": 3})
     refused(DataError, lambda: load_dataset(cfg, seed=0), "data.numeric.height", "is not in")
@@ -448,7 +451,8 @@ def test_refuse_non_numeric(tmp_path):
     df.loc[[0, 5, 7], "age"] = "SECRETVALUE"
     for name in ("t.csv", "t.parquet", "t.dta"):
         p = write(df if name == "t.csv" else df.astype({"age": str}), tmp_path / name)
-        refused(DataError, lambda: load_dataset(table_cfg(p), seed=0), "data.numeric.age", "column 'age' has non-numeric entries",
+        refused(DataError, lambda p=p: load_dataset(table_cfg(p), seed=0),
+                "data.numeric.age", "column 'age' has non-numeric entries",
                 "allowed: numbers (declare the column under data.categorical")
 
 
@@ -521,8 +525,10 @@ def test_refuse_bad_schema(tmp_path):
     p = write(secret_frame(), tmp_path / "t.csv")
     cfg = table_cfg(p, categorical={"color": []})
     refused(ConfigError, lambda: load_dataset(cfg, seed=0), "data.categorical.color", "empty")
-    refused(ConfigError, lambda: load_dataset(table_cfg(p, categorical={"color": ["red", " red"]}), seed=0), "duplicate")
-    refused(ConfigError, lambda: load_dataset(table_cfg(p, categorical={"label": ["yes"]}), seed=0), "data.categorical.label", "target")
+    refused(ConfigError, lambda: load_dataset(table_cfg(p, categorical={"color": ["red", " red"]}), seed=0),
+            "duplicate")
+    refused(ConfigError, lambda: load_dataset(table_cfg(p, categorical={"label": ["yes"]}), seed=0),
+            "data.categorical.label", "target")
     cfg = table_cfg(p)
     cfg["numeric"] = {"age": {"lower": 5, "upper": 5}}
     refused(ConfigError, lambda: load_dataset(cfg, seed=0), "data.numeric.age")
@@ -583,7 +589,8 @@ def _planted_cases(tmp: Path, k: int) -> list[tuple[str, Path, dict]]:
     out.append(("ragged", p, {}))
     blob = good.drop(columns="part").to_csv(index=False).encode().splitlines()
     for r in rows:
-        blob[r + 1] = blob[r + 1].replace(b"red", b"r\xe9d").replace(b"blue", b"b\xe9lue").replace(b"green", b"gr\xe9en")
+        blob[r + 1] = (blob[r + 1].replace(b"red", b"r\xe9d").replace(b"blue", b"b\xe9lue")
+                       .replace(b"green", b"gr\xe9en"))
     p = tmp / f"latin1_{k}.csv"
     p.write_bytes(b"\n".join(blob) + b"\n")
     out.append(("non-UTF-8", p, {}))

@@ -12,6 +12,7 @@ import torch
 from scipy import stats
 
 from dptrain.models import logit, mlp
+from dptrain.objectives import BINARY
 from dptrain.privacy.engine import (
     FastLinearEngine,
     NonPrivateEngine,
@@ -19,8 +20,10 @@ from dptrain.privacy.engine import (
     PoissonSampler,
     fast_path_blocker,
     make_engine,
-    per_example_loss,
 )
+
+per_example_loss = BINARY.per_example_loss  # binary cross-entropy with logits, one per example
+
 
 ENGINES = [FastLinearEngine, OpacusEngine]
 MODELS = {
@@ -214,7 +217,7 @@ def test_sampler_can_return_empty_batches():
 
 def test_auto_engine_choice():
     gen = torch.Generator()
-    kw = dict(private=True, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=8, generator=gen)
+    kw = dict(max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=8, generator=gen)
     assert make_engine(logit(in_features=3), engine="auto", **kw).name == "fast"
     assert make_engine(mlp(in_features=3), engine="auto", **kw).name == "fast"
     def conv():
@@ -225,7 +228,7 @@ def test_auto_engine_choice():
     with pytest.raises(ValueError, match="trainer.engine=fast"):
         make_engine(conv(), engine="fast", **kw)
     assert make_engine(conv(), engine="opacus", **kw).name == "opacus"
-    assert make_engine(conv(), engine="auto", **{**kw, "private": False}).name == "nonprivate"
+    assert make_engine(conv(), engine="nonprivate", **kw).name == "nonprivate"
 
 
 @pytest.mark.parametrize("model_name", list(MODELS))

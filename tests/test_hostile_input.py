@@ -135,7 +135,8 @@ SIG_LO, SIG_HI = SIGMA_RANGE
 C_LO, C_HI = GRAD_NORM_RANGE
 BAD_SETTINGS = {
     "privacy.noise_multiplier": (
-        st.one_of(JUNK, NONFINITE, HUGE, NEGATIVE, BOOLS, st.floats(1e-300, SIG_LO * 0.999), st.floats(SIG_HI * 1.001, 1e300)),
+        st.one_of(JUNK, NONFINITE, HUGE, NEGATIVE, BOOLS, st.floats(1e-300, SIG_LO * 0.999),
+                  st.floats(SIG_HI * 1.001, 1e300)),
         lambda v: _finite(v) and (v == 0 or SIG_LO <= v <= SIG_HI), f"[{SIG_LO:g}, {SIG_HI:g}]"),
     "privacy.max_grad_norm": (
         st.one_of(JUNK, NONFINITE, HUGE, NEGATIVE, BOOLS, st.just(0), st.just(None), st.floats(C_HI * 1.001, 1e300)),
@@ -146,12 +147,14 @@ BAD_SETTINGS = {
     "privacy.calibration_rtol": (
         st.one_of(JUNK, NONFINITE, HUGE, NEGATIVE, BOOLS, st.just(0.0), st.just(None)),
         lambda v: _finite(v) and 0 < v < 0.1, "(0, 0.1)"),
-    "privacy.enabled": (st.one_of(JUNK, st.just(None), st.just(1), st.just("true")), lambda v: isinstance(v, bool), "true or false"),
+    "privacy.enabled": (st.one_of(JUNK, st.just(None), st.just(1), st.just("true")),
+                        lambda v: isinstance(v, bool), "true or false"),
     "trainer.epochs": (
         st.one_of(JUNK, NONFINITE, HUGE, NEGATIVE, BOOLS, st.just(0), st.just(None)),
         lambda v: _finite(v) and v > 0, "> 0"),
     "trainer.batch_size": (
-        st.one_of(JUNK, NONFINITE, HUGE, NEGATIVE, BOOLS, st.just(0), st.just(2.5), st.integers(max_value=0), st.just(None)),
+        st.one_of(JUNK, NONFINITE, HUGE, NEGATIVE, BOOLS, st.just(0), st.just(2.5), st.integers(max_value=0),
+                  st.just(None)),
         lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "integer > 0"),
     "trainer.eval_every": (st.one_of(JUNK, NONFINITE, BOOLS, st.integers(max_value=0), st.just(1.5)),
                            lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "integer > 0"),
@@ -326,7 +329,8 @@ def test_non_numeric_entries_neither_counted_nor_quoted(tmp_path_factory, data, 
     if suffix == ".parquet":
         df["a"] = df["a"].astype(str)  # a text column, as a Parquet file would hold it
     p = write(df, tmp_path_factory.mktemp("nn") / f"t{suffix}")
-    msg = refused(DataError, lambda: load(p), "data.numeric.a", "column 'a' has non-numeric entries", "allowed: numbers")
+    msg = refused(DataError, lambda: load(p), "data.numeric.a", "column 'a' has non-numeric entries",
+                  "allowed: numbers")
     assert "entries of" not in msg and f"{n} rows" not in msg
 
 
@@ -598,7 +602,8 @@ def test_fuzzed_csv_loads_or_is_refused_by_name(tmp_path_factory, header, rows, 
     assert bool(ds.x_train.isfinite().all()) and bool(ds.x_test.isfinite().all())
 
 
-@settings(max_examples=max(FUZZ * 3 // 4, 1), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=max(FUZZ * 3 // 4, 1), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(blob=st.binary(max_size=400), suffix=st.sampled_from([".csv", ".csv.gz", ".parquet", ".dta"]))
 def test_random_bytes_never_crash_the_reader(tmp_path_factory, blob, suffix):
     p = tmp_path_factory.mktemp("rb") / f"t{suffix}"

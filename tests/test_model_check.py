@@ -13,14 +13,16 @@ from torch import nn
 
 from dptrain import cli
 from dptrain.models import Squeeze, logit, mlp
+from dptrain.objectives import BINARY
 from dptrain.privacy.engine import (
     FastLinearEngine,
     NonPrivateEngine,
     OpacusEngine,
     make_engine,
-    per_example_loss,
 )
 from dptrain.privacy.model_check import ModelCheckError, check_model
+
+per_example_loss = BINARY.per_example_loss  # binary cross-entropy with logits, one per example
 
 
 class Center(nn.Module):
@@ -100,7 +102,7 @@ def test_per_example_models_pass(model):
 def test_every_private_engine_refuses_batchnorm(engine):
     for model in (bn_model(), bn_model(affine=False, track_running_stats=False)):
         with pytest.raises(ModelCheckError, match="BatchNorm1d"):
-            make_engine(model, engine=engine, private=True, max_grad_norm=1.0, noise_multiplier=1.0,
+            make_engine(model, engine=engine, max_grad_norm=1.0, noise_multiplier=1.0,
                         expected_batch_size=8, generator=torch.Generator())
     for cls in (FastLinearEngine, OpacusEngine):
         with pytest.raises(ModelCheckError):

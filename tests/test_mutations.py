@@ -30,6 +30,7 @@ from dp_invariants import (
 )
 from torch import nn
 
+import dptrain.privacy.engine
 import dptrain.train
 from dptrain.models import logit, mlp
 from dptrain.privacy.accounting import PrivacyAccountant
@@ -40,10 +41,11 @@ from dptrain.privacy.engine import (
     PoissonSampler,
     make_engine,
 )
+from dptrain.privacy.events import poisson_gaussian
 
 ENGINES = {
-    "fast": functools.partial(make_engine, engine="fast", private=True),
-    "opacus": functools.partial(make_engine, engine="opacus", private=True),
+    "fast": functools.partial(make_engine, engine="fast"),
+    "opacus": functools.partial(make_engine, engine="opacus"),
 }
 MODELS = {
     "logit": lambda: logit(in_features=12),
@@ -173,24 +175,25 @@ def _sampler_mutant(kind: str):
 
 
 def _accountant_step_mutant(*, sigma_factor: float = 1.0, q_factor: float = 1.0, every: int = 1):
-    """PrivacyAccountant.step that records sigma * sigma_factor, q * q_factor, and only one
-    call in ``every``."""
-    orig = PrivacyAccountant.step
+    """PrivacyAccountant.record that records sigma * sigma_factor, q * q_factor, and only one
+    call in ``every`` (the training loop records the mechanism's event once per step)."""
+    orig = PrivacyAccountant.record
 
-    def step(self, *, noise_multiplier, sample_rate, num_steps=1):
+    def record(self, event, num_steps=1):
         self._mutant_calls = getattr(self, "_mutant_calls", 0) + 1
         if (self._mutant_calls - 1) % every:
             return None
-        return orig(self, noise_multiplier=noise_multiplier * sigma_factor,
-                    sample_rate=sample_rate * q_factor, num_steps=num_steps)
+        q, sigma = event.params
+        return orig(self, poisson_gaussian(sample_rate=q * q_factor, noise_multiplier=sigma * sigma_factor),
+                    num_steps)
 
-    return step
+    return record
 
 
 def _stale_sigma_make_engine(factor: float):
-    """dptrain.train.make_engine that builds the engine with sigma * factor, while the loop's
-    accountant and report keep the (calibrated) sigma."""
-    orig = dptrain.train.make_engine
+    """dptrain.privacy.engine.make_engine (what the mechanism builds its engine with) that builds
+    the engine with sigma * factor, while the accountant and report keep the (calibrated) sigma."""
+    orig = dptrain.privacy.engine.make_engine
 
     def build(model, *, noise_multiplier, **kwargs):
         return orig(model, noise_multiplier=noise_multiplier * factor, **kwargs)
@@ -232,7 +235,9 @@ def _trainer(kind: str, tmp_path):
     cfg, data, delta = _setup(kind)
 
     def train(on_engine):
-        return dptrain.train.fit(copy.deepcopy(cfg), data, delta=delta,
+        conf = copy.deepcopy(cfg)
+        return dptrain.train.fit(conf, data,
+                                 mechanism=dptrain.train.mechanism_for(conf, dataset_size=data.n_train, delta=delta),
                                  tracker=Tracker(tmp_path, tensorboard=False), on_engine=on_engine)
 
     return train, delta
@@ -390,7 +395,7 @@ def test_mutation_accountant(monkeypatch, tmp_path, mutant):
     # 30 steps) against 0.466 of the mechanism run
     kwargs = {"sigma_x2": {"sigma_factor": 2.0}, "sigma_half": {"sigma_factor": 0.5},
               "q_half": {"q_factor": 0.5}, "every_other_step": {"every": 2}}[mutant]
-    monkeypatch.setattr(PrivacyAccountant, "step", _accountant_step_mutant(**kwargs))
+    monkeypatch.setattr(PrivacyAccountant, "record", _accountant_step_mutant(**kwargs))
     train, delta = _trainer("sigma", tmp_path)
     with pytest.raises(AssertionError, match="epsilon .* of the mechanism run"):
         check_run_accounting(train, delta=delta)
@@ -398,7 +403,7 @@ def test_mutation_accountant(monkeypatch, tmp_path, mutant):
 
 def test_mutation_engine_built_with_stale_sigma(monkeypatch, tmp_path):
     # seen: reported 0.4999 (calibrated sigma 1.922) against 0.766 of the engine's sigma 1.538
-    monkeypatch.setattr(dptrain.train, "make_engine", _stale_sigma_make_engine(0.8))
+    monkeypatch.setattr(dptrain.privacy.engine, "make_engine", _stale_sigma_make_engine(0.8))
     train, delta = _trainer("calibrated", tmp_path)
     with pytest.raises(AssertionError, match="epsilon .* of the mechanism run"):
         check_run_accounting(train, delta=delta)

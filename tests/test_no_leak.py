@@ -53,7 +53,8 @@ def assert_clean(text: str | bytes, where: str) -> None:
                 assert enc not in text, f"private value {s!r} found in {where}"
         return
     for s in NEEDLES:
-        assert s not in text, f"private value {s!r} found in {where}: ...{text[max(0, text.find(s) - 200):text.find(s) + 200]}..."
+        assert s not in text, (
+            f"private value {s!r} found in {where}: ...{text[max(0, text.find(s) - 200):text.find(s) + 200]}...")
 
 
 def assert_run_folder_clean(run_dir: Path) -> None:
@@ -105,7 +106,8 @@ def _bad_files(tmp: Path) -> list[tuple[str, Path, dict]]:
     for suffix in (".csv", ".parquet", ".dta"):
         p = tmp / f"nonnum{suffix}"
         d = df.astype({"a": str}) if suffix != ".csv" else df
-        d.to_csv(p, index=False) if suffix == ".csv" else (d.to_parquet(p) if suffix == ".parquet" else d.to_stata(p, write_index=False))
+        (d.to_csv(p, index=False) if suffix == ".csv"
+         else (d.to_parquet(p) if suffix == ".parquet" else d.to_stata(p, write_index=False)))
         out.append((f"non-numeric ({suffix})", p, {}))
 
     df = good.copy()

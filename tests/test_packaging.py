@@ -16,7 +16,11 @@ def test_wheel_ships_configs_and_data_and_runs_from_outside_the_repo(tmp_path):
                     "-q", "-w", str(tmp_path / "dist")], check=True, capture_output=True, timeout=300)
     (wheel,) = (tmp_path / "dist").glob("dptrain-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for expected in ("dptrain/conf/config.yaml", "dptrain/conf/experiment/logit.yaml",
+    # every subpackage of the source tree is in the wheel (pyproject.toml lists them by hand)
+    for init in sorted((REPO / "dptrain").rglob("__init__.py")):
+        rel = init.relative_to(REPO).as_posix()
+        assert rel in names, f"{rel} is missing from the wheel: add its package to pyproject.toml"
+    for expected in ("dptrain/conf/config.yaml", "dptrain/conf/task/train.yaml", "dptrain/conf/experiment/logit.yaml",
                      "dptrain/conf/experiment/mlp.yaml", "dptrain/conf/data/adult.yaml",
                      "dptrain/data/adult/adult.csv.gz", "dptrain/data/adult/SHA256SUMS"):
         assert expected in names, expected

@@ -34,7 +34,7 @@ from dptrain.privacy.randomness import (
     settings_digest,
 )
 from dptrain.tracking import Tracker
-from dptrain.train import fit
+from dptrain.train import LaunchConfig, fit, mechanism_for
 
 # ------------------------------------------------------------------------------ generators
 
@@ -129,8 +129,8 @@ def _without_row(data, i: int):
 
 
 def _train(cfg, data, delta, tmp_path, randomness, dataset_size):
-    res = fit(cfg, data, delta=delta, tracker=Tracker(tmp_path, tensorboard=False), randomness=randomness,
-              dataset_size=dataset_size)
+    res = fit(cfg, data, mechanism=mechanism_for(cfg, dataset_size=dataset_size, delta=delta),
+              tracker=Tracker(tmp_path, tensorboard=False), launch=LaunchConfig(randomness=randomness))
     return torch.cat([p.detach().flatten() for p in res.model.parameters()])
 
 
@@ -145,7 +145,7 @@ def _membership_game(tmp_path, *, trials: int, adversary_knows_streams: bool) ->
     n = data.n_train
     coins = np.random.default_rng(2026).random(trials) < 0.5
     matches = correct = 0
-    for t, member in enumerate(coins):
+    for member in coins:
         run_streams = Randomness(mode="os", _entropy=secrets.randbits(256))
         released = _train(cfg, worlds[member], delta, tmp_path, run_streams, n)
         # the adversary's best reconstruction of the streams: the run's own (old behaviour,
@@ -175,7 +175,8 @@ def _one_step_update(cfg_over: list[str], tmp_path, randomness) -> tuple[torch.T
     steps_epochs = res_cfg.trainer.batch_size / data.n_train  # one step
     res_cfg.trainer.epochs = steps_epochs
     init = []
-    res = fit(res_cfg, data, delta=delta, tracker=Tracker(tmp_path, tensorboard=False), randomness=randomness,
+    res = fit(res_cfg, data, mechanism=mechanism_for(res_cfg, dataset_size=data.n_train, delta=delta),
+              tracker=Tracker(tmp_path, tensorboard=False), launch=LaunchConfig(randomness=randomness),
               on_engine=lambda e: init.append(torch.cat([p.detach().flatten().clone() for p in e.model.parameters()])))
     assert res.privacy["steps"] == 1
     after = torch.cat([p.detach().flatten() for p in res.model.parameters()])
@@ -269,7 +270,8 @@ def test_opt_in_seed_file_reproduces_and_says_so(tmp_path):
                 assert secret.encode() not in p.read_bytes()
     assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])
     # another setting of a sweep: another stream
-    cli.run(_compose([*SMALL, f"privacy.noise_seed_file={key}", "privacy.noise_multiplier=1.5"]), run_dir=tmp_path / "c")
+    cli.run(_compose([*SMALL, f"privacy.noise_seed_file={key}", "privacy.noise_multiplier=1.5"]),
+            run_dir=tmp_path / "c")
     other = torch.load(tmp_path / "c" / "model.pt", weights_only=True)["state_dict"]
     assert not all(torch.equal(models[0][k], other[k]) for k in other)
 

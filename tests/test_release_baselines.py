@@ -1,4 +1,5 @@
-"""Baselines of docs/release.md section 5: noise scales, epsilon splits, suppression rules, consistency."""
+"""The release methods of docs/release.md section 5 (dptrain.release.methods): noise scales, epsilon
+splits, suppression rules, consistency."""
 
 from __future__ import annotations
 
@@ -9,10 +10,21 @@ import pandas as pd
 import pytest
 import torch
 
+from dptrain.errors import DPTrainError
+from dptrain.neighbours import Neighbours, add_remove_footing, comparison_epsilon
 from dptrain.privacy.accounting import calibrate_noise_multiplier, rdp_epsilon
-from dptrain.release import _theilsen
-from dptrain.release import baselines as B
 from dptrain.release.cells import Domain, ReleaseError, make_cells, ols, statistic
+from dptrain.release.methods import dp_gd, noisy_stats, ss_laplace
+from dptrain.release.methods import theil_sen as _theilsen
+from dptrain.release.methods.common import check_epsilon
+from dptrain.release.methods.dp_gd import DPGDConfig, dp_gradient_descent
+from dptrain.release.methods.dp_sgd import DPSGDConfig, SquaredLossLinearEngine, dp_sgd_engine
+from dptrain.release.methods.noisy_stats import noisy_stats as noisy_stats_fn
+from dptrain.release.methods.ss_laplace import sufficient_stats_laplace
+from dptrain.release.methods.suppression import suppression
+from dptrain.release.methods.theil_sen import TheilSenConfig, dp_theil_sen
+
+NEIGHBOURS = {n.value for n in Neighbours}
 
 COLUMNS = ["released", "reason", "theta_released", "noise_sd"]
 
@@ -46,14 +58,15 @@ def _ols(cells, stat):
 
 # ------------------------------------------------------------------ epsilon footing
 def test_normalise_epsilon_factor_two_both_ways():
-    assert B.normalise_epsilon(1.5, "add_remove", "replace_one") == 3.0
-    assert B.normalise_epsilon(3.0, "replace_one", "add_remove") == 1.5
-    assert B.normalise_epsilon(0.7, "replace_one", "replace_one") == 0.7
-    assert B.to_add_remove(2.0, "replace_one") == 1.0 and B.to_add_remove(2.0, "add_remove") == 2.0
-    with pytest.raises(ReleaseError, match="from_rel"):
-        B.normalise_epsilon(1.0, "swap", "add_remove")
+    """The comparison convention the runner applies to every method (dptrain.neighbours)."""
+    assert comparison_epsilon(1.5, "replace_one") == 3.0
+    assert add_remove_footing(3.0, "replace_one") == 1.5
+    assert comparison_epsilon(0.7, "add_remove") == 0.7 and comparison_epsilon(0.7, "add") == 0.7
+    assert add_remove_footing(2.0, "replace_one") == 1.0 and add_remove_footing(2.0, "add_remove") == 2.0
+    with pytest.raises(DPTrainError, match="neighbours"):
+        Neighbours.parse("swap")
     with pytest.raises(ReleaseError, match="epsilon"):
-        B.normalise_epsilon(-1.0, "add_remove", "replace_one")
+        check_epsilon(-1.0)
 
 
 # ------------------------------------------------------------------ suppression
@@ -61,7 +74,7 @@ def test_normalise_epsilon_factor_two_both_ways():
 def test_suppression_rule_exact(k):
     ns = [2, 3, 4, 5, 9, 10, 19, 20, 21, 40]
     c = _cells(ns)
-    df, meta = B.suppression(c, statistic="p25", k=k)
+    df, meta = suppression(c, statistic="p25", k=k)
     assert list(df.columns) == COLUMNS and df.index.name == "cell"
     n = np.asarray(ns)
     want = (n >= k) & (n >= 3)
@@ -77,16 +90,16 @@ def test_suppression_rate_outcome_rule():
     events = [4, 5, 25, 26]
     y = np.concatenate([np.r_[np.ones(e), np.zeros(30 - e)] for e in events])
     c = _cells([30] * 4, y=y)
-    df, _ = B.suppression(c, statistic="slope", k=5, rate_outcome=True)
+    df, _ = suppression(c, statistic="slope", k=5, rate_outcome=True)
     np.testing.assert_array_equal(df.released, [False, True, True, False])
     assert df.reason[0] == "events N p < k=5" and df.reason[3] == "non-events N (1 - p) < k=5"
     with pytest.raises(ReleaseError, match="rate_outcome"):
-        B.suppression(_cells([30, 30]), statistic="p25", k=5, rate_outcome=True)
+        suppression(_cells([30, 30]), statistic="p25", k=5, rate_outcome=True)
 
 
 def test_suppression_ols_undefined_reason():
     c = _cells([10, 10], x=np.r_[np.full(10, 0.3), np.linspace(0, 1, 10)])
-    df, _ = B.suppression(c, statistic="p75", k=5)
+    df, _ = suppression(c, statistic="p75", k=5)
     assert df.reason[0].startswith("OLS undefined") and df.released[1]
 
 
@@ -95,7 +108,7 @@ def test_suppression_ols_undefined_reason():
 def test_sufficient_stats_noise_scales(domain):
     eps = 2.0
     c = _cells(np.full(20000, 3), domain=domain)
-    noisy, scale, sens = B._noisy_sums(c, eps, np.random.default_rng(1))
+    noisy, scale, sens = ss_laplace._noisy_sums(c, eps, np.random.default_rng(1))
     for key, delta_j in sens.items():
         assert scale[key] == pytest.approx(5 * delta_j / eps, rel=1e-5)
         sd = np.std(noisy[key] - getattr(c, key))
@@ -110,14 +123,14 @@ def test_sufficient_stats_delta_method_noise_sd():
     y = np.clip(0.3 + 0.4 * x + 0.1 * rng.standard_normal(400), 0, 1)
     c = _copies(x, y, 3000)
     for stat in ("p25", "slope"):
-        df, meta = B.sufficient_stats_laplace(c, statistic=stat, epsilon=20.0, rng=rng)
+        df, meta = sufficient_stats_laplace(c, statistic=stat, epsilon=20.0, rng=rng)
         assert df.released.all() and meta["neighbours"] == "add_remove" and meta["delta"] == 0.0
         emp = np.std(df.theta_released)
         assert df.noise_sd.median() == pytest.approx(emp, rel=0.1), stat
 
 
 def test_sufficient_stats_not_released_reasons():
-    df, _ = B.sufficient_stats_laplace(_cells(np.full(300, 4)), statistic="p25", epsilon=0.5,
+    df, _ = sufficient_stats_laplace(_cells(np.full(300, 4)), statistic="p25", epsilon=0.5,
                                        rng=np.random.default_rng(3))
     assert set(df.reason) <= {"", "noisy n < 3", "noisy Sxx <= 0"}
     assert (df.reason == "noisy n < 3").any() and (df.reason == "noisy Sxx <= 0").any()
@@ -144,13 +157,13 @@ def test_noisy_stats_sensitivity_bound_replace_one():
 def test_noisy_stats_noise_scales_per_third():
     eps, n = 1.5, 10
     c = _cells(np.full(20000, n), seed=5)
-    ncov_n, nvar_n, _, (xbar, ybar) = B._noisy_moments(c, eps, np.random.default_rng(5))
+    ncov_n, nvar_n, _, (xbar, ybar) = noisy_stats._noisy_moments(c, eps, np.random.default_rng(5))
     want = math.sqrt(2) * 3 * (1 - 1 / n) / eps  # Laplace(3 Delta / eps), Delta = 1 - 1/n
     nvar = c.sxx - c.n * xbar**2
     assert np.std(ncov_n - (c.sxy - c.n * xbar * ybar)) == pytest.approx(want, rel=0.03)
     assert np.std(nvar_n - nvar) == pytest.approx(want, rel=0.03)
     alpha = np.full(c.n_cells, 0.5)
-    beta = B._noisy_intercept(alpha, xbar, ybar, c.n, 1.0, 1.0, eps / 3, np.random.default_rng(6))
+    beta = noisy_stats._noisy_intercept(alpha, xbar, ybar, c.n, (1.0, 1.0), eps / 3, np.random.default_rng(6))
     want3 = math.sqrt(2) * 3 * (1 + 0.5) / (n * eps)  # Delta3 = (1 + |alpha~|) / n
     assert np.std(beta - (ybar - 0.5 * xbar)) == pytest.approx(want3, rel=0.03)
 
@@ -158,11 +171,11 @@ def test_noisy_stats_noise_scales_per_third():
 def test_noisy_stats_reasons_and_meta():
     x = np.r_[0.5, np.full(20 * 50, 0.4)]  # one cell of 1, then 50 cells without spread in x
     c = _cells(np.r_[1, np.full(50, 20)], x=x)
-    df, meta = B.noisy_stats(c, statistic="p25", epsilon=1.0, rng=np.random.default_rng(7))
+    df, meta = noisy_stats_fn(c, statistic="p25", epsilon=1.0, rng=np.random.default_rng(7))
     assert df.reason[0] == "N < 2"
     assert 5 < (df.reason == "noisy variance <= 0").sum() < 45  # nvar = 0: noisy <= 0 half the time
     assert meta["neighbours"] == "replace_one" and meta["epsilon_add_remove_equivalent"] == 0.5
-    _, meta_s = B.noisy_stats(c, statistic="slope", epsilon=1.0, rng=np.random.default_rng(7))
+    _, meta_s = noisy_stats_fn(c, statistic="slope", epsilon=1.0, rng=np.random.default_rng(7))
     assert meta_s["epsilon_spent"] == pytest.approx(2 / 3)
 
 
@@ -202,19 +215,20 @@ def test_pair_estimates_and_epsilon_per_variant(monkeypatch):
     monkeypatch.setattr(_theilsen, "exp_mech_median",
                         lambda v, **kw: seen.append((v.size, kw["epsilon"], kw["width"])) or 0.5)
     c = _cells([10, 7])
-    B.dp_theil_sen(c, statistic="p25", epsilon=3.0, rng=np.random.default_rng(0))
+    dp_theil_sen(c, statistic="p25", epsilon=3.0, rng=np.random.default_rng(0))
     assert seen == [(45, 3.0 / 9, 0.0), (21, 3.0 / 6, 0.0)]
     seen.clear()
-    _, meta = B.dp_theil_sen(c, statistic="slope", epsilon=3.0, rng=np.random.default_rng(0),
-                             variant="matchings", k=4, wide=True)
+    _, meta = dp_theil_sen(c, statistic="slope", epsilon=3.0, rng=np.random.default_rng(0),
+                           config=TheilSenConfig(variant="matchings", k=4, wide=True))
     assert seen == [(20, 0.75, 0.01), (12, 0.75, 0.01)]
     assert meta["value_range"] == (-4.0, 4.0) and meta["neighbours"] == "replace_one"
     with pytest.raises(ReleaseError, match="k"):
-        B.dp_theil_sen(c, statistic="p25", epsilon=1.0, rng=np.random.default_rng(0), variant="matchings")
+        dp_theil_sen(c, statistic="p25", epsilon=1.0, rng=np.random.default_rng(0),
+                     config=TheilSenConfig(variant="matchings"))
 
 
 def test_theil_sen_small_cells_not_released():
-    df, _ = B.dp_theil_sen(_cells([1, 5]), statistic="p25", epsilon=1.0, rng=np.random.default_rng(0))
+    df, _ = dp_theil_sen(_cells([1, 5]), statistic="p25", epsilon=1.0, rng=np.random.default_rng(0))
     assert df.reason[0] == "N < 2: no pairs" and df.released[1] and df.noise_sd.isna().all()
 
 
@@ -222,11 +236,12 @@ def test_theil_sen_small_cells_not_released():
 def test_dp_gd_gaussian_noise_sd_and_accounting():
     rng = np.random.default_rng(11)
     sums = np.zeros((20000, 2))
-    noisy = B._gaussian_sum(sums, sigma=3.0, clip=0.7, rng=rng)
+    noisy = dp_gd._gaussian_sum(sums, sigma=3.0, clip=0.7, rng=rng)
     assert np.std(noisy) == pytest.approx(3.0 * 0.7, rel=0.02)
     c = _cells([30, 40])
     eps, delta, T = 2.0, 1e-5, 50
-    _, meta = B.dp_gradient_descent(c, statistic="p25", epsilon=eps, delta=delta, rng=rng, iterations=T)
+    _, meta = dp_gradient_descent(c, statistic="p25", epsilon=eps, delta=delta, rng=rng,
+                                  config=DPGDConfig(iterations=T))
     sigma = calibrate_noise_multiplier(target_epsilon=0.9 * eps, sample_rate=1.0, steps=T, delta=delta)
     assert meta["noise_multiplier"] == sigma and meta["gradient_noise_sd"] == sigma * 1.0
     total = meta["epsilon_count"] + meta["epsilon_gradient"]
@@ -234,8 +249,8 @@ def test_dp_gd_gaussian_noise_sd_and_accounting():
 
 
 def test_dp_gd_not_released_on_noisy_count():
-    df, _ = B.dp_gradient_descent(_cells(np.full(200, 3)), statistic="slope", epsilon=0.5, delta=1e-5,
-                                  rng=np.random.default_rng(12), iterations=5)
+    df, _ = dp_gradient_descent(_cells(np.full(200, 3)), statistic="slope", epsilon=0.5, delta=1e-5,
+                                rng=np.random.default_rng(12), config=DPGDConfig(iterations=5))
     assert (df.reason == "noisy n < 3").any() and set(df.reason) <= {"", "noisy n < 3"}
 
 
@@ -245,7 +260,7 @@ def test_squared_loss_engine_clipping_and_noise():
     model = torch.nn.Linear(1, 1).double()
     x = torch.linspace(-0.5, 0.5, 9, dtype=torch.float64).reshape(-1, 1)
     y = torch.linspace(0.0, 2.0, 9, dtype=torch.float64)
-    eng = B.SquaredLossLinearEngine(model, max_grad_norm=0.3, noise_multiplier=0.0, expected_batch_size=3.0,
+    eng = SquaredLossLinearEngine(model, max_grad_norm=0.3, noise_multiplier=0.0, expected_batch_size=3.0,
                                     generator=torch.Generator().manual_seed(0))
     eng(x, y)
     ref = [torch.zeros_like(p) for p in model.parameters()]
@@ -256,7 +271,7 @@ def test_squared_loss_engine_clipping_and_noise():
             r += t * min(1.0, 0.3 / (float(norm) + 1e-6))
     for p, r in zip(model.parameters(), ref):
         torch.testing.assert_close(p.grad, r / 3.0)
-    eng = B.SquaredLossLinearEngine(model, max_grad_norm=0.3, noise_multiplier=2.0, expected_batch_size=4.0,
+    eng = SquaredLossLinearEngine(model, max_grad_norm=0.3, noise_multiplier=2.0, expected_batch_size=4.0,
                                     generator=torch.Generator().manual_seed(1))
     draws = []
     for _ in range(3000):  # empty batches: noise only, N(0, (sigma C)^2) / B
@@ -267,8 +282,8 @@ def test_squared_loss_engine_clipping_and_noise():
 
 def test_dp_sgd_epsilon_matches_target():
     eps, delta, T, q = 1.0, 1e-5, 40, 0.2
-    df, meta = B.dp_sgd_engine(_cells([40, 60]), statistic="p75", epsilon=eps, delta=delta,
-                               rng=np.random.default_rng(13), steps=T, sample_rate=q)
+    df, meta = dp_sgd_engine(_cells([40, 60]), statistic="p75", epsilon=eps, delta=delta,
+                             rng=np.random.default_rng(13), config=DPSGDConfig(steps=T, sample_rate=q))
     assert meta["noise_multiplier"] == calibrate_noise_multiplier(target_epsilon=0.9 * eps, sample_rate=q,
                                                                   steps=T, delta=delta)
     assert meta["epsilon_gradient"] == rdp_epsilon(sample_rate=q, noise_multiplier=meta["noise_multiplier"],
@@ -283,29 +298,29 @@ CLEAN = {"ns": [150, 200, 250], "noise": 0.01}
 
 @pytest.mark.parametrize("stat", ["p25", "slope"])
 @pytest.mark.parametrize("method,kwargs,tol", [
-    ("sufficient_stats_laplace", {}, 1e-4),
-    ("noisy_stats", {}, 1e-4),
-    ("dp_theil_sen", {}, 5e-3),
-    ("dp_theil_sen", {"variant": "matchings", "k": 20, "wide": True}, 2e-2),
-    ("dp_gradient_descent", {"delta": 1e-5, "iterations": 1000}, 1e-3),
-    ("dp_sgd_engine", {"delta": 1e-5, "steps": 400, "sample_rate": 0.5}, 2e-3),
+    (sufficient_stats_laplace, {}, 1e-4),
+    (noisy_stats_fn, {}, 1e-4),
+    (dp_theil_sen, {}, 5e-3),
+    (dp_theil_sen, {"config": TheilSenConfig(variant="matchings", k=20, wide=True)}, 2e-2),
+    (dp_gradient_descent, {"delta": 1e-5, "config": DPGDConfig(iterations=1000)}, 1e-3),
+    (dp_sgd_engine, {"delta": 1e-5, "config": DPSGDConfig(steps=400, sample_rate=0.5)}, 2e-3),
 ])
 def test_huge_epsilon_converges_to_ols(method, kwargs, tol, stat):
     c = _cells(CLEAN["ns"], noise=CLEAN["noise"], seed=14)
-    df, meta = getattr(B, method)(c, statistic=stat, epsilon=1e6, rng=np.random.default_rng(15), **kwargs)
+    df, meta = method(c, statistic=stat, epsilon=1e6, rng=np.random.default_rng(15), **kwargs)
     assert df.released.all()
     scale = 1.0 if stat == "p25" else 4.0  # slope errors are larger
     np.testing.assert_allclose(df.theta_released, _ols(c, stat), atol=tol * scale)
-    assert meta["epsilon"] == 1e6 and meta["neighbours"] in B.NEIGHBOURS
+    assert meta["epsilon"] == 1e6 and meta["neighbours"] in NEIGHBOURS
 
 
 def test_bad_inputs():
     c = _cells([10, 10])
     with pytest.raises(ReleaseError, match="statistic"):
-        B.noisy_stats(c, statistic="p50", epsilon=1.0, rng=np.random.default_rng(0))
+        noisy_stats_fn(c, statistic="p50", epsilon=1.0, rng=np.random.default_rng(0))
     with pytest.raises(ReleaseError, match="epsilon"):
-        B.sufficient_stats_laplace(c, statistic="p25", epsilon=0.0, rng=np.random.default_rng(0))
+        sufficient_stats_laplace(c, statistic="p25", epsilon=0.0, rng=np.random.default_rng(0))
     with pytest.raises(ReleaseError, match="delta"):
-        B.dp_gradient_descent(c, statistic="p25", epsilon=1.0, delta=1.5, rng=np.random.default_rng(0))
+        dp_gradient_descent(c, statistic="p25", epsilon=1.0, delta=1.5, rng=np.random.default_rng(0))
     with pytest.raises(ReleaseError, match="k"):
-        B.suppression(c, statistic="p25", k=0)
+        suppression(c, statistic="p25", k=0)

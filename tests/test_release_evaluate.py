@@ -179,7 +179,9 @@ def test_figures_write_png(tmp_path):
             x, y, statistic="p25", domain=Domain(), path=tmp_path / "a/ls.png"
         )
     )
-    med = lambda u, v: float(np.median(v))
+    def med(u, v):
+        return float(np.median(v))
+
     assert is_png(
         figures.plot_local_sensitivity_cell(
             x, y, statistic=med, domain=Domain(), path=tmp_path / "ls2.png", grid=9

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from dptrain.release.cells import Domain, ReleaseError, make_cells, ols, standard_error, statistic
-from dptrain.release.mos import NOT_DP, chi, release_mos
+from dptrain.release.mos import NOT_DP, MOSConfig, MOSInputs, chi, release_mos
 
 try:
     from dptrain.release.sensitivity import local_sensitivity, se_local_sensitivity
@@ -17,6 +17,16 @@ except ImportError:  # pragma: no cover - the sensitivity module is written alon
     local_sensitivity = se_local_sensitivity = None
 
 needs_sensitivity = pytest.mark.skipif(local_sensitivity is None, reason="dptrain.release.sensitivity not available")
+
+
+def mos(c, *, statistic, epsilon, sensitivity=None, se_sensitivity=None, neighbors="add_remove",
+        noise="laplace", epsilon_split=(1, 1, 1), chi_groups=None, **kw):
+    """release_mos with the settings as keywords: precomputed sensitivities go in MOSInputs, the
+    MOS settings in MOSConfig."""
+    return release_mos(c, statistic=statistic, epsilon=epsilon,
+                       precomputed=MOSInputs(sensitivity=sensitivity, se_sensitivity=se_sensitivity),
+                       config=MOSConfig(neighbors=neighbors, noise=noise, epsilon_split=epsilon_split,
+                                        chi_groups=chi_groups), **kw)
 
 
 def make_data(sizes, *, seed=0, flat=()):
@@ -76,7 +86,7 @@ def test_noise_sd_reported_and_matched_empirically():
     g, n, eps = 4000, 20, 1.0
     c = identical_cells(g, n)
     ls = np.full(g, 0.5 / n)  # chi = 0.5
-    rel = release_mos(c, statistic="p25", epsilon=eps, seed=1, sensitivity=stub(ls), se_sensitivity=stub(ls / 10))
+    rel = mos(c, statistic="p25", epsilon=eps, seed=1, sensitivity=stub(ls), se_sensitivity=stub(ls / 10))
     f = rel.frame
     expected_sd = np.sqrt(2) * 0.5 / (eps * n)
     assert np.allclose(f["noise_sd"], expected_sd, rtol=1e-5)  # only the 2^-20 grid inflation
@@ -95,7 +105,7 @@ def test_independent_draws_for_theta_se_and_n():
     c = identical_cells(g, n, seed=3)
     # a shared draw (the Stata code reuses one for theta and N) would give correlation 1
     ls = np.full(g, 1.0 / n)
-    rel = release_mos(c, statistic="slope", epsilon=1.0, seed=2, sensitivity=stub(ls), se_sensitivity=stub(ls))
+    rel = mos(c, statistic="slope", epsilon=1.0, seed=2, sensitivity=stub(ls), se_sensitivity=stub(ls))
     f = rel.frame
     fit = ols(c)
     d_theta = f["theta_released"].to_numpy() - statistic(fit, "slope", c.domain)
@@ -111,7 +121,7 @@ def test_se_released_formula_from_noised_se():
     c = make_data([30, 40, 50, 60])
     ls = np.array([0.05, 0.04, 0.03, 0.02])
     # a huge epsilon for the SE makes SE_noised = SE (to ~1e-9), exposing the formula
-    rel = release_mos(c, statistic="p75", epsilon={"theta": 0.5, "se": 1e9, "n": 1.0}, seed=0,
+    rel = mos(c, statistic="p75", epsilon={"theta": 0.5, "se": 1e9, "n": 1.0}, seed=0,
                       sensitivity=stub(ls), se_sensitivity=stub(ls / 5))
     f = rel.frame
     se = standard_error(ols(c), "p75", c.domain)
@@ -127,22 +137,22 @@ def test_seeded_reproducibility():
     c = make_data([20, 30, 40, 50, 60], seed=4)
     ls = stub(np.full(5, 0.01))
     kw = dict(statistic="p25", epsilon=1.0, sensitivity=ls, se_sensitivity=ls)
-    a = release_mos(c, seed=9, **kw).frame
-    b = release_mos(c, seed=9, **kw).frame
-    d = release_mos(c, seed=10, **kw).frame
-    e = release_mos(c, seed=None, **kw)
+    a = mos(c, seed=9, **kw).frame
+    b = mos(c, seed=9, **kw).frame
+    d = mos(c, seed=10, **kw).frame
+    e = mos(c, seed=None, **kw)
     pd.testing.assert_frame_equal(a, b)
     assert not a["theta_released"].equals(d["theta_released"])
-    seeded = release_mos(c, seed=9, **kw).info["rng"]
+    seeded = mos(c, seed=9, **kw).info["rng"]
     assert "CSPRNG" in e.info["rng"] and "REPRODUCIBLE" in seeded
     assert "9" not in seeded  # the info never echoes the seed (whoever knows it removes the noise)
-    g = release_mos(c, rng=np.random.default_rng(9), **kw)  # a caller's stream (a release run's Randomness)
+    g = mos(c, rng=np.random.default_rng(9), **kw)  # a caller's stream (a release run's Randomness)
     assert "supplied by the caller" in g.info["rng"]
 
 
 def test_no_true_values_in_frame():
     c = make_data([20, 30, 40], seed=5)
-    rel = release_mos(c, statistic="p25", epsilon=1.0, seed=0,
+    rel = mos(c, statistic="p25", epsilon=1.0, seed=0,
                       sensitivity=stub([0.02, 0.01, 0.01]), se_sensitivity=stub([0.01, 0.01, 0.01]))
     f = rel.to_frame()
     assert list(f.columns) == ["cell", "group", "released", "reason", "theta_released", "se_released",
@@ -159,7 +169,7 @@ def test_no_true_values_in_frame():
 def test_undefined_cells_not_released_with_reason_stub():
     c = make_data([2, 5, 30, 40], flat=[1])  # cell 0: n < 3; cell 1: no spread in x
     ls = np.array([np.inf, np.inf, 0.01, 0.02])
-    rel = release_mos(c, statistic="slope", epsilon=1.0, seed=0,
+    rel = mos(c, statistic="slope", epsilon=1.0, seed=0,
                       sensitivity=stub(ls, ["n < 3", "no spread in x", "", ""]), se_sensitivity=stub(ls))
     f = rel.frame
     assert f["released"].tolist() == [False, False, True, True]
@@ -167,7 +177,7 @@ def test_undefined_cells_not_released_with_reason_stub():
     assert f.loc[:1, ["theta_released", "se_released", "n_released", "noise_sd"]].isna().all().all()
     assert np.allclose(f["chi"], 0.8)  # 40 * 0.02; the infinite cells do not drive chi
     # without a reason from the sensitivity, the OLS failure is named
-    rel2 = release_mos(c, statistic="slope", epsilon=1.0, seed=0, sensitivity=stub(ls), se_sensitivity=stub(ls))
+    rel2 = mos(c, statistic="slope", epsilon=1.0, seed=0, sensitivity=stub(ls), se_sensitivity=stub(ls))
     assert rel2.frame["reason"].tolist()[:2] == ["n < 3", "no spread in x"]
     assert rel.info["released"] == 2 and rel.info["cells"] == 4
 
@@ -175,7 +185,7 @@ def test_undefined_cells_not_released_with_reason_stub():
 def test_chi_groups_in_release():
     c = make_data([20, 40, 20, 40], seed=6)
     ls = np.array([0.01, 0.01, 0.05, 0.05])
-    rel = release_mos(c, statistic="p25", epsilon=2.0, seed=0, chi_groups=np.array(["a", "a", "b", "b"]),
+    rel = mos(c, statistic="p25", epsilon=2.0, seed=0, chi_groups=np.array(["a", "a", "b", "b"]),
                       sensitivity=stub(ls), se_sensitivity=stub(ls))
     assert np.allclose(rel.frame["chi"], [0.4, 0.4, 2.0, 2.0])
     t = rel.chi_table.set_index("group")
@@ -187,13 +197,13 @@ def test_epsilon_accounting():
     c = make_data([20, 30], seed=7)
     ls = stub([0.01, 0.01])
     kw = dict(statistic="p25", seed=0, sensitivity=ls, se_sensitivity=ls)
-    e = release_mos(c, epsilon=0.5, **kw).epsilon
+    e = mos(c, epsilon=0.5, **kw).epsilon
     assert (e["theta"], e["se"], e["n"], e["total_per_cell"], e["total"]) == (0.5, 0.5, 0.5, 1.5, 1.5)
-    e = release_mos(c, epsilon={"theta": 1.0, "se": 0.25, "n": 0.5}, **kw).epsilon
+    e = mos(c, epsilon={"theta": 1.0, "se": 0.25, "n": 0.5}, **kw).epsilon
     assert e["total_per_cell"] == 1.75 and e["total"] == 1.75  # parallel over disjoint cells
-    e = release_mos(c, epsilon=1.0, epsilon_split=(2, 1, 0.5), **kw).epsilon
+    e = mos(c, epsilon=1.0, epsilon_split=(2, 1, 0.5), **kw).epsilon
     assert (e["theta"], e["se"], e["n"]) == (2.0, 1.0, 0.5)
-    info = release_mos(c, epsilon=1.0, **kw).info["epsilon_accounting"]
+    info = mos(c, epsilon=1.0, **kw).info["epsilon_accounting"]
     assert "sequential" in info and "parallel" in info
 
 
@@ -203,7 +213,7 @@ def test_bad_epsilon_refused_by_name(eps):
     c = make_data([20, 30], seed=8)
     ls = stub([0.01, 0.01])
     with pytest.raises(ReleaseError, match="release.epsilon"):
-        release_mos(c, statistic="p25", epsilon=eps, seed=0, sensitivity=ls, se_sensitivity=ls)
+        mos(c, statistic="p25", epsilon=eps, seed=0, sensitivity=ls, se_sensitivity=ls)
 
 
 def test_bad_settings_refused_by_name():
@@ -211,19 +221,19 @@ def test_bad_settings_refused_by_name():
     ls = stub([0.01, 0.01])
     kw = dict(epsilon=1.0, seed=0, sensitivity=ls, se_sensitivity=ls)
     with pytest.raises(ReleaseError, match="release.statistic"):
-        release_mos(c, statistic="median", **kw)
+        mos(c, statistic="median", **kw)
     with pytest.raises(ReleaseError, match="release.noise"):
-        release_mos(c, statistic="p25", noise="uniform", **kw)
+        mos(c, statistic="p25", noise="uniform", **kw)
     with pytest.raises(ReleaseError, match="release.neighbors"):
-        release_mos(c, statistic="p25", neighbors="replace", **kw)
+        mos(c, statistic="p25", neighbors="replace", **kw)
     with pytest.raises(ReleaseError, match="release.epsilon_split"):
-        release_mos(c, statistic="p25", epsilon_split=(1, 0, 1), **kw)
+        mos(c, statistic="p25", epsilon_split=(1, 0, 1), **kw)
 
 
 def test_not_dp_sentence_and_normal_noise_caveat():
     c = make_data([20, 30], seed=9)
     ls = stub([0.01, 0.01])
-    rel = release_mos(c, statistic="p25", epsilon=1.0, seed=0, noise="normal", sensitivity=ls, se_sensitivity=ls)
+    rel = mos(c, statistic="p25", epsilon=1.0, seed=0, noise="normal", sensitivity=ls, se_sensitivity=ls)
     assert rel.info["privacy"] == NOT_DP
     assert "MOS is NOT differentially private" in NOT_DP and "conditional on chi" in NOT_DP
     assert any("normal" in s and "epsilon" in s for s in rel.info["caveats"])
@@ -238,7 +248,7 @@ def test_real_sensitivity_end_to_end():
     c = make_data([2, 6, 30, 80, 150, 300], flat=[1], seed=10)
     for stat in ("p25", "slope"):
         for nb in ("add", "add_remove"):
-            rel = release_mos(c, statistic=stat, epsilon=1.0, neighbors=nb, seed=3)
+            rel = mos(c, statistic=stat, epsilon=1.0, neighbors=nb, seed=3)
             s = local_sensitivity(c, statistic=stat, neighbors=nb)
             f = rel.frame
             assert not f.loc[0, "released"] and not f.loc[1, "released"]
@@ -259,7 +269,7 @@ def test_real_sensitivity_n3_cell_needs_se():
     """n = 3: theta's LS is finite, but under add_remove the SE is undefined after a removal, so
     the cell (theta, SE and N together) is not released; under add it is."""
     c = make_data([3, 40, 60], seed=11)
-    a = release_mos(c, statistic="p25", epsilon=1.0, neighbors="add_remove", seed=0).frame
+    a = mos(c, statistic="p25", epsilon=1.0, neighbors="add_remove", seed=0).frame
     assert not a.loc[0, "released"] and "SE" in a.loc[0, "reason"]
-    b = release_mos(c, statistic="p25", epsilon=1.0, neighbors="add", seed=0).frame
+    b = mos(c, statistic="p25", epsilon=1.0, neighbors="add", seed=0).frame
     assert b["released"].all()

@@ -24,10 +24,15 @@ from hydra import compose, initialize_config_module
 
 from dptrain import cli
 from dptrain.privacy.randomness import seeded_mt19937
-from dptrain.release import _theilsen
-from dptrain.release import baselines as B
 from dptrain.release.cell_domain import select_cells, selection_threshold
 from dptrain.release.cells import Domain, group_cells, make_cells
+from dptrain.release.methods import theil_sen as _theilsen
+from dptrain.release.methods.dp_gd import DPGDConfig, dp_gradient_descent
+from dptrain.release.methods.dp_sgd import DPSGDConfig, SquaredLossLinearEngine, dp_sgd_engine
+from dptrain.release.methods.noisy_stats import noisy_stats
+from dptrain.release.methods.ss_laplace import sufficient_stats_laplace
+from dptrain.release.methods.suppression import suppression
+from dptrain.release.methods.theil_sen import TheilSenConfig, dp_theil_sen
 
 CELLS = ["a", "b", "c", "d", "e"]
 DECLARED = "release.cell_values={cell: [a, b, c, d, e, f]}"
@@ -44,7 +49,8 @@ def _table(sizes: list[int], seed: int = 0, names: list[str] | None = None) -> p
     names = names or CELLS[:len(sizes)]
     cell = np.repeat(names, sizes)
     x = rng.random(cell.size)
-    return pd.DataFrame({"cell": cell, "x": x, "y": np.clip(0.2 + 0.5 * x + 0.1 * rng.standard_normal(cell.size), 0, 1)})
+    return pd.DataFrame({"cell": cell, "x": x,
+                         "y": np.clip(0.2 + 0.5 * x + 0.1 * rng.standard_normal(cell.size), 0, 1)})
 
 
 def _release(tmp_path: Path, df: pd.DataFrame, name: str, extra: list[str]) -> tuple[pd.DataFrame, dict]:
@@ -169,11 +175,12 @@ def test_every_method_handles_a_declared_cell_without_rows(stat):
                 assert np.isinf(s.ls[[0, 5]]).all() and set(s.reason[[0, 5]]) == {"n < 3"}
         mos = release_mos(c, statistic=stat, epsilon=1.0, seed=0).frame
         assert list(mos.reason[[0, 5]]) == ["n < 3", "n < 3"] and len(mos) == 6
-        for f, kw in [(B.suppression, {"k": 5}), (B.sufficient_stats_laplace, {"epsilon": 1.0, "rng": rng}),
-                      (B.noisy_stats, {"epsilon": 1.0, "rng": rng}),
-                      (B.dp_theil_sen, {"epsilon": 1.0, "rng": rng, "variant": "auto", "k": 5}),
-                      (B.dp_gradient_descent, {"epsilon": 1.0, "delta": 1e-5, "rng": rng, "iterations": 10}),
-                      (B.dp_sgd_engine, {"epsilon": 1.0, "delta": 1e-5, "rng": rng, "steps": 10})]:
+        for f, kw in [(suppression, {"k": 5}), (sufficient_stats_laplace, {"epsilon": 1.0, "rng": rng}),
+                      (noisy_stats, {"epsilon": 1.0, "rng": rng}),
+                      (dp_theil_sen, {"epsilon": 1.0, "rng": rng, "config": TheilSenConfig(variant="auto", k=5)}),
+                      (dp_gradient_descent, {"epsilon": 1.0, "delta": 1e-5, "rng": rng,
+                                             "config": DPGDConfig(iterations=10)}),
+                      (dp_sgd_engine, {"epsilon": 1.0, "delta": 1e-5, "rng": rng, "config": DPSGDConfig(steps=10)})]:
             df, _ = f(c, statistic=stat, **kw)
             assert len(df) == 6 and all(df.loc[~df.released, "reason"] != ""), f.__name__
 
@@ -265,7 +272,7 @@ def test_dp_sgd_baseline_noise_is_float64():
     float64 bits: some values are not float32 numbers."""
     model = torch.nn.Linear(1, 1).double()
     gen = seeded_mt19937(np.random.default_rng(0).integers(1, 2**32, size=624, dtype=np.uint64).astype(np.uint32))
-    eng = B.SquaredLossLinearEngine(model, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=1.0,
+    eng = SquaredLossLinearEngine(model, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=1.0,
                                     generator=gen)
     x, y = torch.zeros((0, 1), dtype=torch.float64), torch.zeros(0, dtype=torch.float64)
     vals = []

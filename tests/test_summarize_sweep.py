@@ -129,7 +129,7 @@ def test_nonprivate_and_default_out(sweep, recwarn):
     assert any("privacy.target_epsilon=8" in str(w.message) for w in recwarn)
     table = pd.read_csv(sweep / "summary.csv")
     assert len(table) == 3
-    nonpriv = table[table["private"] == False]
+    nonpriv = table[~table["private"].astype(bool)]
     assert len(nonpriv) == 1
     assert nonpriv["epsilon"].isna().all()
     assert nonpriv["test/acc_mean"].iloc[0] == pytest.approx(0.87)

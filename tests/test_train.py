@@ -11,7 +11,7 @@ from dptrain.config import validate, validate_against_size
 from dptrain.data import load_dataset
 from dptrain.privacy.accounting import rdp_epsilon
 from dptrain.tracking import Tracker
-from dptrain.train import fit
+from dptrain.train import LaunchConfig, fit, mechanism_for
 
 
 def _setup(overrides):
@@ -24,10 +24,16 @@ def _setup(overrides):
     return cfg, data, validate_against_size(cfg, data.n_train)
 
 
+def _fit(cfg, data, delta, tmp_path, *, randomness=None, on_engine=None):
+    return fit(cfg, data, mechanism=mechanism_for(cfg, dataset_size=data.n_train, delta=delta),
+               tracker=Tracker(tmp_path, tensorboard=False), launch=LaunchConfig(randomness=randomness),
+               on_engine=on_engine)
+
+
 def test_empty_batches_are_counted_steps(tmp_path):
     # N = 1500, B = 1 -> q = 1/1500: most Poisson batches are empty, each is still a step
     cfg, data, delta = _setup(["trainer.batch_size=1", "trainer.epochs=0.2", "privacy.noise_multiplier=5"])
-    res = fit(cfg, data, delta=delta, tracker=Tracker(tmp_path, tensorboard=False))
+    res = _fit(cfg, data, delta, tmp_path)
     steps = round(0.2 * data.n_train)
     assert res.privacy["steps"] == steps == res.accountant.steps == res.metrics["train/steps"]
     assert res.privacy["sample_rate"] == 1 / data.n_train
@@ -50,11 +56,9 @@ def test_seed_fixes_the_initialisation_not_the_noise(tmp_path):
     inits, finals, keyed = [], [], []
     for seed in (0, 0, 1):
         cfg, data, delta = _setup([f"seed={seed}", "trainer.epochs=1", "trainer.batch_size=100"])
-        res = fit(cfg, data, delta=delta, tracker=Tracker(tmp_path, tensorboard=False),
-                  on_engine=lambda e: inits.append(_params(e.model).clone()))
+        res = _fit(cfg, data, delta, tmp_path, on_engine=lambda e: inits.append(_params(e.model).clone()))
         finals.append(_params(res.model))
-        res = fit(cfg, data, delta=delta, tracker=Tracker(tmp_path, tensorboard=False),
-                  randomness=Randomness.from_seed_file(key, run_label="same settings"))
+        res = _fit(cfg, data, delta, tmp_path, randomness=Randomness.from_seed_file(key, run_label="same settings"))
         keyed.append(_params(res.model))
     assert torch.equal(inits[0], inits[1]) and not torch.equal(inits[0], inits[2])
     assert not torch.allclose(finals[0], finals[1])  # same seed, fresh noise
@@ -63,7 +67,7 @@ def test_seed_fixes_the_initialisation_not_the_noise(tmp_path):
 
 def test_noise_changes_the_model_and_privacy_off_has_no_accountant(tmp_path):
     cfg, data, delta = _setup(["trainer.epochs=5", "trainer.batch_size=100", "privacy=none", "optim.lr=2"])
-    res = fit(cfg, data, delta=delta, tracker=Tracker(tmp_path, tensorboard=False))
+    res = _fit(cfg, data, delta, tmp_path)
     assert res.privacy["enabled"] is False and res.accountant.steps == 0
     assert res.privacy["engine"] == "nonprivate"
     assert res.metrics["test/acc"] > 0.7  # the synthetic logistic model is learnable
@@ -82,7 +86,7 @@ def test_mlp_preset_trains_on_the_buffered_fast_path(tmp_path):
     data = load_dataset(cfg.data, seed=cfg.seed)
     delta = validate_against_size(cfg, data.n_train)
     seen = []
-    res = fit(cfg, data, delta=delta, tracker=Tracker(tmp_path, tensorboard=False), on_engine=seen.append)
+    res = _fit(cfg, data, delta, tmp_path, on_engine=seen.append)
     (engine,) = seen
     assert type(engine) is FastLinearEngine and engine.fused and engine.plan is not None
     assert engine._ws is not None and engine._ws.capacity >= 100  # the workspace was used

@@ -22,7 +22,6 @@ from typing import Any
 
 import pandas as pd
 
-from dptrain.config import ConfigError
 from dptrain.data import synthetic
 from dptrain.data.table import (
     OTHER,
@@ -37,6 +36,7 @@ from dptrain.data.table import (
     read_table,
     schema_from_config,
 )
+from dptrain.validation import ConfigError
 
 __all__ = [
     "ADULT_FILE",
@@ -69,7 +69,8 @@ def _expected_sha256(name: str = "adult.csv.gz") -> str:
     try:
         text = ADULT_SUMS.read_text()
     except OSError:
-        raise DataError(f"the shipped checksum file {ADULT_SUMS} is missing; reinstall dptrain or run scripts/build_adult.py") from None
+        raise DataError(f"the shipped checksum file {ADULT_SUMS} is missing; "
+                        "reinstall dptrain or run scripts/build_adult.py") from None
     for line in text.splitlines():
         m = re.fullmatch(r"([0-9a-fA-F]{64})\s+\*?(\S+)", line.strip())
         if m and m.group(2) == name:
@@ -109,12 +110,14 @@ def _synthetic_schema(cfg: Any) -> tuple[int, int, dict[str, Any]]:
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"{setting}={v!r} is not allowed: must be an integer >= {lo}")
     if _get(cfg, "categorical"):
-        raise ConfigError("data.categorical is not allowed for data=synthetic: the generator has numeric columns x0..x{n-1} only")
+        raise ConfigError("data.categorical is not allowed for data=synthetic: "
+                          "the generator has numeric columns x0..x{n-1} only")
     declared = dict(_get(cfg, "numeric") or {})
     cols = synthetic.feature_columns(n_features)
     for name in declared:
         if not re.fullmatch(r"x\d+", str(name)):
-            raise ConfigError(f"data.numeric.{name} is not allowed for data=synthetic: the generated columns are x0..x{n_features - 1}")
+            raise ConfigError(f"data.numeric.{name} is not allowed for data=synthetic: "
+                              f"the generated columns are x0..x{n_features - 1}")
     numeric = {c: declared.get(c, {"lower": synthetic.LOWER, "upper": synthetic.UPPER}) for c in cols}
     return n_rows, n_features, numeric
 
@@ -144,7 +147,8 @@ def load_dataset(cfg: Any, *, seed: int) -> Dataset:
     if name == "table":
         path = _get(cfg, "path")
         if not path:
-            raise ConfigError(f"data.path={path!r} is not allowed: data=table needs the path of a CSV, Parquet or .dta file")
+            raise ConfigError(f"data.path={path!r} is not allowed: "
+                              "data=table needs the path of a CSV, Parquet or .dta file")
         schema = schema_from_config(cfg)
         fmt = _get(cfg, "format", "auto") or "auto"
         df = read_table(path, fmt=fmt, columns=schema.columns)  # checks existence first

@@ -29,12 +29,15 @@ The unclipped latent line is returned beside it (``*_latent`` columns).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 from scipy.special import expit, logit, ndtr
 
 __all__ = [
     "DESIGN_COLUMNS",
+    "AtlasConfig",
     "clipped_mean",
     "design_cells",
     "projection_line",
@@ -146,38 +149,64 @@ def simulate_figure2(
     return rows, truth
 
 
-def _atlas_sizes(
-    rng: np.random.Generator,
-    z: np.ndarray,
-    *,
-    median: float,
-    sigma: float,
-    corr: float,
-    lo: int,
-    hi: int,
-) -> np.ndarray:
+@dataclass(frozen=True)
+class AtlasConfig:
+    """The design of :func:`simulate_atlas` (the defaults are ``data=atlas``'s).
+
+    Cell sizes: ``size_median`` exp(``size_sigma`` w), w correlated ``size_z_corr`` with the cell
+    covariate z, clipped to [``min_size``, ``max_size``]; ``n_states`` states. The latent line:
+    intercept ``intercept`` + ``z_effect`` z + ``cell_sd`` N(0, 1); row noise ``noise_sd``. The
+    rare outcome: rate ``rare_rate`` at z = 0, logit slope ``rare_z_effect`` in z."""
+
+    n_states: int = 20
+    size_median: float = 25.0
+    size_sigma: float = 1.5
+    size_z_corr: float = -0.3
+    min_size: int = 1
+    max_size: int = 5000
+    intercept: float = 0.30
+    z_effect: float = 0.08
+    cell_sd: float = 0.03
+    noise_sd: float = 0.18
+    rare_rate: float = 0.03
+    rare_z_effect: float = 0.6
+
+
+def _atlas_sizes(rng: np.random.Generator, z: np.ndarray, cfg: AtlasConfig) -> np.ndarray:
+    corr = cfg.size_z_corr
     w = corr * z + np.sqrt(1.0 - corr * corr) * rng.standard_normal(z.size)
-    return np.clip(np.rint(median * np.exp(sigma * w)), lo, hi).astype(np.int64)
+    return np.clip(np.rint(cfg.size_median * np.exp(cfg.size_sigma * w)), cfg.min_size, cfg.max_size).astype(np.int64)
+
+
+def _atlas_cells(rng: np.random.Generator, n_cells: int, cfg: AtlasConfig) -> dict[str, np.ndarray]:
+    """The per-cell design: z, N, state, the latent line, the x support and the rare rate."""
+    z = rng.standard_normal(n_cells)
+    n = _atlas_sizes(rng, z, cfg)
+    state = rng.integers(0, cfg.n_states, n_cells)
+    a_lat = cfg.intercept + cfg.z_effect * z + cfg.cell_sd * rng.standard_normal(n_cells)
+    b_lat = rng.uniform(0.1, 0.5, n_cells)
+    pr = rng.uniform(0.3, 0.75, n_cells)  # x spread within a cell, about as in the Figure-2 design
+    st = (1.0 - pr) * rng.random(n_cells)
+    p_rare = expit(logit(cfg.rare_rate) + cfg.rare_z_effect * z)
+    return {"n": n, "state": state, "z": z, "st": st, "pr": pr, "a_latent": a_lat, "b_latent": b_lat,
+            "p_rare": p_rare}
+
+
+def _atlas_rows(rng: np.random.Generator, c: dict[str, np.ndarray], noise_sd: float) -> pd.DataFrame:
+    codes = np.repeat(np.arange(c["n"].size), c["n"])
+    x = c["st"][codes] + c["pr"][codes] * rng.random(codes.size)
+    y = np.clip(
+        c["a_latent"][codes] + c["b_latent"][codes] * x + noise_sd * rng.standard_normal(codes.size), 0.0, 1.0
+    )
+    y_rare = (rng.random(codes.size) < c["p_rare"][codes]).astype(np.int8)
+    return pd.DataFrame({"cell": codes, "state": c["state"][codes], "x": x, "y": y, "y_rare": y_rare})
 
 
 def simulate_atlas(
-    *,
-    seed: int,
-    n_cells: int = 2000,
-    n_states: int = 20,
-    size_median: float = 25.0,
-    size_sigma: float = 1.5,
-    size_z_corr: float = -0.3,
-    min_size: int = 1,
-    max_size: int = 5000,
-    intercept: float = 0.30,
-    z_effect: float = 0.08,
-    cell_sd: float = 0.03,
-    noise_sd: float = 0.18,
-    rare_rate: float = 0.03,
-    rare_z_effect: float = 0.6,
+    *, seed: int, n_cells: int = 2000, config: AtlasConfig = AtlasConfig()
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Atlas-like cells with skewed sizes, a cell covariate and a rare outcome.
+    """Atlas-like cells with skewed sizes, a cell covariate and a rare outcome (``config``:
+    :class:`AtlasConfig`).
 
     Per cell g: z_g ~ N(0, 1); N_g = clip(round(size_median exp(size_sigma w_g)), min_size,
     max_size) with w_g = size_z_corr z_g + sqrt(1 - size_z_corr^2) N(0, 1) (lognormal: with the
@@ -195,46 +224,20 @@ def simulate_atlas(
         and ``p25_latent, p75_latent, slope_latent``. The downstream truth: the slope of p25 on
         z across cells is about 0.08 (z_effect, slightly attenuated by clipping).
     """
-    if n_cells < 2 or not (-1.0 < size_z_corr < 1.0) or not (0 <= min_size <= max_size):
+    cfg = config
+    if n_cells < 2 or not (-1.0 < cfg.size_z_corr < 1.0) or not (0 <= cfg.min_size <= cfg.max_size):
         raise ValueError(
             f"simulate_atlas: need n_cells >= 2, -1 < size_z_corr < 1, 0 <= min_size <= "
-            f"max_size; got {n_cells}, {size_z_corr}, {min_size}, {max_size}"
+            f"max_size; got {n_cells}, {cfg.size_z_corr}, {cfg.min_size}, {cfg.max_size}"
         )
     rng = np.random.default_rng([int(seed), 22])
-    z = rng.standard_normal(n_cells)
-    n = _atlas_sizes(
-        rng, z, median=size_median, sigma=size_sigma, corr=size_z_corr, lo=min_size, hi=max_size
-    )
-    state = rng.integers(0, n_states, n_cells)
-    a_lat = intercept + z_effect * z + cell_sd * rng.standard_normal(n_cells)
-    b_lat = rng.uniform(0.1, 0.5, n_cells)
-    pr = rng.uniform(0.3, 0.75, n_cells)  # x spread within a cell, about as in the Figure-2 design
-    st = (1.0 - pr) * rng.random(n_cells)
-    p_rare = expit(logit(rare_rate) + rare_z_effect * z)
-    codes = np.repeat(np.arange(n_cells), n)
-    x = st[codes] + pr[codes] * rng.random(codes.size)
-    y = np.clip(
-        a_lat[codes] + b_lat[codes] * x + noise_sd * rng.standard_normal(codes.size), 0.0, 1.0
-    )
-    y_rare = (rng.random(codes.size) < p_rare[codes]).astype(np.int8)
-    rows = pd.DataFrame({"cell": codes, "state": state[codes], "x": x, "y": y, "y_rare": y_rare})
+    c = _atlas_cells(rng, n_cells, cfg)
+    rows = _atlas_rows(rng, c, cfg.noise_sd)
+    a_lat, b_lat = c["a_latent"], c["b_latent"]
     a, b = projection_line(
-        st, st + pr, lambda xs: clipped_mean(a_lat[:, None] + b_lat[:, None] * xs, noise_sd)
+        c["st"], c["st"] + c["pr"], lambda xs: clipped_mean(a_lat[:, None] + b_lat[:, None] * xs, cfg.noise_sd)
     )
-    truth = pd.DataFrame(
-        {
-            "cell": np.arange(n_cells),
-            "n": n,
-            "state": state,
-            "z": z,
-            "st": st,
-            "pr": pr,
-            "a_latent": a_lat,
-            "b_latent": b_lat,
-            "p_rare": p_rare,
-            **_truth_frame(a, b, a_lat, b_lat),
-        }
-    )
+    truth = pd.DataFrame({"cell": np.arange(n_cells), **c, **_truth_frame(a, b, a_lat, b_lat)})
     return rows, truth
 
 

@@ -60,7 +60,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dptrain.config import ConfigError
+from dptrain.errors import DPTrainError
+from dptrain.validation import ConfigError
 
 log = logging.getLogger("dptrain.data")
 
@@ -69,7 +70,7 @@ FORMATS = ("csv", "parquet", "dta")
 _CSV_COMPRESSION = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 
 
-class DataError(ValueError):
+class DataError(DPTrainError):
     """The data does not fit the declared schema, or cannot be read.
 
     The message names the setting / column, says what was found in words (never a value from
@@ -111,6 +112,13 @@ class Dataset:
     @property
     def n_features(self) -> int:
         return int(self.x_train.shape[1])
+
+    @property
+    def spec(self):
+        """The data's description for the objective and the model: feature width, target kind."""
+        from dptrain.objectives import DataSpec
+
+        return DataSpec(n_features=self.n_features, target_kind="binary")
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,10 +178,14 @@ def _number(setting: str, value: Any) -> float:
 def numeric_spec(name: str, spec: Any) -> NumericSpec:
     """Normalise one ``data.numeric.<name>`` entry (NumericColumn, DictConfig or mapping)."""
     setting = f"data.numeric.{name}"
-    if spec is None:
-        raise ConfigError(f"{setting}=None is not allowed: give {{lower: ..., upper: ...}}")
+    if spec is None or not (isinstance(spec, Mapping) or hasattr(spec, "lower")):
+        raise ConfigError(f"{setting}={spec!r} is not allowed: give {{lower: ..., upper: ...}} (optionally "
+                          "transform: log1p)")
     lo = _number(f"{setting}.lower", _get(spec, "lower", 0.0))
     hi = _number(f"{setting}.upper", _get(spec, "upper", 1.0))
+    for bound, value in (("lower", lo), ("upper", hi)):
+        if not math.isfinite(value):
+            raise ConfigError(f"{setting}.{bound}={value!r} is not allowed: must be a finite number (a public bound)")
     transform = _get(spec, "transform", "none") or "none"
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
         raise ConfigError(f"{setting}='[{lo}, {hi}]' is not allowed: bounds must be finite with lower < upper")
@@ -193,29 +205,36 @@ def schema_from_config(cfg: Any, *, numeric: Mapping[str, Any] | None = None) ->
     positive = _get(cfg, "positive")
     if positive is not None:
         positive = str(positive).strip()
-    nums = [numeric_spec(str(k).strip(), v) for k, v in (numeric if numeric is not None else (_get(cfg, "numeric") or {})).items()]
+    nums = [numeric_spec(str(k).strip(), v)
+            for k, v in (numeric if numeric is not None else (_get(cfg, "numeric") or {})).items()]
     cats: list[tuple[str, tuple[str, ...]]] = []
     for col, lst in (_get(cfg, "categorical") or {}).items():
         col = str(col).strip()
         setting = f"data.categorical.{col}"
         if lst is None or isinstance(lst, (str, bytes, Mapping)) or not hasattr(lst, "__iter__"):
             raise ConfigError(f"{setting}={lst!r} is not allowed: must be a list of category labels")
+        if any(c is not None and not isinstance(c, (str, int, float)) for c in lst):
+            raise ConfigError(f"{setting}={list(lst)!r} is not allowed: every label must be a string or a number")
         items = tuple(_label(c) for c in lst)
         if len(items) == 0:
             raise ConfigError(f"{setting}=[] is not allowed: a category list must not be empty")
         if any(c is None for c in items):
-            raise ConfigError(f"{setting} is not allowed: a category label is null (missing values go to the other slot)")
+            raise ConfigError(f"{setting} is not allowed: a category label is null "
+                              "(missing values go to the other slot)")
         if len(set(items)) != len(items):
-            raise ConfigError(f"{setting} is not allowed: the list has {len(items) - len(set(items))} duplicate label(s) (compared as stripped strings)")
+            raise ConfigError(f"{setting} is not allowed: the list has {len(items) - len(set(items))} "
+                              "duplicate label(s) (compared as stripped strings)")
         cats.append((col, items))
     if not nums and not cats:
         raise ConfigError("data.numeric/data.categorical='{}' is not allowed: declare at least one feature column")
     seen: dict[str, str] = {}
-    for setting, col in [(f"data.numeric.{s.name}", s.name) for s in nums] + [(f"data.categorical.{c}", c) for c, _ in cats]:
+    for setting, col in ([(f"data.numeric.{s.name}", s.name) for s in nums]
+                         + [(f"data.categorical.{c}", c) for c, _ in cats]):
         if col in seen:
             raise ConfigError(f"{setting} is not allowed: column {col!r} is also declared as {seen[col]}")
         if col == target:
-            raise ConfigError(f"{setting} is not allowed: column {col!r} is the target (data.target); a label cannot be a feature")
+            raise ConfigError(f"{setting} is not allowed: column {col!r} is the target (data.target); "
+                              "a label cannot be a feature")
         seen[col] = setting
     split = _get(cfg, "split_column")
     split = str(split).strip() if split is not None and str(split).strip() else None
@@ -264,7 +283,8 @@ def _open_binary(p: Path):
 def _non_utf8(p: Path) -> DataError:
     # no count of bad lines and no line number: both change with one row (private)
     return DataError(
-        f"data.path={str(p)!r}: it contains bytes that are not valid UTF-8; allowed: UTF-8 text. Re-save the file as UTF-8 "
+        f"data.path={str(p)!r}: it contains bytes that are not valid UTF-8; allowed: UTF-8 text. "
+        "Re-save the file as UTF-8 "
         "(e.g. iconv -f latin1 -t utf-8, or pandas to_csv(..., encoding='utf-8'))"
     )
 
@@ -364,7 +384,8 @@ def read_table(path: str | Path, *, fmt: str = "auto", columns: Sequence[str] | 
         raise DataError(f"data.path={str(path)!r}: is a folder; allowed: a CSV, Parquet or .dta file")
     kind = detect_format(p, fmt)
     if p.stat().st_size == 0:
-        raise DataError(f"data.path={str(path)!r}: the file is empty (0 bytes, 0 rows); allowed: a header and at least one row")
+        raise DataError(f"data.path={str(path)!r}: the file is empty (0 bytes, 0 rows); "
+                        "allowed: a header and at least one row")
     wanted = None if columns is None else {str(c).strip() for c in columns}
     if kind == "csv":
         header = _csv_header(p)
@@ -375,7 +396,8 @@ def read_table(path: str | Path, *, fmt: str = "auto", columns: Sequence[str] | 
         except UnicodeDecodeError:
             raise _non_utf8(p) from None
         except pd.errors.EmptyDataError:
-            raise DataError(f"data.path={str(path)!r}: the file is empty (no header line, 0 rows); allowed: a header line and at least one row") from None
+            raise DataError(f"data.path={str(path)!r}: the file is empty (no header line, 0 rows); "
+                            "allowed: a header line and at least one row") from None
         except Exception as exc:  # noqa: BLE001
             raise _unreadable(p, kind, exc) from None
     elif kind == "parquet":
@@ -603,7 +625,8 @@ def _split(df: pd.DataFrame, schema: Schema, idx: np.ndarray, seed: int,
         is_test = codes == 1
         for part, rows in (("train", ~is_test), ("test", is_test)):
             if not rows.any():
-                raise DataError(f"data.split_column={col!r}: no '{part}' rows; allowed: at least one train and one test row")
+                raise DataError(f"data.split_column={col!r}: no '{part}' rows; "
+                                "allowed: at least one train and one test row")
         return is_test
     is_test = split_scores(df, schema, seed=seed, rows=idx, numeric=numeric) < schema.test_fraction
     for part, rows in (("train", ~is_test), ("test", is_test)):
@@ -647,6 +670,39 @@ def encode_features(df: pd.DataFrame, schema: Schema, rows: np.ndarray | None = 
     return x
 
 
+def _numeric_columns(df: pd.DataFrame, schema: Schema, origin: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(numeric columns as float64, indices of the rows kept): NaN/inf refused, or their rows
+    dropped with ``data.nonfinite=drop`` (each row on its own; the log names the columns, never
+    how many rows: a private count)."""
+    nums: dict[str, np.ndarray] = {}
+    bad_rows = np.zeros(len(df), dtype=bool)
+    dropped_in = []
+    for spec in schema.numeric:
+        v = numeric_values(df[spec.name], f"data.numeric.{spec.name}")
+        nonfin = ~np.isfinite(v)
+        if nonfin.any():
+            if schema.nonfinite == "error":
+                has_nan = bool(np.isnan(v).any())
+                kinds = "missing/NaN and infinite" if has_nan and bool(np.isinf(v).any()) else (
+                    "missing/NaN" if has_nan else "infinite")
+                raise DataError(
+                    f"data.numeric.{spec.name}: column {spec.name!r} has non-finite entries ({kinds}); "
+                    "allowed with data.nonfinite=error: finite numbers (set data.nonfinite=drop to drop "
+                    "those rows)"
+                )
+            bad_rows |= nonfin
+            dropped_in.append(spec.name)
+        nums[spec.name] = v
+    if dropped_in:
+        log.warning("data.nonfinite=drop: dropped the rows with NaN/inf in numeric column(s) %s",
+                    ", ".join(repr(c) for c in dropped_in))
+    idx = np.flatnonzero(~bad_rows)
+    if len(idx) == 0:
+        raise DataError(f"{origin}: every row has NaN/inf in a numeric column and was dropped (data.nonfinite=drop); "
+                        "0 rows left; allowed: at least one row with finite numeric values")
+    return nums, idx
+
+
 def build_dataset(df: pd.DataFrame, schema: Schema, *, seed: int, source: str, origin: str) -> Dataset:
     """Check ``df`` against the schema, encode, split. ``origin`` names the data in messages
     (e.g. ``data.path='x.csv'``). Errors and the log name settings and columns, never a count
@@ -667,36 +723,9 @@ def build_dataset(df: pd.DataFrame, schema: Schema, *, seed: int, source: str, o
             f"{setting}: column {col!r} is not in {origin}{more}; allowed: a column of "
             "the file (names compared after stripping spaces, case-sensitive)"
         )
-    n = len(df)
-    if n == 0:
+    if len(df) == 0:
         raise DataError(f"{origin} has 0 rows (header only); allowed: at least one row")
-    nums: dict[str, np.ndarray] = {}
-    bad_rows = np.zeros(n, dtype=bool)
-    dropped_in = []
-    for spec in schema.numeric:
-        v = numeric_values(df[spec.name], f"data.numeric.{spec.name}")
-        nonfin = ~np.isfinite(v)
-        if nonfin.any():
-            if schema.nonfinite == "error":
-                has_nan = bool(np.isnan(v).any())
-                kinds = "missing/NaN and infinite" if has_nan and bool(np.isinf(v).any()) else (
-                    "missing/NaN" if has_nan else "infinite")
-                raise DataError(
-                    f"data.numeric.{spec.name}: column {spec.name!r} has non-finite entries ({kinds}); "
-                    "allowed with data.nonfinite=error: finite numbers (set data.nonfinite=drop to drop "
-                    "those rows)"
-                )
-            bad_rows |= nonfin
-            dropped_in.append(spec.name)
-        nums[spec.name] = v
-    if dropped_in:
-        # which columns had NaN/inf, never how many rows (a private count); N_train is reported
-        log.warning("data.nonfinite=drop: dropped the rows with NaN/inf in numeric column(s) %s",
-                    ", ".join(repr(c) for c in dropped_in))
-    idx = np.flatnonzero(~bad_rows)
-    if len(idx) == 0:
-        raise DataError(f"{origin}: every row has NaN/inf in a numeric column and was dropped (data.nonfinite=drop); "
-                        "0 rows left; allowed: at least one row with finite numeric values")
+    nums, idx = _numeric_columns(df, schema, origin)
     y = _target(df[schema.target], schema, idx)
     x = encode_features(df, schema, idx, nums)
     is_test = _split(df, schema, idx, seed, nums)

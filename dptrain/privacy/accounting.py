@@ -1,11 +1,17 @@
-"""Privacy accounting for DP-SGD with Poisson sampling (add/remove-one-record neighbours).
+"""Privacy accounting: epsilon of a history of privacy events (add/remove-one-record neighbours).
 
-Pure functions map (sample rate q, noise multiplier sigma, steps T, delta) to epsilon with two
-accountants of Google's ``dp-accounting`` library: ``"rdp"`` (Renyi DP of the Poisson-subsampled
-Gaussian, Mironov, Talwar, Zhang 2019, with the conversion of Balle et al. 2020; cheap, cached
-per (q, sigma)) and ``"pld"`` (privacy loss distributions, Koskela et al. 2020 / Doroshenko et
-al. 2022; tight second opinion, ~0.3-0.5 s a call). :class:`PrivacyAccountant` only records
-history; epsilon is composed from it on demand.
+Accountants are registered by name in ``ACCOUNTANTS`` (the ``privacy.accountant`` setting picks
+the headline one and the one that calibrates sigma). Two ship, both from Google's
+``dp-accounting`` library: ``"rdp"`` (Renyi DP, for DP-SGD's Poisson-subsampled Gaussian
+Mironov, Talwar, Zhang 2019, with the conversion of Balle et al. 2020; cheap, cached per event)
+and ``"pld"`` (privacy loss distributions, Koskela et al. 2020 / Doroshenko et al. 2022; tight
+second opinion, ~0.3-0.5 s a call). An accountant is an object with ``name``, ``note`` and
+``epsilon(history, delta)``, where the history is a tuple of (:class:`Event`, count) pairs.
+
+:class:`PrivacyAccountant` only records history (events, see :mod:`dptrain.privacy.events`);
+epsilon is composed from it on demand. The functions :func:`rdp_epsilon`, :func:`pld_epsilon`,
+:func:`compute_epsilon` and :func:`calibrate_noise_multiplier` are the same computation for one
+run of identical DP-SGD steps.
 """
 
 from __future__ import annotations
@@ -18,10 +24,13 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
-import dp_accounting
 import numpy as np
 from dp_accounting import pld as _pld
 from dp_accounting import rdp as _rdp
+
+from dptrain.errors import DPTrainError
+from dptrain.privacy.events import EVENT_KINDS, Event, event_from_list, poisson_gaussian
+from dptrain.registry import Registry
 
 __all__ = ["ACCOUNTANTS", "RDP_ORDERS", "AccountingError", "PrivacyAccountant",
            "calibrate_noise_multiplier", "compute_epsilon", "pld_epsilon", "rdp_epsilon"]
@@ -44,15 +53,18 @@ RDP_ORDERS: tuple[float, ...] = tuple(
     [round(1 + x / 10.0, 1) for x in range(1, 100)] + [float(a) for a in range(11, 64)]
     + [128.0, 256.0, 512.0, 1024.0]
 )
-ACCOUNTANTS = ("rdp", "pld")
 #: Value discretisation interval of the PLD accountant (dp-accounting's default, tight).
 PLD_DISCRETIZATION = 1e-4
-_SIGMA_MIN, _SIGMA_MAX = 1e-2, 1e6  # calibration search range for sigma
+#: The noise multipliers calibration searches (and the config allows): below 1e-2 float32
+#: training and the accountants lose meaning, above 1e6 the noise drowns float32 gradients.
+SIGMA_RANGE = (1e-2, 1e6)
+_SIGMA_MIN, _SIGMA_MAX = SIGMA_RANGE
 
-Segment = tuple[float, float, int]  # (noise_multiplier, sample_rate, steps)
+Segment = tuple[float, float, int]  # (noise_multiplier, sample_rate, steps): the legacy view
+History = tuple[tuple[Event, int], ...]  # (event, number of consecutive steps)
 
 
-class AccountingError(ValueError):
+class AccountingError(DPTrainError):
     """A bad argument to an accounting function; the message names argument, value and range."""
 
 
@@ -96,45 +108,73 @@ def _check_delta(delta: Any) -> float:
     return delta
 
 
+class RdpAccountant:
+    """Renyi DP composed over the history at ``RDP_ORDERS`` (RDP adds up across steps), converted
+    to (epsilon, delta) with the improved conversion (Balle et al. 2020, Thm. 21)."""
+
+    name = "rdp"
+    note = ("Renyi DP of the Poisson-subsampled Gaussian (Mironov, Talwar, Zhang 2019), dp-accounting "
+            "RdpAccountant, orders up to >= 1024, improved conversion (Balle et al. 2020)")
+
+    def epsilon(self, history: History, delta: float) -> float:
+        total = sum(count * _rdp_per_step(event) for event, count in history)
+        return float(_rdp.compute_epsilon(RDP_ORDERS, total, delta)[0])
+
+
+class PldAccountant:
+    """Privacy loss distributions composed over the history (tight up to discretisation)."""
+
+    name = "pld"
+    note = "privacy loss distribution, dp-accounting PLDAccountant (tight up to discretisation)"
+
+    def epsilon(self, history: History, delta: float) -> float:
+        return max(0.0, float(_pld_composed(history).get_epsilon(delta)))
+
+
+ACCOUNTANTS: Registry = Registry("accountant", setting="privacy.accountant")
+ACCOUNTANTS.register("rdp", RdpAccountant())
+ACCOUNTANTS.register("pld", PldAccountant())
+#: the accountants every report shows (beside the headline one, if it is another)
+REPORTED = ("rdp", "pld")
+
+
 def _check_accountant(accountant: Any) -> str:
     if not isinstance(accountant, str) or accountant not in ACCOUNTANTS:
-        raise _bad("accountant", accountant, f"must be one of {ACCOUNTANTS}")
+        raise _bad("accountant", accountant, f"must be one of {tuple(ACCOUNTANTS.names())}")
     return accountant
 
 
-def _event(q: float, sigma: float) -> dp_accounting.DpEvent:
-    return dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
-
-
 @functools.lru_cache(maxsize=1024)
-def _rdp_per_step(q: float, sigma: float) -> np.ndarray:
-    """RDP of ONE Poisson-subsampled Gaussian step at each of RDP_ORDERS (read-only array)."""
+def _rdp_per_step(event: Event) -> np.ndarray:
+    """RDP of ONE step of ``event`` at each of RDP_ORDERS (read-only array)."""
     acc = _rdp.RdpAccountant(list(RDP_ORDERS))  # add/remove neighbours (its default)
-    acc.compose(_event(q, sigma), 1)
+    acc.compose(EVENT_KINDS.get(event.kind).dp_event(event.params), 1)
     vec = acc.rdp
     vec.setflags(write=False)
     return vec
 
 
 @functools.lru_cache(maxsize=8)
-def _pld_composed(segments: tuple[Segment, ...]) -> _pld.PLDAccountant:
+def _pld_composed(history: History) -> _pld.PLDAccountant:
     acc = _pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
-    for sigma, q, steps in segments:
-        acc.compose(_event(q, sigma), steps)
+    for event, count in history:
+        acc.compose(EVENT_KINDS.get(event.kind).dp_event(event.params), count)
     return acc
 
 
-def _epsilon(segments: tuple[Segment, ...], delta: float, accountant: str) -> float:
-    """Epsilon of the composition of validated segments (sigma, q, steps)."""
-    active = tuple(s for s in segments if s[1] > 0.0 and s[2] > 0)  # others spend nothing
+def _epsilon(history: History, delta: float, accountant: str) -> float:
+    """Epsilon of a validated history by the named accountant: 0 when no step touched data,
+    infinite when one had no noise."""
+    active = tuple((e, c) for e, c in history if c > 0 and EVENT_KINDS.get(e.kind).spends(e.params))
     if not active:
         return 0.0
-    if any(sigma == 0.0 for sigma, _, _ in active):
+    if any(EVENT_KINDS.get(e.kind).unbounded(e.params) for e, _ in active):
         return math.inf
-    if accountant == "pld":
-        return max(0.0, float(_pld_composed(active).get_epsilon(delta)))
-    total = sum(steps * _rdp_per_step(q, sigma) for sigma, q, steps in active)  # RDP adds up
-    return float(_rdp.compute_epsilon(RDP_ORDERS, total, delta)[0])
+    return ACCOUNTANTS.get(accountant).epsilon(active, delta)
+
+
+def _one_run(sigma: float, q: float, steps: int) -> History:
+    return ((poisson_gaussian(sample_rate=q, noise_multiplier=sigma), steps),)
 
 
 def rdp_epsilon(*, sample_rate: float, noise_multiplier: float, steps: int, delta: float) -> float:
@@ -161,7 +201,7 @@ def rdp_epsilon(*, sample_rate: float, noise_multiplier: float, steps: int, delt
     Raises:
         AccountingError: On an argument out of range.
     """
-    return _epsilon((_segment(noise_multiplier, sample_rate, steps),), _check_delta(delta), "rdp")
+    return _epsilon(_one_run(*_segment(noise_multiplier, sample_rate, steps)), _check_delta(delta), "rdp")
 
 
 def pld_epsilon(*, sample_rate: float, noise_multiplier: float, steps: int, delta: float) -> float:
@@ -174,15 +214,15 @@ def pld_epsilon(*, sample_rate: float, noise_multiplier: float, steps: int, delt
 
     Args, returns and errors as :func:`rdp_epsilon`.
     """
-    return _epsilon((_segment(noise_multiplier, sample_rate, steps),), _check_delta(delta), "pld")
+    return _epsilon(_one_run(*_segment(noise_multiplier, sample_rate, steps)), _check_delta(delta), "pld")
 
 
 def compute_epsilon(
     *, accountant: str, sample_rate: float, noise_multiplier: float, steps: int, delta: float
 ) -> float:
-    """Dispatches to :func:`rdp_epsilon` or :func:`pld_epsilon` by ``accountant`` ("rdp"/"pld")."""
-    fn = rdp_epsilon if _check_accountant(accountant) == "rdp" else pld_epsilon
-    return fn(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps, delta=delta)
+    """Epsilon of ``steps`` identical DP-SGD steps by the registered ``accountant``."""
+    return _epsilon(_one_run(*_segment(noise_multiplier, sample_rate, steps)), _check_delta(delta),
+                    _check_accountant(accountant))
 
 
 def _solve(g: Callable[[float], float], lo: float, hi: float, tol: float) -> float:
@@ -250,91 +290,124 @@ def calibrate_noise_multiplier(
         return 0.0
 
     def g(log_sigma: float) -> float:  # log(eps / target); > 0 means not private enough
-        eps = _epsilon(((math.exp(log_sigma), q, steps),), delta, accountant)
+        eps = _epsilon(_one_run(math.exp(log_sigma), q, steps), delta, accountant)
         return math.log(eps / target) if eps > 0 else -math.inf
 
-    hi, step = 0.0, math.log(4.0)  # log sigma; PLD starts from the (larger) RDP sigma
-    if accountant == "pld":
+    hi, step = 0.0, math.log(4.0)  # log sigma; other accountants start from the RDP sigma
+    if accountant != "rdp":
         with contextlib.suppress(AccountingError):
             hi, step = math.log(calibrate_noise_multiplier(
                 target_epsilon=target, sample_rate=q, steps=steps, delta=delta, rtol=rtol)), 0.2
+    bracket = _bracket(g, hi, step)
+    if bracket[0] is None:
+        if bracket[1] is None:
+            raise _bad("target_epsilon", target_epsilon,
+                       f"unreachable with noise_multiplier <= {_SIGMA_MAX:g} (q={q}, "
+                       f"steps={steps}, delta={delta}, accountant={accountant!r})")
+        return math.exp(bracket[1])  # the floor (as evaluated) already meets the target
+    return math.exp(_solve(g, bracket[0], bracket[1], math.log1p(rtol)))
+
+
+def _bracket(g: Callable[[float], float], hi: float, step: float) -> tuple[float | None, float | None]:
+    """(lo, hi) in log sigma with g(lo) > 0 >= g(hi), walking from ``hi`` in steps of ``step``;
+    (None, floor) when the search floor already meets the target; (None, None) when even the
+    largest sigma does not."""
     if g(hi) > 0:
         lo = hi
         while g(hi) > 0:
             lo, hi = hi, hi + step
             if hi > math.log(_SIGMA_MAX):
-                raise _bad("target_epsilon", target_epsilon,
-                           f"unreachable with noise_multiplier <= {_SIGMA_MAX:g} (q={q}, "
-                           f"steps={steps}, delta={delta}, accountant={accountant!r})")
-    else:
-        lo = hi - step
-        while g(lo) <= 0:
-            if lo <= math.log(_SIGMA_MIN):
-                return math.exp(lo)  # the floor (as evaluated) already meets the target
-            lo, hi = max(lo - step, math.log(_SIGMA_MIN)), lo
-    return math.exp(_solve(g, lo, hi, math.log1p(rtol)))
+                return None, None
+        return lo, hi
+    lo = hi - step
+    while g(lo) <= 0:
+        if lo <= math.log(_SIGMA_MIN):
+            return None, lo
+        lo, hi = max(lo - step, math.log(_SIGMA_MIN)), lo
+    return lo, hi
 
 
 class PrivacyAccountant:
-    """Records history only: list of (noise_multiplier, sample_rate, steps) segments
-    (consecutive identical settings merged). Epsilon is composed from all segments on demand
-    (RDP: sum of per-segment RDP vectors; PLD: composition of the per-segment PLDs)."""
+    """Records history only: (event, count) pairs in order, consecutive identical events merged.
+    Epsilon is composed from the whole history on demand by any registered accountant."""
 
     def __init__(self) -> None:
-        self._history: list[Segment] = []
+        self._events: list[tuple[Event, int]] = []
 
-    def step(self, *, noise_multiplier: float, sample_rate: float, num_steps: int = 1) -> None:
-        """Records ``num_steps`` steps at (noise_multiplier, sample_rate); 0 steps is a no-op."""
-        sigma, q, n = _segment(noise_multiplier, sample_rate, num_steps, "num_steps")
+    def record(self, event: Event, num_steps: int = 1) -> None:
+        """Records ``num_steps`` steps of ``event``; 0 steps is a no-op."""
+        n = _check_steps(num_steps, "num_steps")
+        if event.kind == "poisson_gaussian":
+            _segment(event.params[1], event.params[0], n, "num_steps")
         if n == 0:
             return
-        if self._history and self._history[-1][:2] == (sigma, q):
-            self._history[-1] = (sigma, q, self._history[-1][2] + n)
+        if self._events and self._events[-1][0] == event:
+            self._events[-1] = (event, self._events[-1][1] + n)
         else:
-            self._history.append((sigma, q, n))
+            self._events.append((event, n))
+
+    def step(self, *, noise_multiplier: float, sample_rate: float, num_steps: int = 1) -> None:
+        """Records ``num_steps`` DP-SGD steps at (noise_multiplier, sample_rate)."""
+        sigma, q, n = _segment(noise_multiplier, sample_rate, num_steps, "num_steps")
+        self.record(poisson_gaussian(sample_rate=q, noise_multiplier=sigma), n)
+
+    @property
+    def events(self) -> History:
+        """(event, count) pairs in order."""
+        return tuple(self._events)
 
     @property
     def steps(self) -> int:
         """Total number of recorded steps."""
-        return sum(s[2] for s in self._history)
+        return sum(c for _, c in self._events)
 
     @property
-    def history(self) -> tuple[tuple[float, float, int], ...]:
-        """Segments (noise_multiplier, sample_rate, steps) in order."""
-        return tuple(self._history)
+    def history(self) -> tuple[Segment, ...]:
+        """The DP-SGD view: (noise_multiplier, sample_rate, steps) per run of identical
+        ``poisson_gaussian`` events (other kinds are not shown here; see :attr:`events`)."""
+        return tuple((e.params[1], e.params[0], c) for e, c in self._events if e.kind == "poisson_gaussian")
 
     def get_epsilon(self, *, delta: float, accountant: str = "rdp") -> float:
-        """Epsilon of the composition of all recorded segments at ``delta``."""
-        return _epsilon(self.history, _check_delta(delta), _check_accountant(accountant))
+        """Epsilon of the composition of all recorded events at ``delta``."""
+        return _epsilon(self.events, _check_delta(delta), _check_accountant(accountant))
 
     def state_dict(self) -> dict:
-        """Serialisable state: ``{"history": [[sigma, q, steps], ...]}``."""
-        return {"history": [list(s) for s in self._history]}
+        """Serialisable state: ``{"events": [[kind, [params...], count], ...]}``."""
+        return {"events": [[*e.as_list(), c] for e, c in self._events]}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restores the full history from :meth:`state_dict` output (validated, re-merged)."""
-        if not isinstance(state, dict) or "history" not in state:
-            raise _bad("state", state, "must be a dict with a 'history' list")
+        """Restores the full history from :meth:`state_dict` output (validated, re-merged); the
+        earlier format ``{"history": [[sigma, q, steps], ...]}`` is read too."""
         restored = PrivacyAccountant()
-        for seg in state["history"]:
-            if not isinstance(seg, (list, tuple)) or len(seg) != 3:
-                raise _bad("state['history'] segment", seg, "must be [sigma, q, steps]")
-            restored.step(noise_multiplier=seg[0], sample_rate=seg[1], num_steps=seg[2])
-        self._history = restored._history
+        if isinstance(state, dict) and "events" in state:
+            for item in state["events"]:
+                if not isinstance(item, (list, tuple)) or len(item) != 3:
+                    raise _bad("state['events'] item", item, "must be [kind, [params], count]")
+                try:
+                    event = event_from_list(item[:2])
+                except (ValueError, TypeError, DPTrainError) as err:
+                    raise _bad("state['events'] item", item, str(err)) from None
+                restored.record(event, item[2])
+        elif isinstance(state, dict) and "history" in state:
+            for seg in state["history"]:
+                if not isinstance(seg, (list, tuple)) or len(seg) != 3:
+                    raise _bad("state['history'] segment", seg, "must be [sigma, q, steps]")
+                restored.step(noise_multiplier=seg[0], sample_rate=seg[1], num_steps=seg[2])
+        else:
+            raise _bad("state", state, "must be a dict with an 'events' list")
+        self._events = restored._events
 
-    def max_steps_within(
-        self, *, max_epsilon: float, noise_multiplier: float, sample_rate: float, delta: float,
-        accountant: str = "rdp", limit: int,
-    ) -> int:
-        """The largest k in [0, limit] such that this history plus k more steps at
-        (noise_multiplier, sample_rate) has epsilon <= max_epsilon (a privacy budget). Epsilon
-        grows with every step, so a binary search over k is exact."""
+    def max_steps_within(self, *, max_epsilon: float, event: Event, delta: float, accountant: str = "rdp",
+                         limit: int) -> int:
+        """The largest k in [0, limit] such that this history plus k more steps of ``event``
+        has epsilon <= max_epsilon (a privacy budget). Epsilon grows with every step, so a
+        binary search over k is exact."""
         delta, accountant = _check_delta(delta), _check_accountant(accountant)
 
         def eps_after(k: int) -> float:
             trial = PrivacyAccountant()
-            trial._history = list(self._history)
-            trial.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate, num_steps=k)
+            trial._events = list(self._events)
+            trial.record(event, k)
             return trial.get_epsilon(delta=delta, accountant=accountant)
 
         if eps_after(0) > max_epsilon:

@@ -31,11 +31,15 @@ import os
 import time
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
+
+from dptrain.layers import Squeeze
+from dptrain.objectives import BINARY
+from dptrain.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +101,6 @@ def _row_sq_norms(m: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(m, dim=1).square()
 
 
-def per_example_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Binary cross-entropy with logits, one value per example."""
-    return F.binary_cross_entropy_with_logits(logits, y, reduction="none")
-
-
 def _refuse_mixing_models(model: nn.Module, engine: str) -> None:
     """Every private engine refuses models whose examples are not independent or that keep
     buffers (:mod:`dptrain.privacy.model_check`), whatever else it supports."""
@@ -133,10 +132,13 @@ class GradientEngine:
         noise_multiplier: float,
         expected_batch_size: float,
         generator: torch.Generator,
+        objective: Any = None,
     ) -> None:
         if self.checks_model:
             _refuse_mixing_models(model, type(self).__name__)
         self.model = model
+        #: what the outputs mean: per-example loss, its closed-form gradient, diagnostics
+        self.objective = objective if objective is not None else BINARY
         self.max_grad_norm = float(max_grad_norm)
         self.noise_multiplier = float(noise_multiplier)
         self.expected_batch_size = float(expected_batch_size)
@@ -166,6 +168,13 @@ class GradientEngine:
         self._inline_steps = 64
 
     # ------------------------------------------------------------------ noise
+    @property
+    def noise_std(self) -> float:
+        """SD of the noise in each coordinate of ``.grad``: sigma C / B (the one formula)."""
+        if self.noise_multiplier == 0.0:
+            return 0.0
+        return self.noise_multiplier * self.max_grad_norm / self.expected_batch_size
+
     def _draw(self) -> torch.Tensor:
         return torch.empty(sum(self._sizes), dtype=self.noise_dtype).normal_(0.0, 1.0, generator=self.generator)
 
@@ -232,8 +241,7 @@ class GradientEngine:
             sums, stats = self.clipped_sum(x, y)
         if self.dist is not None:
             return self._distributed_finish(sums, stats)
-        inv_b = 1.0 / self.expected_batch_size
-        std = self.noise_multiplier * self.max_grad_norm * inv_b
+        inv_b, std = 1.0 / self.expected_batch_size, self.noise_std
         # one Gaussian draw per coordinate per step, for the whole sum: N(0, sigma^2 C^2) / B
         noise = self._standard_normal() if std > 0 else None
         chunks = noise.split(self._sizes) if noise is not None else [None] * len(sums)
@@ -247,8 +255,7 @@ class GradientEngine:
     def _fused_call(self, x: torch.Tensor, y: torch.Tensor) -> StepStats:
         for p in self.params:  # the last step's gradients (the optimiser has consumed them) are
             p.grad = None      # freed before this step's noise vector becomes the new ones
-        inv_b = 1.0 / self.expected_batch_size
-        std = self.noise_multiplier * self.max_grad_norm * inv_b
+        inv_b, std = 1.0 / self.expected_batch_size, self.noise_std
         # one Gaussian draw per coordinate per step, for the whole sum: N(0, sigma^2 C^2) / B
         noise = self._standard_normal() if std > 0 else None
         grads, stats = self.noisy_grads(x, y, noise=noise, noise_scale=std, sum_scale=inv_b)
@@ -267,7 +274,7 @@ class GradientEngine:
         clipped sum, one all_reduce adds every rank's sum, then all ranks divide by the GLOBAL
         expected batch size B (dptrain.distributed)."""
         flat = torch.cat([s.reshape(-1) for s in sums])
-        std = self.noise_multiplier * self.max_grad_norm
+        std = self.noise_std * self.expected_batch_size  # on the SUM, before the division by B
         if self.dist.is_main and std > 0:
             flat.add_(self._standard_normal(), alpha=std)
         self.dist.all_reduce_sum(flat)
@@ -288,8 +295,8 @@ class GradientEngine:
         if not self.collect_stats:
             return StepStats(n, float("nan"), 0, 0)
         with torch.no_grad():
-            losses = per_example_loss(logits, y) if losses is None else losses
-            correct = int(((logits > 0).to(y.dtype) == y).sum())
+            losses = self.objective.per_example_loss(logits, y) if losses is None else losses
+            correct = self.objective.correct(logits, y)
             clipped = 0 if sq_norms is None else self.count_clipped(sq_norms)
             return StepStats(n, float(losses.sum()), correct, clipped)
 
@@ -312,15 +319,16 @@ class NonPrivateEngine(GradientEngine):
     name = "nonprivate"
     checks_model = False  # no guarantee is claimed
 
-    def __init__(self, model: nn.Module, *, expected_batch_size: float, generator: torch.Generator) -> None:
+    def __init__(self, model: nn.Module, *, expected_batch_size: float, generator: torch.Generator,
+                 objective: Any = None) -> None:
         super().__init__(
             model, max_grad_norm=float("inf"), noise_multiplier=0.0,
-            expected_batch_size=expected_batch_size, generator=generator,
+            expected_batch_size=expected_batch_size, generator=generator, objective=objective,
         )
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
         logits = self.model(x)
-        losses = per_example_loss(logits, y)
+        losses = self.objective.per_example_loss(logits, y)
         grads = torch.autograd.grad(losses.sum(), self.params)
         return list(grads), self.step_stats(logits.detach(), y, losses.detach())
 
@@ -338,7 +346,7 @@ class OpacusEngine(GradientEngine):
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
         logits = self.gsm(x)
-        losses = per_example_loss(logits, y)
+        losses = self.objective.per_example_loss(logits, y)
         with warnings.catch_warnings():  # Opacus' hooks fire on outputs when x has no grad: expected
             warnings.simplefilter("ignore", UserWarning)
             losses.sum().backward()
@@ -370,7 +378,7 @@ def fast_path_blocker(model: nn.Module) -> str | None:
                 if id(p) in seen:
                     return "a parameter is shared between layers"
                 seen.add(id(p))
-        elif not isinstance(m, _ELEMENTWISE) and type(m).__name__ != "Squeeze":
+        elif not isinstance(m, (*_ELEMENTWISE, Squeeze)):
             return f"layer {type(m).__name__} is not Linear or an elementwise activation"
     if any(p.requires_grad and id(p) not in seen for p in model.parameters()):
         return "a trainable parameter is not in a Linear layer"
@@ -439,7 +447,7 @@ def _buffered_plan(model: nn.Sequential) -> list[tuple[nn.Linear, _Activation | 
     """``[(Linear, activation or None), ...]`` when the model is Linear, [activation], Linear,
     [activation], ..., ending in a width-1 Linear [activation] and a Squeeze; else None."""
     layers = list(model)
-    if not layers or type(layers[-1]).__name__ != "Squeeze":
+    if not layers or not isinstance(layers[-1], Squeeze):
         return None
     plan: list[tuple[nn.Linear, _Activation | None]] = []
     for m in layers[:-1]:
@@ -507,7 +515,8 @@ class FastLinearEngine(GradientEngine):
 
     Three implementations of the same arithmetic:
 
-    * logistic regression (one Linear to one logit): closed form, g_i = sigmoid(z_i) - y_i;
+    * one Linear to one output: closed form, g_i = the objective's output gradient (for binary
+      logistic sigmoid(z_i) - y_i);
     * a plain stack (Linear, one activation, ..., Linear(., 1), Squeeze): forward and backward
       written out on reusable buffers (:class:`_Workspace`), without autograd, and the step's
       ``.grad`` formed by one ``addmm`` per weight that folds in the clip factors, 1/B and the
@@ -528,7 +537,7 @@ class FastLinearEngine(GradientEngine):
         linears = [m for m in self.layers if isinstance(m, nn.Linear)]
         self.closed_form = (
             len(linears) == 1 and linears[0].out_features == 1 and isinstance(self.layers[0], nn.Linear)
-            and all(type(m).__name__ == "Squeeze" for m in self.layers[1:])
+            and all(isinstance(m, Squeeze) for m in self.layers[1:])
         )
         self.linears = linears
         self._has_bias = [lin.bias is not None for lin in linears]
@@ -564,13 +573,14 @@ class FastLinearEngine(GradientEngine):
     @torch.no_grad()
     def _logistic_noisy_grads(self, x: torch.Tensor, y: torch.Tensor, *, noise: torch.Tensor | None,
                               noise_scale: float, sum_scale: float) -> tuple[list[torch.Tensor], StepStats]:
-        """Logistic regression in closed form: dL_i/dz_i = sigmoid(z_i) - y_i, so example i's
+        """One Linear to one output in closed form: g_i = dL_i/dz_i (the objective's output
+        gradient; sigmoid(z_i) - y_i for binary logistic), so example i's
         gradient is g_i (x_i, 1), of squared norm g_i^2 (||x_i||^2 + 1) (docs/engine.md). The
         weight gradient is one matrix-vector product x^T (c * g) with the noise folded in."""
         lin = self.layers[0]
         bias = lin.bias is not None
         z = torch.addmv(lin.bias, x, lin.weight[0]) if bias else torch.mv(x, lin.weight[0])
-        g = torch.sigmoid(z).sub_(y)
+        g = self.objective.output_gradient(z, y)
         sq = self.per_example_sq_norms([x], [g], [bias])
         stats = self.step_stats(z, y, None, sq)
         g.mul_(self.clip_factors(sq))
@@ -604,13 +614,22 @@ class FastLinearEngine(GradientEngine):
             return super().noisy_grads(x, y, noise=noise, noise_scale=noise_scale, sum_scale=sum_scale)
         n = x.shape[0]
         ws = self._workspace(n, x.dtype)
-        plan, last = self.plan, len(self.plan) - 1
-        # ---- forward: z_k = a_k W_k^T + b_k, h_k = act(z_k) (in place where the derivative
-        # needs only h); h_k is written into the first columns of [h_k | 1]
-        inputs: list[torch.Tensor] = []  # a_k, (n, in_k)
-        aug_inputs: list[torch.Tensor | None] = []  # [a_k | 1], (n, in_k + 1), for k >= 1
-        pre: list[torch.Tensor] = []
-        post: list[torch.Tensor] = []
+        inputs, aug_inputs, pre, post, logits = self._buffered_forward(x, ws)
+        losses = self.objective.per_example_loss(logits, y) if self.collect_stats else None
+        out_grads = self._buffered_backward(logits, y, ws, pre, post)
+        sq = self.per_example_sq_norms(inputs, out_grads, self._has_bias)
+        stats = self.step_stats(logits, y, losses, sq)
+        beta, views = self._grad_views(noise, noise_scale, x.dtype)
+        self._buffered_products(ws, self.clip_factors(sq), (inputs, aug_inputs, out_grads), views=views,
+                                beta=beta, sum_scale=sum_scale)
+        return [views[id(p)] for p in self.params], stats
+
+    def _buffered_forward(self, x: torch.Tensor, ws: _Workspace) -> tuple:
+        """z_k = a_k W_k^T + b_k, h_k = act(z_k) (in place where the derivative needs only h);
+        h_k is written into the first columns of [h_k | 1]. Returns (inputs a_k, [a_k | 1] for
+        k >= 1, pre-activations, outputs, logits)."""
+        n, plan, last = x.shape[0], self.plan, len(self.plan) - 1
+        inputs, aug_inputs, pre, post = [], [], [], []
         a, a_aug = x, None
         for k, (lin, act) in enumerate(plan):
             inputs.append(a)
@@ -634,12 +653,15 @@ class FastLinearEngine(GradientEngine):
             if k < last:
                 a_aug = ws.aug[k][:n]
                 a_aug[:, -1].fill_(1.0)  # the ones column (the last step may have scaled it by c)
-        logits = a.view(n)
-        losses = per_example_loss(logits, y) if self.collect_stats else None
-        # ---- backward of the SUM of per-example losses: output gradients g_k (n, out_k)
+        return inputs, aug_inputs, pre, post, a.view(n)
+
+    def _buffered_backward(self, logits: torch.Tensor, y: torch.Tensor, ws: _Workspace, pre: list,
+                           post: list) -> list[torch.Tensor]:
+        """Backward of the SUM of per-example losses: output gradients g_k (n, out_k)."""
+        n, plan, last = logits.shape[0], self.plan, len(self.plan) - 1
         out_grads: list[torch.Tensor] = [None] * len(plan)  # type: ignore[list-item]
         g = ws.d[last][:n]
-        torch.sigmoid(logits, out=g.view(n)).sub_(y)  # d BCE(z, y) / dz = sigmoid(z) - y
+        self.objective.output_gradient(logits, y, out=g.view(n))  # d loss_i / d z_i
         for k in range(last, -1, -1):
             act = plan[k][1]
             if act is not None:
@@ -648,14 +670,16 @@ class FastLinearEngine(GradientEngine):
             if k > 0:
                 torch.mm(g, plan[k][0].weight, out=ws.d[k - 1][:n])
                 g = ws.d[k - 1][:n]
-        sq = self.per_example_sq_norms(inputs, out_grads, self._has_bias)
-        stats = self.step_stats(logits, y, losses, sq)
-        factors = self.clip_factors(sq)
-        col = factors[:, None]
-        # ---- .grad = sum_scale * sum_i c_i grad_i + noise_scale * noise, per layer: scale the
-        # narrower operand by c, one matrix product, then one add into the noise buffer
-        beta, views = self._grad_views(noise, noise_scale, x.dtype)
-        for k, ((lin, _), a, a_aug, g) in enumerate(zip(plan, inputs, aug_inputs, out_grads)):
+        return out_grads
+
+    def _buffered_products(self, ws: _Workspace, factors: torch.Tensor, trace: tuple, *, views: dict, beta: float,
+                           sum_scale: float) -> None:
+        """.grad = sum_scale * sum_i c_i grad_i + noise_scale * noise, per layer: scale the
+        narrower operand by the clip factors c, one matrix product, one add into the noise view.
+        ``trace``: the forward's inputs a_k and [a_k | 1] and the backward's output gradients."""
+        n, col = factors.shape[0], factors[:, None]
+        inputs, aug_inputs, out_grads = trace
+        for k, ((lin, _), a, a_aug, g) in enumerate(zip(self.plan, inputs, aug_inputs, out_grads)):
             gw = views[id(lin.weight)]
             if lin.bias is None:
                 if a.shape[1] < g.shape[1]:
@@ -682,7 +706,6 @@ class FastLinearEngine(GradientEngine):
                 torch.addmm(t, g.t(), a_aug, beta=0.0, alpha=sum_scale, out=t)
             torch.add(t[:, :-1], gw, alpha=beta, out=gw)
             torch.add(t[:, -1], gb, alpha=beta, out=gb)
-        return [views[id(p)] for p in self.params], stats
 
     # ------------------------------------------------------------------ autograd path
     def _autograd_clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
@@ -700,7 +723,7 @@ class FastLinearEngine(GradientEngine):
                 h.register_hook(self._capture(out_grads, len(inputs) - 1))
             else:
                 h = m(h)
-        losses = per_example_loss(h, y)
+        losses = self.objective.per_example_loss(h, y)
         # Backward only as far as the first layer's output gradient: ask for the cheapest leaf
         # on that path (the first bias: a column sum), so no weight gradient is ever formed.
         torch.autograd.grad(losses.sum(), self._backward_target)
@@ -729,23 +752,34 @@ class FastLinearEngine(GradientEngine):
         return hook
 
 
+#: the DP engines by name (``trainer.engine``; ``auto`` picks "fast" when it can run the model,
+#: else "opacus"). A new engine is a GradientEngine subclass registered here or in a plugin.
+ENGINES: Registry = Registry("engine", setting="trainer.engine")
+ENGINES.register("fast", FastLinearEngine)
+ENGINES.register("opacus", OpacusEngine)
+
+
 def make_engine(
     model: nn.Module,
     *,
     engine: str,
-    private: bool,
     max_grad_norm: float,
     noise_multiplier: float,
     expected_batch_size: float,
     generator: torch.Generator,
+    objective: Any = None,
 ) -> GradientEngine:
-    """Pick the engine: ``auto`` takes the fast path when every trainable layer supports it,
-    else Opacus (and logs why)."""
-    if not private:
-        return NonPrivateEngine(model, expected_batch_size=expected_batch_size, generator=generator)
+    """Build an engine: ``auto`` takes the fast path when every trainable layer supports it,
+    else Opacus (and logs why); ``nonprivate`` is the same pipeline without clipping or noise
+    (privacy.enabled=false; never a user's ``trainer.engine``); any other name is looked up in
+    ``ENGINES``. Prefer :meth:`dptrain.privacy.mechanism.DPSGDMechanism.build_engine`, which
+    passes the mechanism's own sigma, C and B."""
+    if engine == "nonprivate":
+        return NonPrivateEngine(model, expected_batch_size=expected_batch_size, generator=generator,
+                                objective=objective)
     kwargs = dict(
         max_grad_norm=max_grad_norm, noise_multiplier=noise_multiplier,
-        expected_batch_size=expected_batch_size, generator=generator,
+        expected_batch_size=expected_batch_size, generator=generator, objective=objective,
     )
     if engine == "auto":
         reason = fast_path_blocker(model)
@@ -753,8 +787,4 @@ def make_engine(
             return FastLinearEngine(model, **kwargs)
         log.info("DP engine: falling back to Opacus per-example gradients (%s)", reason)
         return OpacusEngine(model, **kwargs)
-    if engine == "fast":
-        return FastLinearEngine(model, **kwargs)
-    if engine == "opacus":
-        return OpacusEngine(model, **kwargs)
-    raise ValueError(f"trainer.engine={engine!r} is not allowed: must be auto, fast or opacus")
+    return ENGINES.get(engine)(model, **kwargs)

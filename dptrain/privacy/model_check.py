@@ -30,21 +30,25 @@ import copy
 import torch
 from torch import nn
 
+from dptrain.errors import DPTrainError
+
 ADVICE = ("use a layer that treats every example on its own instead: nn.LayerNorm or nn.GroupNorm, or "
           "no normalisation (the features are already scaled by their public bounds)")
 
 
-class ModelCheckError(ValueError):
+class ModelCheckError(DPTrainError):
     """The model cannot be trained with a per-example DP guarantee; the message says why."""
 
 
 def _mixing_by_type(name: str, module: nn.Module) -> str | None:
     where = f"module {name!r}" if name else "the model itself"
-    if isinstance(module, nn.modules.batchnorm._NormBase) and not isinstance(module, nn.modules.instancenorm._InstanceNorm):
+    if (isinstance(module, nn.modules.batchnorm._NormBase)
+            and not isinstance(module, nn.modules.instancenorm._InstanceNorm)):
         return (f"{where}: {type(module).__name__} normalises each example with statistics of the whole batch, so "
                 "one example changes every other example's gradient")
     if isinstance(module, nn.modules.instancenorm._InstanceNorm) and module.track_running_stats:
-        return f"{where}: {type(module).__name__}(track_running_stats=True) updates running statistics from private batches"
+        return (f"{where}: {type(module).__name__}(track_running_stats=True) "
+                "updates running statistics from private batches")
     return None
 
 
@@ -59,7 +63,8 @@ def static_problems(model: nn.Module) -> list[str]:
             continue
         buffers = [b for b, _ in module.named_buffers(recurse=False)]
         if buffers:
-            problems.append(f"{f'module {name!r}' if name else 'the model itself'}: {type(module).__name__} holds buffers "
+            problems.append(f"{f'module {name!r}' if name else 'the model itself'}: "
+                            f"{type(module).__name__} holds buffers "
                             f"({', '.join(buffers)}), state that may be updated from private batches without noise "
                             "and is saved with the model")
     try:
@@ -93,7 +98,8 @@ def mixing_probe(model: nn.Module, *, in_features: int, rows: int = 8) -> str | 
             torch.manual_seed(1)
             out2 = probe(x2)
     except Exception as err:  # noqa: BLE001
-        return f"the model cannot be run on a batch of {rows} examples with {in_features} features ({type(err).__name__}: {err})"
+        return (f"the model cannot be run on a batch of {rows} examples with {in_features} features "
+                f"({type(err).__name__}: {err})")
     if not isinstance(out, torch.Tensor) or out.shape[:1] != (rows,):
         return f"the model's output for a batch of {rows} examples is not one row per example"
     if not torch.equal(out[1:], out2[1:]):

@@ -38,6 +38,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dptrain.errors import DPTrainError
+
 OS_ENTROPY_BITS = 256
 MIN_KEY_BITS = 128
 _MT_WORDS = 624
@@ -47,7 +49,7 @@ _MT_WORDS = 624
 _MT_OFFSET = 24
 
 
-class RandomnessError(ValueError):
+class RandomnessError(DPTrainError):
     """The secret-randomness settings cannot be used; the message names setting and rule."""
 
 

@@ -73,52 +73,50 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def build_report(
-    *, mechanism: dict[str, Any], epsilons: dict[str, float] | None, accountant: str, seed: int,
-    data_source: str, test_public: bool = False,
-) -> dict[str, Any]:
-    """Assemble the privacy report. ``epsilons`` maps accountant name -> epsilon (None when
-    privacy is off). A run without noise (sigma = 0) is reported as NOT private."""
-    base = {
+def _run_fields(mechanism: dict[str, Any], *, data_source: str, seed: int, test_public: bool) -> dict[str, Any]:
+    """The report's fields that every run has, private or not."""
+    return {
         "data": data_source,
         "seed": seed,
         "seed_role": "model initialisation, the train/test split and generated data only; it does not "
         "determine the DP noise or the Poisson sampler",
         "randomness": mechanism.get("randomness", "unknown"),
         "engine": mechanism["engine"],
-        "dataset_size": mechanism["dataset_size"],
-        "expected_batch_size": mechanism["expected_batch_size"],
-        "sample_rate": mechanism["sample_rate"],
-        "steps": mechanism["steps"],
-        "epochs": mechanism["epochs"],
+        **{k: mechanism[k] for k in ("dataset_size", "expected_batch_size", "sample_rate", "steps", "epochs")},
         "planned_steps": mechanism.get("planned_steps", mechanism["steps"]),
         "stopped_early": mechanism.get("stopped_early", False),
         "stop_reason": mechanism.get("stop_reason", "completed the planned steps"),
-        "max_epsilon": mechanism.get("max_epsilon"),
+        **{k: mechanism.get(k) for k in ("max_epsilon", "resumed_from", "distributed")},
         "resumed_from_step": mechanism.get("resumed_from_step", 0),
-        "resumed_from": mechanism.get("resumed_from"),
-        "distributed": mechanism.get("distributed"),
         "files": files_section(test_public=test_public),
         "versions": _versions(),
     }
+
+
+def _guarantee(mechanism: dict[str, Any], eps: float) -> tuple[bool, str]:
+    if not mechanism["noise_multiplier"] > 0:
+        return False, ("none: privacy.noise_multiplier=0 adds no noise, so epsilon is infinite; this model is NOT "
+                       "differentially private and may reveal any training record")
+    return True, (f"({eps:.4g}, {mechanism['delta']:.3g})-DP, example-level, add/remove-one-record "
+                  "neighbours, for the final model and every intermediate iterate")
+
+
+def build_report(
+    *, mechanism: dict[str, Any], epsilons: dict[str, float] | None, accountant: str, seed: int,
+    data_source: str, test_public: bool = False,
+) -> dict[str, Any]:
+    """Assemble the privacy report. ``epsilons`` maps accountant name -> epsilon (None when
+    privacy is off). A run without noise (sigma = 0) is reported as NOT private."""
+    from dptrain.privacy.accounting import ACCOUNTANTS
+
+    base = _run_fields(mechanism, data_source=data_source, seed=seed, test_public=test_public)
     if not mechanism["enabled"]:
-        return {
-            "private": False,
-            "guarantee": "none: privacy was switched off (privacy.enabled=false); this model is NOT "
-            "differentially private and may reveal any training record",
-            **base,
-        }
+        return {"private": False, "guarantee": "none: privacy was switched off (privacy.enabled=false); this model "
+                "is NOT differentially private and may reveal any training record", **base}
     eps = epsilons[accountant]
-    no_noise = not mechanism["noise_multiplier"] > 0
-    guarantee = (
-        "none: privacy.noise_multiplier=0 adds no noise, so epsilon is infinite; this model is NOT "
-        "differentially private and may reveal any training record"
-        if no_noise else
-        f"({eps:.4g}, {mechanism['delta']:.3g})-DP, example-level, add/remove-one-record "
-        "neighbours, for the final model and every intermediate iterate"
-    )
+    private, guarantee = _guarantee(mechanism, eps)
     return {
-        "private": not no_noise,
+        "private": private,
         "guarantee": guarantee,
         "epsilon": eps,
         "delta": mechanism["delta"],
@@ -126,19 +124,12 @@ def build_report(
         "delta_vs_1_over_n": f"delta = {mechanism['delta']:.3g} < 1/N = {1 / mechanism['dataset_size']:.3g}",
         "accountant": accountant,
         "epsilons": dict(epsilons),
-        "accountant_notes": {
-            "rdp": "Renyi DP of the Poisson-subsampled Gaussian (Mironov, Talwar, Zhang 2019), "
-            "dp-accounting RdpAccountant, orders up to >= 1024, improved conversion (Balle et al. 2020)",
-            "pld": "privacy loss distribution, dp-accounting PLDAccountant (tight up to discretisation)",
-        },
-        "tier": "none (no noise)" if no_noise else tier(eps),
+        "accountant_notes": {name: getattr(ACCOUNTANTS.get(name), "note", "") for name in epsilons},
+        "tier": tier(eps) if private else "none (no noise)",
         "unit_of_privacy": "one example (one row of the training table)",
         "neighbours": "add/remove",
         "sampling": "poisson",
-        "noise_multiplier": mechanism["noise_multiplier"],
-        "noise_multiplier_source": mechanism["noise_multiplier_source"],
-        "target_epsilon": mechanism["target_epsilon"],
-        "max_grad_norm": mechanism["max_grad_norm"],
+        **{k: mechanism[k] for k in ("noise_multiplier", "noise_multiplier_source", "target_epsilon", "max_grad_norm")},
         "clipping": "flat per-example L2 clipping over all parameters",
         "noise": "Gaussian N(0, sigma^2 C^2) added once per step to the clipped sum, divided by the "
         "expected batch size",
@@ -210,3 +201,35 @@ def format_report(report: dict[str, Any]) -> str:
         *_files_lines(report),
     ]
     return "\n".join(lines) + "\n"
+
+
+def summary_lines(result: Any, report: dict[str, Any], *, dist_ctx: Any, run_dir: Any) -> list[str]:
+    """What a finished training run prints."""
+    m = result.metrics
+    lines = ["   ".join(f"test {k.split('/', 1)[1] if k != 'test/acc' else 'accuracy'}: {v:.4f}"
+                        .replace("test auc", "test AUC") for k, v in m.items() if k.startswith("test/"))]
+    if "baseline/nonprivate_acc" in m:
+        lines.append(f"non-private baseline (sklearn LogisticRegression, same features/split): "
+                     f"{m['baseline/nonprivate_acc']:.4f}   majority class: {m['baseline/majority_acc']:.4f}")
+    if "epsilon" in report:
+        eps = report["epsilon"]
+        lines.append(
+            f"privacy: epsilon = {eps:.4g}, delta = {report['delta']:.3g} (accountant: {report['accountant']}; "
+            + ", ".join(f"{k} {v:.4g}" for k, v in report["epsilons"].items())
+            + f"), sigma = {report['noise_multiplier']:.4g}, C = {report['max_grad_norm']}, "
+            f"q = {report['sample_rate']:.4g}, steps = {report['steps']}")
+        if result.privacy["stopped_early"]:
+            lines.append(f"privacy budget: {result.privacy['stop_reason']}")
+        if not report["private"]:
+            lines.append("WARNING: epsilon is infinite: this run has NO privacy guarantee (sigma = 0)")
+    else:
+        lines.append("privacy: OFF (privacy.enabled=false): no differential privacy guarantee")
+    if result.privacy.get("randomness_mode") == "seed_file":
+        lines.append("WARNING: reproducible noise (privacy.noise_seed_file): whoever holds that file and this "
+                     "command line can regenerate and remove the noise; keep it secret")
+    if dist_ctx is not None:
+        lines.append(f"distributed: {dist_ctx.world_size} processes ({dist_ctx.backend}); noise added once per "
+                     "step on rank 0; only rank 0 wrote these outputs")
+    lines.append(f"train loop: {m['time/train_seconds']:.1f} s for {m['train/steps']} steps; outputs in {run_dir} "
+                 "(FILES.txt says which files may be published)")
+    return lines

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from dptrain.release.cells import Cells, Domain, ols
+from dptrain.release.cells import Cells, Domain, OLSFit, ols
 
 ROW_CHUNK = 1 << 20
 # cells.ols: "no spread in x" when Sxx <= 1e-12 * sum x^2; the same rule is applied after a removal
@@ -67,9 +68,11 @@ def _row_blocks(cells: Cells, packed: np.ndarray) -> Iterator[Block]:
         yield c, cells.x[sl], cells.y[sl], np.take(rec, c).view(np.float64).reshape(-1, k)
 
 
-def fit_cells(cells: Cells) -> CellFit:
+def fit_cells(cells: Cells, fit: OLSFit | None = None) -> CellFit:
     """Per-cell OLS moments, refined in one pass over the rows (float64, no raw-sum cancellation).
 
+    Not a second OLS: a refinement of ``cells.ols`` (``fit``, computed here if not given) that
+    the sensitivity formulas need, since they subtract nearly equal moments.
     ``cells.ols`` decides which cells are defined and gives starting values xbar, ybar, b0. With
     u_i = x_i - xbar and e0_i = (y_i - ybar) - b0 u_i, one pass accumulates S = sum u^2,
     Q = sum u e0 and R = sum e0^2; then the exact least-squares slope and RSS about those means are
@@ -77,7 +80,7 @@ def fit_cells(cells: Cells) -> CellFit:
     (b0 is already close, so Q is tiny and nothing cancels). The removal tolerance mirrors ``ols``:
     Sxx' <= 1e-12 sum x'^2, i.e. S (1 - 1/n) - u_i^2 <= 1e-12 sum x^2 (n - 1)/n.
     """
-    f = ols(cells)
+    f = ols(cells) if fit is None else fit
     ok = f.defined
     G = cells.n_cells
     n = np.where(ok, cells.n, 3.0)
@@ -195,30 +198,78 @@ def golden_max(f: Callable[[np.ndarray], np.ndarray], lo: np.ndarray, hi: np.nda
     return best
 
 
-def _se2_add(s, sgn, sig, lo, hi, n, S, rss, c, b, mid, half, slope: bool):
+class SEAddCells(NamedTuple):
+    """Per-cell inputs of the SE add-side search (arrays over the cells searched): the natural
+    scale sig = sqrt(S (1 + 1/n)), the u range [lo, hi], n, S, RSS, c = x0 - xbar, b, and the
+    y* range as mid +- half around ybar."""
+
+    sig: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    n: np.ndarray
+    S: np.ndarray
+    rss: np.ndarray
+    c: np.ndarray
+    b: np.ndarray
+    mid: np.ndarray
+    half: np.ndarray
+
+    def part(self, sl: slice) -> SEAddCells:
+        return SEAddCells(*(a[sl] for a in self))
+
+
+@dataclass(frozen=True)
+class SESearchConfig:
+    """The numerical add-side search of the SE's LS: ``grid`` points per cell, ``iters``
+    golden-section steps, ``cell_chunk`` cells per block of the grid search (cache size)."""
+
+    grid: int = 129
+    iters: int = 32
+    cell_chunk: int = 256
+
+
+def _se2_add(s, sgn, p: SEAddCells, slope: bool):
     """sgn * SE'^2 after adding a point at u = clip(sig sinh(s)) with the y* that maximises
-    (sgn = +1) or minimises (sgn = -1) SE'^2 there.
+    (sgn = +1) or minimises (sgn = -1) SE'^2 there (``p``: the cells' :class:`SEAddCells`).
 
     SE'^2 = (RSS + e*^2 w(u)) k(u) with w = S/(u^2 + q0) (= 1/(1 + h*)) and k = (1/(n+1) +
     c'^2/S')/(n-1) (prediction) or 1/((n-1) S') (slope), increasing in e*^2. With r = y* - ybar in
     [r0, r1], mid = (r0+r1)/2, half = (r1-r0)/2 and t = |b u - mid|: max |e*| = t + half (a y*
     end), min |e*| = max(t - half, 0) (y* = clip(yhat(x*))); i.e. |e*| = max(t + sgn half, 0)."""
-    u = np.clip(sig * np.sinh(s), lo, hi)
+    n, S = p.n, p.S
+    u = np.clip(p.sig * np.sinh(s), p.lo, p.hi)
     u2 = u * u
     w = S / (u2 + S * (1.0 + 1.0 / n))
     Sp = S + (n / (n + 1.0)) * u2
     if slope:
         k = 1.0 / ((n - 1.0) * Sp)
     else:
-        cp = c - u / (n + 1.0)
+        cp = p.c - u / (n + 1.0)
         k = (1.0 / (n + 1.0) + cp * cp / Sp) / (n - 1.0)
-    e = np.maximum(np.abs(b * u - mid) + sgn * half, 0.0)
-    return sgn * (rss + e * e * w) * k
+    e = np.maximum(np.abs(p.b * u - p.mid) + sgn * p.half, 0.0)
+    return sgn * (p.rss + e * e * w) * k
+
+
+def _add_corners(fit: CellFit, c: np.ndarray, se0: np.ndarray, slope: bool, domain: Domain) -> np.ndarray:
+    """max over the 4 domain corners of |SE' - SE| after adding that point."""
+    ulo, uhi = domain.x_lo - fit.xbar, domain.x_hi - fit.xbar
+    rlo, rhi = domain.y_lo - fit.ybar, domain.y_hi - fit.ybar
+    args = (fit.n, fit.S, fit.rss, c)
+    return np.maximum.reduce([np.abs(se_after_add(*args, u, r - fit.b * u, slope) - se0)
+                              for u in (ulo, uhi) for r in (rlo, rhi)])
+
+
+def _search_cells(fit: CellFit, c: np.ndarray, domain: Domain, ok: np.ndarray) -> SEAddCells:
+    ulo, uhi = domain.x_lo - fit.xbar, domain.x_hi - fit.xbar
+    rlo, rhi = domain.y_lo - fit.ybar, domain.y_hi - fit.ybar
+    n, S = fit.n[ok], fit.S[ok]
+    r0, r1 = rlo[ok], rhi[ok]
+    return SEAddCells(sig=np.sqrt(S * (1.0 + 1.0 / n)), lo=ulo[ok], hi=uhi[ok], n=n, S=S, rss=fit.rss[ok],
+                      c=c[ok], b=fit.b[ok], mid=(r0 + r1) / 2.0, half=(r1 - r0) / 2.0)
 
 
 def se_add_sup(fit: CellFit, c: np.ndarray, se0: np.ndarray, slope: bool, domain: Domain, *,
-               grid: int = 129, iters: int = 32,
-               cell_chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:
+               config: SESearchConfig = SESearchConfig()) -> tuple[np.ndarray, np.ndarray]:
     """NUMERICAL sup over the domain of |SE' - SE| after adding one point (not a proven exact sup).
 
     The sup is max(sqrt(max SE'^2) - SE, SE - sqrt(min SE'^2)); over y* the max of SE'^2 is at a
@@ -228,33 +279,29 @@ def se_add_sup(fit: CellFit, c: np.ndarray, se0: np.ndarray, slope: bool, domain
     ``iters`` golden-section steps inside the grid bracket around the best point. The 4 corners are
     always included. Returns (sup, corners) (placeholders where ``fit.ok`` is False).
     """
-    ulo, uhi = domain.x_lo - fit.xbar, domain.x_hi - fit.xbar
-    rlo, rhi = domain.y_lo - fit.ybar, domain.y_hi - fit.ybar
-    args = (fit.n, fit.S, fit.rss, c)
-    corners = np.maximum.reduce([np.abs(se_after_add(*args, u, r - fit.b * u, slope) - se0)
-                                 for u in (ulo, uhi) for r in (rlo, rhi)])
+    grid, chunk = config.grid, config.cell_chunk
+    corners = _add_corners(fit, c, se0, slope, domain)
     ok = np.flatnonzero(fit.ok)
-    n, S, rss, cc, b, s0, lo, hi, r0, r1 = (a[ok] for a in (*args, fit.b, se0, ulo, uhi, rlo, rhi))
-    sig = np.sqrt(S * (1.0 + 1.0 / n))
-    sL, sH = np.arcsinh(lo / sig), np.arcsinh(hi / sig)
+    p = _search_cells(fit, c, domain, ok)
+    sL, sH = np.arcsinh(p.lo / p.sig), np.arcsinh(p.hi / p.sig)
     step = (sH - sL) / (grid - 1)
-    rest = (sig, lo, hi, n, S, rss, cc, b, (r0 + r1) / 2.0, (r1 - r0) / 2.0, slope)
     sgn = np.array([1.0, -1.0])
     best, kbest = np.empty((2, ok.size)), np.empty((2, ok.size), dtype=np.int64)
     t = np.linspace(0.0, 1.0, grid)[:, None]
-    for a in range(0, ok.size, cell_chunk):  # grid search, a few hundred cells at a time (cache)
-        sl = slice(a, a + cell_chunk)
+    for a in range(0, ok.size, chunk):  # grid search, a few hundred cells at a time (cache)
+        sl = slice(a, a + chunk)
         s_grid = sL[sl] + (sH[sl] - sL[sl]) * t
-        vals = _se2_add(s_grid, sgn[:, None, None], *(r[sl] for r in rest[:-1]), slope)
+        vals = _se2_add(s_grid, sgn[:, None, None], p.part(sl), slope)
         kbest[:, sl] = np.argmax(vals, axis=1)
         best[:, sl] = np.take_along_axis(vals, kbest[:, None, sl], axis=1)[:, 0]
     lo_s, hi_s = sL + step * np.maximum(kbest - 1, 0), sL + step * np.minimum(kbest + 1, grid - 1)
-    for a in range(0, ok.size, 16 * cell_chunk):  # golden-section refinement of both branches
-        sl = slice(a, a + 16 * cell_chunk)
-        part = tuple(r[sl] for r in rest[:-1])
-        ref = golden_max(lambda s: _se2_add(s, sgn[:, None], *part, slope),
-                         lo_s[:, sl], hi_s[:, sl], iters)
+    for a in range(0, ok.size, 16 * chunk):  # golden-section refinement of both branches
+        sl = slice(a, a + 16 * chunk)
+        part = p.part(sl)
+        ref = golden_max(lambda s, part=part: _se2_add(s, sgn[:, None], part, slope),
+                         lo_s[:, sl], hi_s[:, sl], config.iters)
         np.maximum(best[:, sl], ref, out=best[:, sl])
+    s0 = se0[ok]
     ls = np.maximum(np.sqrt(best[0]) - s0, s0 - np.sqrt(np.maximum(-best[1], 0.0)))
     sup = corners.copy()
     sup[ok] = np.maximum(corners[ok], ls)

@@ -19,25 +19,43 @@ for analysis; no returned object echoes it, and whoever knows it can remove the 
 
 from __future__ import annotations
 
+import itertools
+import logging
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
+from dptrain.release import _ls_math
 from dptrain.release.cells import (
     Cells,
     Domain,
+    OLSFit,
     ReleaseError,
     group_cells,
+    make_cells,
     ols,
     standard_error,
     statistic,
+    xy_values,
 )
-from dptrain.release.mos import NOT_DP, MOSRelease, chi, release_mos
+from dptrain.release.mos import NOT_DP, MOSConfig, MOSInputs, MOSRelease, chi, release_mos
 from dptrain.release.noise import add_noise, calibrate, make_rng
-from dptrain.release.sensitivity import Sensitivity, brute_force_cells, local_sensitivity
+from dptrain.release.sensitivity import (
+    Sensitivity,
+    brute_force_cells,
+    local_sensitivity,
+    se_local_sensitivity,
+)
+
+if TYPE_CHECKING:
+    from dptrain.release.cell_domain import CellDomain
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -68,10 +86,18 @@ class Release:
 
 @dataclass(frozen=True)
 class CellEstimates:
-    """Per-cell OLS fits of y on x (PRIVATE). Build with :func:`fit_cells`."""
+    """Per-cell OLS fits of y on x (PRIVATE). Build with :func:`fit_cells` (or
+    :func:`estimates_for_listed`, the release run's way).
+
+    The OLS fit, its refined moments and the local sensitivities are computed once, on first
+    use, and kept: a release run hands this one object to every method, the sensitivity code and
+    the evaluation, so OLS runs once per run. ``listed``: the public cell list the cells came
+    from (its public columns serve ``release.chi_by``), or None for observed cells."""
 
     cells: Cells
     cells_source: str = "observed in the rows (PRIVATE: the list of cells reveals which cells have rows)"
+    listed: CellDomain | None = None
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def n(self) -> np.ndarray:
@@ -81,14 +107,35 @@ class CellEstimates:
     def keys(self) -> pd.DataFrame:
         return self.cells.keys.copy()
 
+    @cached_property
+    def fit(self) -> OLSFit:
+        """The per-cell OLS fit (``cells.ols``), computed once."""
+        return ols(self.cells)
+
+    @cached_property
+    def moments(self) -> _ls_math.CellFit:
+        """The OLS moments refined in one pass over the rows (what the sensitivity formulas use)."""
+        return _ls_math.fit_cells(self.cells, self.fit)
+
+    def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """``compute()`` once per ``key`` for these estimates (e.g. a method's sensitivities)."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
     def theta(self, stat: str = "p25") -> np.ndarray:
-        return statistic(ols(self.cells), stat, self.cells.domain)
+        return statistic(self.fit, stat, self.cells.domain)
 
     def se(self, stat: str = "p25") -> np.ndarray:
-        return standard_error(ols(self.cells), stat, self.cells.domain)
+        return standard_error(self.fit, stat, self.cells.domain)
 
     def local_sensitivity(self, *, statistic: str = "p25", neighbors: str = "add_remove") -> Sensitivity:
-        return local_sensitivity(self.cells, statistic=statistic, neighbors=neighbors)
+        return self.memo(("ls", statistic, neighbors), lambda: local_sensitivity(
+            self.cells, statistic=statistic, neighbors=neighbors, moments=self.moments))
+
+    def se_local_sensitivity(self, *, statistic: str = "p25", neighbors: str = "add_remove") -> Sensitivity:
+        return self.memo(("se_ls", statistic, neighbors), lambda: se_local_sensitivity(
+            self.cells, statistic=statistic, neighbors=neighbors, moments=self.moments))
 
     def to_frame(self, stat: str = "p25") -> pd.DataFrame:
         """Cell keys, N, theta, SE (PRIVATE: not for publication)."""
@@ -100,8 +147,10 @@ class CellEstimates:
                 noise: str = "laplace", chi_groups: np.ndarray | None = None, seed: int | None = None) -> Release:
         """MOS release of theta, its SE and N (docs/release.md). NOT differentially private
         (chi comes from the private data): epsilon-DP only conditional on chi."""
-        rel = Release.from_mos(release_mos(self.cells, statistic=statistic, epsilon=epsilon, neighbors=neighbors,
-                                           noise=noise, chi_groups=chi_groups, seed=seed))
+        mos = release_mos(self.cells, statistic=statistic, epsilon=epsilon, seed=seed,
+                          precomputed=MOSInputs(fit=self.fit),
+                          config=MOSConfig(neighbors=neighbors, noise=noise, chi_groups=chi_groups))
+        rel = Release.from_mos(mos)
         return Release(frame=rel.frame, epsilon=rel.epsilon, info={**rel.info, "cells_source": self.cells_source})
 
     def release_custom(self, stat_fn: Callable[[np.ndarray, np.ndarray], float], *, epsilon: float = 1.0,
@@ -126,18 +175,35 @@ def fit_cells(df: pd.DataFrame, *, x: str, y: str, cells: list[str], domain: Dom
     if cell_keys is None:
         return CellEstimates(group_cells(df, x=x, y=y, cells=list(cells), domain=domain, clip=clip))
     from dptrain.release.cell_domain import from_table
-    from dptrain.release.cells import make_cells, xy_values
 
     listed = from_table(pd.DataFrame(cell_keys), list(cells), origin="declared", description="cell_keys",
                         setting="cell_keys")
+    est = estimates_for_listed(df, listed, x=x, y=y, domain=domain, clip=clip)
+    return CellEstimates(est.cells, cells_source="declared by the caller (cell_keys, public)", listed=listed)
+
+
+def estimates_for_listed(df: pd.DataFrame, listed: CellDomain, *, x: str, y: str, domain: Domain,
+                         clip: bool = True, drop_nonfinite: bool = False) -> CellEstimates:
+    """Estimates of the LISTED cells (a public declaration or a DP selection): every listed cell
+    is kept (with 0 rows if none match); each row of an unlisted cell, or with a missing cell
+    value (or, with ``drop_nonfinite``, a missing or non-numeric x or y), is left out on its own,
+    and the log says that some were, never how many. Rows are clipped to ``domain`` (``clip``) or
+    refused if outside it."""
     for setting, col in (("release.x", x), ("release.y", y)):
         if col not in df.columns:
             raise ReleaseError(f"{setting}: column {col!r} is not in the data; allowed: a column of the table")
     codes = listed.row_codes(df)
     keep = codes >= 0
-    xv, yv = xy_values(df.loc[keep], x=x, y=y, domain=domain, clip=clip)
-    cells_obj = make_cells(xv, yv, codes[keep], keys=listed.keys, domain=domain)
-    return CellEstimates(cells_obj, cells_source="declared by the caller (cell_keys, public)")
+    if not keep.all():
+        log.warning("release: rows whose cell is not listed (or has a missing cell value) are left out")
+    xv, yv = xy_values(df.loc[keep], x=x, y=y, domain=domain, clip=clip, drop_nonfinite=drop_nonfinite)
+    codes = codes[keep]
+    finite = np.isfinite(xv) & np.isfinite(yv)
+    if not finite.all():
+        log.warning("release: rows with missing, non-numeric or infinite x or y are left out (data.nonfinite=drop)")
+        xv, yv, codes = xv[finite], yv[finite], codes[finite]
+    return CellEstimates(make_cells(xv, yv, codes, keys=listed.keys, domain=domain),
+                         cells_source=listed.description, listed=listed)
 
 
 def release_custom(cells: Cells, stat_fn: Callable[[np.ndarray, np.ndarray], float], *, epsilon: float,
@@ -152,7 +218,7 @@ def release_custom(cells: Cells, stat_fn: Callable[[np.ndarray, np.ndarray], flo
     with warnings.catch_warnings():  # a user statistic may warn on degenerate neighbours
         warnings.simplefilter("ignore")
         theta = np.array([_safe_call(stat_fn, cells.x[order[a:b]], cells.y[order[a:b]])
-                          for a, b in zip(bounds[:-1], bounds[1:])])
+                          for a, b in itertools.pairwise(bounds)])
         ls = brute_force_cells(cells, stat_fn=stat_fn, neighbors=neighbors, grid=grid)
     ok = np.isfinite(ls) & np.isfinite(theta) & (cells.n >= 3)
     chi_v = chi(np.where(ok, ls, np.inf), cells.n)
@@ -163,7 +229,7 @@ def release_custom(cells: Cells, stat_fn: Callable[[np.ndarray, np.ndarray], flo
     with np.errstate(divide="ignore", invalid="ignore"):
         scale, step = calibrate(np.where(ok, chi_v / cells.n, np.inf), epsilon)
     theta_rel = np.where(ok, add_noise(np.where(ok, theta, 0.0), scale, kind="laplace", rng=rng, step=step), np.nan)
-    n_scale, n_step = calibrate(np.ones(cells.n_cells), epsilon)
+    n_scale, _ = calibrate(np.ones(cells.n_cells), epsilon)
     n_rel = np.where(ok, add_noise(cells.n, n_scale, kind="laplace", rng=rng, step=np.ones(cells.n_cells)), np.nan)
     frame = cells.keys.reset_index(drop=True).copy()
     frame["released"] = ok

@@ -13,11 +13,13 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from dptrain.errors import DPTrainError
+
 Statistic = Literal["p25", "p75", "slope"]
 STATISTICS: tuple[str, ...] = ("p25", "p75", "slope")
 
 
-class ReleaseError(ValueError):
+class ReleaseError(DPTrainError):
     """Bad release input; the message names the setting/column, the value and what is allowed,
     never a private value and never a private count (rows, rows per cell, cells with rows)."""
 
@@ -34,7 +36,8 @@ class Domain:
     def __post_init__(self) -> None:
         for lo, hi, name in ((self.x_lo, self.x_hi, "x"), (self.y_lo, self.y_hi, "y")):
             if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
-                raise ReleaseError(f"release.domain {name}=[{lo}, {hi}] is not allowed: bounds must be finite with lo < hi")
+                raise ReleaseError(f"release.domain {name}=[{lo}, {hi}] is not allowed: "
+                                   "bounds must be finite with lo < hi")
 
     def x0(self, statistic: str) -> float:
         """The prediction point of p25 / p75: that quantile of the x range (0.25 on [0, 1])."""
@@ -150,14 +153,35 @@ class OLSFit:
     defined: np.ndarray
 
 
-def ols(c: Cells) -> OLSFit:
-    """Closed-form OLS per cell from sufficient statistics (float64; NaN where undefined)."""
-    n = c.n
+def centred_sums(n, sx, sy, sxx, sxy) -> tuple:
+    """(xbar, ybar, Sxx, Sxy) from raw sums (broadcastable arrays): THE OLS arithmetic of the
+    package. :func:`ols` uses it for every cell, :func:`ols_line` for refits on sums that are not
+    a cell's (the figures' "one point added" grids)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        xbar = c.sx / n
-        ybar = c.sy / n
-        Sxx = np.maximum(c.sxx - n * xbar * xbar, 0.0)
-        Sxy = c.sxy - n * xbar * ybar
+        xbar = sx / n
+        ybar = sy / n
+        Sxx = np.maximum(sxx - n * xbar * xbar, 0.0)
+        Sxy = sxy - n * xbar * ybar
+    return xbar, ybar, Sxx, Sxy
+
+
+def ols_line(n, sx, sy, sxx, sxy) -> tuple:
+    """(a, b) of the OLS line from raw sums (broadcastable; no definedness rule: NaN or inf where
+    Sxx = 0). For sums that are not a cell's, e.g. a cell with one point added on a grid."""
+    xbar, ybar, Sxx, Sxy = centred_sums(n, sx, sy, sxx, sxy)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        b = Sxy / Sxx
+        return ybar - b * xbar, b
+
+
+def ols(c: Cells) -> OLSFit:
+    """Closed-form OLS per cell from sufficient statistics (float64; NaN where undefined).
+
+    A release run computes it ONCE (``CellEstimates.fit``) and passes it on: to the sensitivity
+    code (``_ls_math.fit_cells`` refines it), MOS, suppression and the evaluation."""
+    n = c.n
+    xbar, ybar, Sxx, Sxy = centred_sums(n, c.sx, c.sy, c.sxx, c.sxy)
+    with np.errstate(divide="ignore", invalid="ignore"):
         Syy = np.maximum(c.syy - n * ybar * ybar, 0.0)
         # Sxx below rounding noise of the raw sums counts as no spread
         defined = (n >= 3) & (Sxx > 1e-12 * np.maximum(c.sxx, 1e-300))

@@ -68,11 +68,15 @@ METRICS: tuple[str, ...] = (
 
 
 def _band_label(lo: float, hi: float) -> str:
-    f = lambda v: "inf" if math.isinf(v) else f"{v:g}"
+    def f(v: float) -> str:
+        return "inf" if math.isinf(v) else f"{v:g}"
+
     return f"[{f(lo)},{f(hi)})"
 
 
 def _slope(x: np.ndarray, y: np.ndarray) -> float:
+    """OLS slope of y on x ACROSS cells (released values on a cell covariate): not a per-cell fit,
+    so not ``cells.ols``."""
     if x.size < 2:
         return math.nan
     xc = x - x.mean()
@@ -157,6 +161,24 @@ def _as_array(name: str, v, g: int | None) -> np.ndarray:
     return a
 
 
+def _released_columns(released: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(theta_released, released and finite, se_released or None) of a released frame."""
+    for col in ("released", "theta_released"):
+        if col not in released.columns:
+            raise ReleaseError(
+                f"evaluate_release: released has no column {col!r} (columns: "
+                f"{list(released.columns)}); allowed: released, theta_released[, se_released]"
+            )
+    rel = released["theta_released"].to_numpy(dtype=np.float64)
+    is_rel = released["released"].to_numpy(dtype=bool) & np.isfinite(rel)
+    se_rel = (
+        released["se_released"].to_numpy(dtype=np.float64)
+        if "se_released" in released.columns
+        else None
+    )
+    return rel, is_rel, se_rel
+
+
 def evaluate_release(
     *,
     released: pd.DataFrame,
@@ -181,20 +203,8 @@ def evaluate_release(
     Returns:
         One row per band then an ``"all"`` row: columns ``band, n_lo, n_hi`` and ``METRICS``.
     """
-    for col in ("released", "theta_released"):
-        if col not in released.columns:
-            raise ReleaseError(
-                f"evaluate_release: released has no column {col!r} (columns: "
-                f"{list(released.columns)}); allowed: released, theta_released[, se_released]"
-            )
+    rel, is_rel, se_rel = _released_columns(released)
     g = len(released)
-    rel = released["theta_released"].to_numpy(dtype=np.float64)
-    is_rel = released["released"].to_numpy(dtype=bool) & np.isfinite(rel)
-    se_rel = (
-        released["se_released"].to_numpy(dtype=np.float64)
-        if "se_released" in released.columns
-        else None
-    )
     ols_theta, ols_se, n = (
         _as_array("ols_theta", ols_theta, g),
         _as_array("ols_se", ols_se, g),

@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from dptrain.release.cells import Domain, ReleaseError
+from dptrain.release.cells import Domain, ReleaseError, ols_line
 
 __all__ = [
     "change_grid",
@@ -38,11 +38,9 @@ def _save(fig: Figure, path: str | Path) -> Path:
 
 
 def _ols_stat(n, sx, sy, sxx, sxy, statistic: str, x0: float):
-    """OLS statistic from (broadcastable) sufficient sums: an exact refit, not a linearisation."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        Sxx = sxx - sx * sx / n
-        b = (sxy - sx * sy / n) / Sxx
-        a = sy / n - b * sx / n
+    """OLS statistic from (broadcastable) sufficient sums (``cells.ols_line``): an exact refit of
+    the cell with one point added, not a linearisation."""
+    a, b = ols_line(n, sx, sy, sxx, sxy)
     return b if statistic == "slope" else a + b * x0
 
 
@@ -99,7 +97,9 @@ def change_grid(
         base = float(_ols_stat(x.size, *sums, statistic, x0))
     gx = np.linspace(domain.x_lo, domain.x_hi, grid)
     gy = np.linspace(domain.y_lo, domain.y_hi, grid)
-    refit = lambda ys: refit_statistic(x, y, gx[None, :], ys, statistic=statistic, domain=domain)
+    def refit(ys):
+        return refit_statistic(x, y, gx[None, :], ys, statistic=statistic, domain=domain)
+
     return gx, gy, refit(gy[:, None]) - base, refit(np.array([[domain.y_lo], [domain.y_hi]])) - base
 
 

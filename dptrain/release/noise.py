@@ -85,8 +85,8 @@ def make_rng(seed: int | None) -> tuple[np.random.Generator, str]:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or int(seed) < 0:
         raise ReleaseError(f"seed={seed!r} is not allowed: a non-negative integer, or None for a CSPRNG seed")
     return (np.random.Generator(np.random.PCG64(int(seed))),
-            "numpy PCG64 seeded by the caller (REPRODUCIBLE: whoever knows the seed can regenerate and remove "
-            "the noise; keep it secret, not for production releases)")
+            ("numpy PCG64 seeded by the caller (REPRODUCIBLE: whoever knows the seed can regenerate and remove "
+             "the noise; keep it secret, not for production releases)"))
 
 
 def grid_step(scale: np.ndarray | float) -> np.ndarray:

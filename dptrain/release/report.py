@@ -11,17 +11,18 @@ the totals by basic composition, and the file says so.
 
 from __future__ import annotations
 
-import math
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from dptrain.neighbours import Neighbours, replace_one_from_add_remove
 from dptrain.release.mos import NOT_DP
 
-SUPPRESSION_GUARANTEE = (
-    "none: suppression releases the EXACT per-cell estimate of every cell with N >= k (no noise); it is NOT "
-    "differentially private and its privacy loss is uncontrolled (exact values, differencing of overlapping "
-    "releases; which cells are released depends on the private N)")
+if TYPE_CHECKING:
+    from dptrain.release.cell_domain import CellDomain
+    from dptrain.release.methods.base import MethodResult
+    from dptrain.release.settings import ReleaseConfig
 
 REPLACE_ONE_NOTE = (
     "epsilon_add_remove_comparison is the comparison convention used to set methods side by side (a replace-one "
@@ -29,7 +30,19 @@ REPLACE_ONE_NOTE = (
     "each cell's N as public and has no add/remove guarantee of its own")
 
 
-def _cell_counts(frame: pd.DataFrame, listed: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RunFacts:
+    """What every release.json says about the run: its release settings, the data source (in
+    words), the listed cells and the randomness (described, never a seed)."""
+
+    config: ReleaseConfig
+    source: str
+    listed: CellDomain
+    randomness: str
+
+
+def cell_counts(frame: pd.DataFrame, listed: Any) -> dict[str, Any]:
+    """Counts of a method's OWN listed and released cells (functions of its output)."""
     not_released = frame.loc[~frame["released"].astype(bool), "reason"].value_counts()
     return {
         "source": listed.description,
@@ -39,12 +52,9 @@ def _cell_counts(frame: pd.DataFrame, listed: Any) -> dict[str, Any]:
     }
 
 
-def method_epsilon(name: str, meta: dict) -> tuple[str | None, float | None, float | None]:
-    """(neighbours, epsilon satisfied, delta) of a baseline's output from its meta."""
-    if name.startswith("suppression_"):
-        return None, None, None
-    eps = meta.get("epsilon_spent", meta["epsilon"])
-    return meta["neighbours"], float(eps), float(meta.get("delta", 0.0))
+def declared_selection(listed: Any) -> dict[str, Any]:
+    """The cell selection's facts: the private selection's, or "declared" (costs nothing)."""
+    return listed.selection or {"mode": "declared", "epsilon": 0.0, "delta": 0.0}
 
 
 def composed_total(neighbours: str | None, epsilon: float | None, delta: float | None,
@@ -60,8 +70,8 @@ def composed_total(neighbours: str | None, epsilon: float | None, delta: float |
         return {"epsilon": epsilon, "delta": delta,
                 "note": "the list of cells is public (declared), so it costs nothing: the totals are the method's own"}
     es, ds = selection["epsilon"], selection["delta"]
-    if neighbours == "replace_one":
-        es_r, ds_r = 2.0 * es, (1.0 + math.exp(es)) * ds
+    if neighbours == Neighbours.REPLACE_ONE.value:
+        es_r, ds_r = replace_one_from_add_remove(es, ds)
         return {"epsilon": epsilon + es_r, "delta": (delta or 0.0) + ds_r,
                 "note": f"basic composition of the private cell selection ({es:g}, {ds:g})-DP add/remove, i.e. "
                         f"({es_r:g}, {ds_r:.3g})-DP replace-one by group privacy, and the method "
@@ -71,79 +81,51 @@ def composed_total(neighbours: str | None, epsilon: float | None, delta: float |
                     f"({epsilon:g}, {delta or 0.0:g})-DP, both under {neighbours} neighbours"}
 
 
-def baseline_json(name: str, frame: pd.DataFrame, meta: dict, *, statistic: str, source: str, listed: Any,
-                  randomness: str) -> dict[str, Any]:
-    """release.json of a baseline method (everything but MOS)."""
-    neighbours, eps, delta = method_epsilon(name, meta)
-    out: dict[str, Any] = {
-        "method": name,
-        "statistic": statistic,
-        "data": source,
-        "cells": _cell_counts(frame, listed),
-        "neighbours": neighbours,
-        "epsilon": eps,
-        "delta": delta,
-    }
-    if neighbours == "replace_one":
+def _guarantee(meta: dict, eps: float, delta: float, listed: Any, total: dict) -> str:
+    cells = ("the list of cells is public (declared)" if listed.selection is None else
+             f"the list of cells is ({listed.selection['epsilon']:g}, {listed.selection['delta']:g})-DP "
+             f"(private selection); the whole release is ({total['epsilon']:g}, "
+             f"{total['delta']:.3g})-DP by basic composition")
+    return f"{meta['guarantee']}, at epsilon {eps:g}" + (f", delta {delta:g}" if delta else "") + f"; {cells}"
+
+
+def baseline_json(name: str, result: MethodResult, *, neighbours: Neighbours | None, facts: RunFacts,
+                  guarantee: str | None = None) -> dict[str, Any]:
+    """release.json of a method that releases theta per cell (every method but MOS): its
+    ``neighbours`` (None: no guarantee, then ``guarantee`` or the meta's says so), the epsilon and
+    delta it satisfies (the meta's ``epsilon_spent`` where it spent less than it was given)."""
+    frame, meta, listed = result.frame, result.meta, facts.listed
+    rel = None if neighbours is None else Neighbours(neighbours).value
+    eps = None if rel is None else float(meta.get("epsilon_spent", meta["epsilon"]))
+    delta = None if rel is None else float(meta.get("delta", 0.0))
+    out: dict[str, Any] = {"method": name, "statistic": facts.config.statistic, "data": facts.source,
+                           "cells": cell_counts(frame, listed), "neighbours": rel, "epsilon": eps, "delta": delta}
+    if rel == Neighbours.REPLACE_ONE.value:
         out["epsilon_add_remove_comparison"] = eps / 2.0
         out["epsilon_add_remove_comparison_note"] = REPLACE_ONE_NOTE
-    out["cell_selection"] = listed.selection or {"mode": "declared", "epsilon": 0.0, "delta": 0.0}
-    out["total"] = composed_total(neighbours, eps, delta, listed.selection)
-    out["randomness"] = randomness if eps is not None else "no noise: the released values are exact"
-    if name.startswith("suppression_"):
-        out["guarantee"] = SUPPRESSION_GUARANTEE
+    out["cell_selection"] = declared_selection(listed)
+    out["total"] = composed_total(rel, eps, delta, listed.selection)
+    out["randomness"] = facts.randomness if eps is not None else "no noise: the released values are exact"
+    if rel is None:
+        out["guarantee"] = guarantee or meta["guarantee"]
     else:
-        cells = ("the list of cells is public (declared)" if listed.selection is None else
-                 f"the list of cells is ({listed.selection['epsilon']:g}, {listed.selection['delta']:g})-DP "
-                 f"(private selection); the whole release is ({out['total']['epsilon']:g}, "
-                 f"{out['total']['delta']:.3g})-DP by basic composition")
-        out["guarantee"] = f"{meta['guarantee']}, at epsilon {eps:g}" + (
-            f", delta {delta:g}" if delta else "") + f"; {cells}"
+        out["guarantee"] = _guarantee(meta, eps, delta, listed, out["total"])
     # the meta's add/remove "equivalent" is the comparison convention, stated above with its label
     out["details"] = {k: v for k, v in meta.items()
                       if k not in ("guarantee", "neighbours", "statistic", "epsilon_add_remove_equivalent")}
     return out
 
 
-def mos_json(mos: Any, *, conf: Any, source: str, listed: Any, randomness: str) -> dict[str, Any]:
-    """release.json of a MOS release: NOT differentially private, and it says so first."""
-    r = conf.release
-    eps = dict(mos.epsilon)
-    total = composed_total(r.neighbors, float(eps["total_per_cell"]), 0.0, listed.selection)
-    total["note"] += "; all conditional on chi (MOS is NOT differentially private)"
-    return {
-        "method": "mos",
-        "privacy": NOT_DP,
-        "guarantee": NOT_DP,
-        "statistic": r.statistic,
-        "data": source,
-        "cells": _cell_counts(mos.frame, listed),
-        "neighbours": r.neighbors,
-        "noise": r.noise,
-        "epsilon": eps,
-        "epsilon_note": "epsilon is per statistic (theta, SE, N); a cell costs their sum (sequential "
-                        "composition); disjoint cells compose in parallel, so the release's total is the per-cell sum",
-        "delta": 0.0,
-        "cell_selection": listed.selection or {"mode": "declared", "epsilon": 0.0, "delta": 0.0},
-        "total": total,
-        "chi": mos.chi_table.to_dict(orient="records"),
-        "chi_by": list(r.chi_by) or "all cells",
-        "randomness": randomness,
-        "caveats": list(mos.info.get("caveats", [])),
-        "mos_details": {k: v for k, v in mos.info.items() if k not in ("privacy", "caveats", "rng")},
-    }
-
-
-def custom_json(rel: Any, *, stat_fn: str, source: str, listed: Any, randomness: str) -> dict[str, Any]:
+def custom_json(rel: Any, *, stat_fn: str, facts: RunFacts) -> dict[str, Any]:
     """release.json of a MOS release of a custom statistic (theta and N, no SE)."""
     eps = dict(rel.epsilon)
-    total = composed_total("add_remove", float(eps["total_per_cell"]), 0.0, listed.selection)
+    total = composed_total("add_remove", float(eps["total_per_cell"]), 0.0, facts.listed.selection)
     total["note"] += "; all conditional on chi (MOS is NOT differentially private)"
     return {
         **{k: v for k, v in rel.info.items() if k != "rng"}, "method": "mos", "guarantee": NOT_DP,
-        "stat_fn": stat_fn, "data": source, "epsilon": eps, "cells": _cell_counts(rel.frame, listed),
-        "cell_selection": listed.selection or {"mode": "declared", "epsilon": 0.0, "delta": 0.0},
-        "total": total, "randomness": randomness,
+        "stat_fn": stat_fn, "data": facts.source, "epsilon": eps, "cells": cell_counts(rel.frame, facts.listed),
+        "cell_selection": declared_selection(facts.listed),
+        "total": total, "randomness": facts.randomness,
         "note": "custom statistic: theta and N released (no SE); no baseline comparison (baselines need OLS)",
     }
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -14,6 +14,11 @@ import pandas as pd
 from dptrain.release import figures
 from dptrain.release.cells import Cells
 from dptrain.release.evaluate import evaluate_release
+from dptrain.release.methods.base import MethodResult
+from dptrain.release.methods.mos import mos_sensitivities
+
+if TYPE_CHECKING:
+    from dptrain.release.run import ReleaseRun
 
 log = logging.getLogger(__name__)
 
@@ -26,32 +31,38 @@ def example_cell(cells: Cells, ls: np.ndarray) -> int:
     return int(ok[np.argmin(np.abs(cells.n[ok] - 15))]) if ok.size else 0
 
 
-def write_figures(
-    run_dir: Path, *, df: pd.DataFrame, cells: Cells, conf: Any, sens: Any, mos: Any,
-    results: dict[str, pd.DataFrame], common: dict, tail_fn: Callable[[float], dict[str, float]],
-) -> list[Path]:
-    """fig1_local_sensitivity.png, fig2_ls_vs_n.png, error_vs_n.png, downstream_slopes.png
-    (when a cell covariate is known), tail_vs_epsilon.png."""
-    r = conf.release
+def _downstream(frames: dict[str, pd.DataFrame], common: dict) -> tuple[dict[str, float], float]:
+    slopes, truth_slope = {}, float("nan")
+    for name, frame in frames.items():
+        row = evaluate_release(released=frame, **common).query("band == 'all'").iloc[0]
+        slopes[name], truth_slope = float(row["slope_released"]), float(row["slope_truth"])
+    return slopes, truth_slope
+
+
+def write_figures(out_dir: Path, *, run: ReleaseRun, reference: MethodResult, frames: dict[str, pd.DataFrame],
+                  common: dict, tail_fn: Callable[[float], dict[str, float]]) -> list[Path]:
+    """fig1_local_sensitivity.png and fig2_ls_vs_n.png (the ``reference`` MOS release's LS and chi),
+    error_vs_n.png, downstream_slopes.png (when a cell covariate is known), tail_vs_epsilon.png."""
+    r = run.conf.release
+    cells = run.est.cells
+    sens = mos_sensitivities(run.est, r)[0]
     out = []
     g = example_cell(cells, sens.ls)
     rows = cells.codes == g
     out.append(figures.plot_local_sensitivity_cell(cells.x[rows], cells.y[rows], statistic=r.statistic,
-                                                   domain=cells.domain, path=run_dir / "fig1_local_sensitivity.png"))
-    chi_max = float(np.nanmax(mos.chi_table["chi"].to_numpy())) if len(mos.chi_table) else float("nan")
-    out.append(figures.plot_ls_vs_n(cells.n, sens.ls, chi_max, path=run_dir / "fig2_ls_vs_n.png"))
+                                                   domain=cells.domain, path=out_dir / "fig1_local_sensitivity.png"))
+    chi_table = reference.detail.chi_table
+    chi_max = float(np.nanmax(chi_table["chi"].to_numpy())) if len(chi_table) else float("nan")
+    out.append(figures.plot_ls_vs_n(cells.n, sens.ls, chi_max, path=out_dir / "fig2_ls_vs_n.png"))
     ref = common["truth"] if common["truth"] is not None else common["ols_theta"]
-    errors = {name: (cells.n, frame["theta_released"].to_numpy() - ref) for name, frame in results.items()}
-    out.append(figures.plot_error_vs_n(errors, path=run_dir / "error_vs_n.png"))
+    errors = {name: (cells.n, frame["theta_released"].to_numpy() - ref) for name, frame in frames.items()}
+    out.append(figures.plot_error_vs_n(errors, path=out_dir / "error_vs_n.png"))
     if common["covariate"] is not None:
-        slopes, truth_slope = {}, float("nan")
-        for name, frame in results.items():
-            row = evaluate_release(released=frame, **common).query("band == 'all'").iloc[0]
-            slopes[name], truth_slope = float(row["slope_released"]), float(row["slope_truth"])
-        out.append(figures.plot_downstream_slopes(slopes, truth_slope, path=run_dir / "downstream_slopes.png"))
+        slopes, truth_slope = _downstream(frames, common)
+        out.append(figures.plot_downstream_slopes(slopes, truth_slope, path=out_dir / "downstream_slopes.png"))
     eps = list(r.tail_epsilons)
     per_eps = [tail_fn(e) for e in eps]
     shares = {name: [d[name] for d in per_eps] for name in per_eps[0]} if per_eps else {}
-    out.append(figures.plot_tail_vs_epsilon(eps, shares, path=run_dir / "tail_vs_epsilon.png"))
+    out.append(figures.plot_tail_vs_epsilon(eps, shares, path=out_dir / "tail_vs_epsilon.png"))
     log.info("figures: %s", ", ".join(p.name for p in out))
     return out

@@ -6,8 +6,11 @@ What a run publishes and why (docs/release.md):
 
 * the cells come from a public declaration or a DP selection (:mod:`dptrain.release.cell_domain`),
   decided before any row is read; rows of unlisted cells are left out one by one;
-* release.csv holds the chosen method's output only; release.json holds that method's own facts
-  (:mod:`dptrain.release.report`); MOS's chi appears only in a MOS release, and MOS (NOT
+* the estimates are the public API's (:func:`dptrain.release.api.estimates_for_listed`): OLS is
+  computed once and every method, the sensitivities and the evaluation share it;
+* ``release.method`` names a method of the registry (:mod:`dptrain.release.methods`); the runner
+  runs it at its comparison epsilon (replace-one methods at 2 epsilon) and writes release.csv and
+  release.json from the method's own output and facts (:mod:`dptrain.release.report`); MOS (NOT
   differentially private) and suppression (exact values) say so in words;
 * every noise draw comes from the run's :class:`~dptrain.privacy.randomness.Randomness`, one
   stream per method ("release-<method>"); no output holds a seed;
@@ -16,19 +19,18 @@ What a run publishes and why (docs/release.md):
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-import numpy as np
 import pandas as pd
+from omegaconf import DictConfig, OmegaConf
 
-from dptrain.config import Config
 from dptrain.privacy.randomness import Randomness
-from dptrain.release import baselines as bl
 from dptrain.release import report
+from dptrain.release.api import CellEstimates, estimates_for_listed
 from dptrain.release.cell_domain import (
     CellDomain,
     chi_group_labels,
@@ -37,23 +39,73 @@ from dptrain.release.cell_domain import (
     read_keys_file,
     select_cells,
 )
-from dptrain.release.cells import Cells, Domain, ReleaseError, make_cells, xy_values
-from dptrain.release.mos import NOT_DP, release_mos
-from dptrain.release.sensitivity import local_sensitivity, se_local_sensitivity
+from dptrain.release.cells import Domain, ReleaseError
+from dptrain.release.methods import (
+    RELEASE_METHODS,
+    MethodResult,
+    ReleaseMethod,
+    evaluation_methods,
+    run_method,
+)
+from dptrain.release.mos import NOT_DP
+from dptrain.release.settings import validate_release
 from dptrain.tracking import atomic_write_text, private_dir, write_json, write_manifest
+
+if TYPE_CHECKING:
+    from dptrain.config import ReleaseRunConfig
 
 log = logging.getLogger(__name__)
 
 EVALUATION_DIR = "evaluation"
+LOG_FILE = {"private/dptrain.log": "the run's log (settings, warnings, timings)"}
 
 
-def private_evaluation_enabled(conf: Config) -> bool:
+def run_task(cfg: DictConfig, *, run_dir: Path) -> float:
+    """task=release: the composed config -> checks -> randomness -> the release. Bad settings and
+    bad data raise a :class:`~dptrain.errors.DPTrainError` naming the setting, before anything is
+    written. Returns the objective: the released method's RMSE in the private evaluation, or NaN."""
+    conf = OmegaConf.to_object(cfg)
+    validate_release(conf)
+    randomness = build_randomness(cfg, conf=conf, run_dir=run_dir)
+    return run_release(conf, run_dir, randomness=randomness)
+
+
+def build_randomness(cfg: DictConfig, *, conf: ReleaseRunConfig, run_dir: Path) -> Randomness:
+    """The run's secret randomness: fresh from the OS CSPRNG, or, opted in with
+    ``privacy.noise_seed_file=PATH``, derived from that secret file and a digest of this run's
+    settings (no output holds the secret)."""
+    from dptrain.privacy.randomness import settings_digest
+
+    seed_file = conf.privacy.noise_seed_file
+    if seed_file is None:
+        return Randomness.fresh()
+    label = settings_digest(OmegaConf.to_container(cfg, resolve=True))
+    return Randomness.from_seed_file(seed_file, run_label=label, run_dir=run_dir)
+
+
+@dataclass(frozen=True)
+class ReleaseRun:
+    """One release run once its cells are listed and estimated (before any method runs)."""
+
+    conf: ReleaseRunConfig
+    run_dir: Path
+    randomness: Randomness
+    truth: pd.DataFrame | None  # the simulator's per-cell truth (simulated data only)
+    source: str  # the data source in words
+    est: CellEstimates
+
+    def facts(self) -> report.RunFacts:
+        return report.RunFacts(config=self.conf.release, source=self.source, listed=self.est.listed,
+                               randomness=self.randomness.describe())
+
+
+def private_evaluation_enabled(conf: ReleaseRunConfig) -> bool:
     """release.private_evaluation: auto (only for simulated data, data=atlas) | true | false."""
     mode = str(conf.release.private_evaluation).strip().lower()
     return mode == "true" or (mode == "auto" and conf.data.name == "atlas")
 
 
-def load_rows(conf: Config) -> tuple[pd.DataFrame, pd.DataFrame | None, str, pd.DataFrame | None]:
+def load_rows(conf: ReleaseRunConfig) -> tuple[pd.DataFrame, pd.DataFrame | None, str, pd.DataFrame | None]:
     """(rows, per-cell truth or None, one-line description of the source, the simulator's PUBLIC
     cell design or None)."""
     d = conf.data
@@ -64,13 +116,14 @@ def load_rows(conf: Config) -> tuple[pd.DataFrame, pd.DataFrame | None, str, pd.
             rows, truth = simulate_figure2(seed=conf.seed)
         else:
             rows, truth = simulate_atlas(seed=conf.seed, n_cells=d.n_cells)
-        return rows, truth, f"simulated Atlas-like cells (generator={d.generator}, seed={conf.seed})", design_cells(truth)
+        source = f"simulated Atlas-like cells (generator={d.generator}, seed={conf.seed})"
+        return rows, truth, source, design_cells(truth)
     from dptrain.data import read_table
 
     return read_table(d.path, fmt=d.format), None, f"table {d.path}", None
 
 
-def declared_cells(conf: Config) -> CellDomain | None:
+def declared_cells(conf: ReleaseRunConfig) -> CellDomain | None:
     """The user's declaration (read before any row), or None (simulator design / private selection)."""
     r = conf.release
     cells = list(r.cells)
@@ -83,8 +136,8 @@ def declared_cells(conf: Config) -> CellDomain | None:
     return None
 
 
-def list_cells(conf: Config, df: pd.DataFrame, design: pd.DataFrame | None, declared: CellDomain | None,
-               randomness: Randomness) -> CellDomain:
+def list_cells(conf: ReleaseRunConfig, df: pd.DataFrame, design: pd.DataFrame | None,
+               declared: CellDomain | None, randomness: Randomness) -> CellDomain:
     r = conf.release
     cells = list(r.cells)
     if declared is not None:
@@ -103,156 +156,76 @@ def list_cells(conf: Config, df: pd.DataFrame, design: pd.DataFrame | None, decl
                        "or release.cell_selection=private")
 
 
-def build_cells(conf: Config, df: pd.DataFrame, listed: CellDomain) -> Cells:
-    """Rows of listed cells only (each other row left out on its own), clipped to the domain."""
-    r, dom = conf.release, conf.release.domain
-    domain = Domain(dom.x_lo, dom.x_hi, dom.y_lo, dom.y_hi)
-    for setting, col in (("release.x", r.x), ("release.y", r.y)):
-        if col not in df.columns:
-            raise ReleaseError(f"{setting}: column {col!r} is not in the data; allowed: a column of the table")
-    codes = listed.row_codes(df)
-    keep = codes >= 0
-    if not keep.all():
-        log.warning("release: rows whose cell is not listed (or has a missing cell value) are left out")
-    sub = df.loc[keep]
-    drop = getattr(conf.data, "nonfinite", "error") == "drop"
-    xv, yv = xy_values(sub, x=r.x, y=r.y, domain=domain, clip=r.clip, drop_nonfinite=drop)
-    codes = codes[keep]
-    finite = np.isfinite(xv) & np.isfinite(yv)
-    if not finite.all():
-        log.warning("release: rows with missing, non-numeric or infinite x or y are left out (data.nonfinite=drop)")
-        xv, yv, codes = xv[finite], yv[finite], codes[finite]
-    return make_cells(xv, yv, codes, keys=listed.keys, domain=domain)
-
-
-def min_n_rule(sens, cells: Cells, min_n: int):
-    """MOS: cells with N < min_n get an infinite LS (so they are neither released nor in chi)."""
-    small = (cells.n < min_n) & np.isfinite(sens.ls)
-    if not small.any():
-        return sens
-    reason = sens.reason.copy()
-    reason[small] = f"N < release.min_n = {min_n}"
-    return dataclasses.replace(sens, ls=np.where(small, np.inf, sens.ls), reason=reason)
-
-
-@dataclasses.dataclass
-class MosInputs:
-    """Local sensitivities of theta and its SE (with the min_n rule), computed once."""
-
-    cells: Cells
-    conf: Config
-    groups: np.ndarray | None
-    sens: Any = None
-    se_sens: Any = None
-
-    def __post_init__(self) -> None:
-        r = self.conf.release
-        self.sens = min_n_rule(local_sensitivity(self.cells, statistic=r.statistic, neighbors=r.neighbors),
-                               self.cells, r.min_n)
-        self.se_sens = min_n_rule(se_local_sensitivity(self.cells, statistic=r.statistic, neighbors=r.neighbors),
-                                  self.cells, r.min_n)
-
-    def release(self, epsilon: float, rng: np.random.Generator):
-        r = self.conf.release
-        return release_mos(self.cells, statistic=r.statistic, epsilon=epsilon, neighbors=r.neighbors, noise=r.noise,
-                           chi_groups=self.groups, rng=rng, sensitivity=self.sens, se_sensitivity=self.se_sens)
-
-
-def method_runner(name: str, cells: Cells, conf: Config,
-                  rng: np.random.Generator) -> Callable[[float], tuple[pd.DataFrame, dict]]:
-    """A baseline as a function of the (add/remove) epsilon it is compared at. Replace-one methods
-    run at 2 epsilon replace-one, the replace-one guarantee every add/remove epsilon-DP method also
-    has (a replacement = one removal + one addition); their release.json states the 2 epsilon."""
+def prepare(conf: ReleaseRunConfig, run_dir: Path, randomness: Randomness) -> ReleaseRun:
+    """The declaration (before any row is read), the rows, the listed cells and their estimates."""
     r = conf.release
-    s = r.statistic
-    if name.startswith("suppression_"):
-        k = int(name.removeprefix("suppression_"))
-        return lambda e: bl.suppression(cells, statistic=s, k=k, rate_outcome=r.rate_outcome)
-    ts = {"variant": r.theil_sen_variant, "k": r.theil_sen_k}
-    runs: dict[str, Callable[[float], tuple]] = {
-        "ss_laplace": lambda e: bl.sufficient_stats_laplace(cells, statistic=s, epsilon=e, rng=rng),
-        "noisy_stats": lambda e: bl.noisy_stats(cells, statistic=s, epsilon=2 * e, rng=rng),
-        "theil_sen": lambda e: bl.dp_theil_sen(cells, statistic=s, epsilon=2 * e, rng=rng, **ts),
-        "theil_sen_wide": lambda e: bl.dp_theil_sen(cells, statistic=s, epsilon=2 * e, rng=rng, wide=True, **ts),
-        "dp_gd": lambda e: bl.dp_gradient_descent(cells, statistic=s, epsilon=e, delta=r.delta, rng=rng),
-        "dp_sgd": lambda e: bl.dp_sgd_engine(cells, statistic=s, epsilon=e, delta=r.delta, rng=rng),
-    }
-    if name not in runs:
-        raise ReleaseError(f"release.method={name!r} is not allowed: mos, suppression_K, {', '.join(runs)}")
-    return runs[name]
-
-
-BASELINES = ("ss_laplace", "noisy_stats", "theil_sen", "theil_sen_wide", "dp_gd", "dp_sgd")
-
-
-def run_release(conf: Config, run_dir: Path, *, randomness: Randomness) -> float:
-    """Run one release. Returns the released method's RMSE against the reference (truth, else
-    OLS) when the private evaluation ran, else NaN (nothing exact leaves the evaluation)."""
-    r = conf.release
-    run_dir = Path(run_dir)
-    evaluate = private_evaluation_enabled(conf)
-    declared = declared_cells(conf)  # before any row is read
+    declared = declared_cells(conf)
     df, truth, source, design = load_rows(conf)
     listed = list_cells(conf, df, design, declared, randomness)
     if listed.n_cells == 0:
         raise ReleaseError("release.cell_selection=private listed no cell (a DP outcome); allowed: a larger "
                            "release.selection_epsilon or release.selection_delta, or declare the cells")
-    cells = build_cells(conf, df, listed)
-    groups = chi_group_labels(listed, list(r.chi_by))
+    dom = r.domain
+    est = estimates_for_listed(df, listed, x=r.x, y=r.y, domain=Domain(dom.x_lo, dom.x_hi, dom.y_lo, dom.y_hi),
+                               clip=r.clip, drop_nonfinite=getattr(conf.data, "nonfinite", "error") == "drop")
+    chi_group_labels(listed, list(r.chi_by))  # release.chi_by must name public columns of the cell list
+    return ReleaseRun(conf=conf, run_dir=run_dir, randomness=randomness, truth=truth, source=source, est=est)
+
+
+def methods_to_run(conf: ReleaseRunConfig, evaluate: bool) -> list[str]:
+    """The chosen method, then (for the private evaluation) every other evaluated method."""
+    r = conf.release
+    return [r.method] + ([n for n in evaluation_methods(r) if n != r.method] if evaluate else [])
+
+
+def run_release(conf: ReleaseRunConfig, run_dir: Path, *, randomness: Randomness) -> float:
+    """Run one release. Returns the released method's RMSE against the reference (truth, else
+    OLS) when the private evaluation ran, else NaN (nothing exact leaves the evaluation)."""
+    r = conf.release
+    run = prepare(conf, Path(run_dir), randomness)
     if r.statistic == "custom":
-        return run_custom(cells, conf, run_dir, source, listed, randomness)
+        return run_custom(run)
+    method = RELEASE_METHODS.get(r.method)
     log.info("release: method=%s, statistic=%s, epsilon=%g; cells: %s", r.method, r.statistic, r.epsilon,
-             listed.description)
-    if r.method == "mos":
-        log.warning("release.method=mos: %s", NOT_DP)
-    elif r.method.startswith("suppression_"):
-        log.warning("release.method=%s releases the EXACT estimate of every cell with N >= k: no noise, NOT "
-                    "differentially private", r.method)
-
-    mos_in = MosInputs(cells, conf, groups) if (r.method == "mos" or evaluate) else None
-    results: dict[str, pd.DataFrame] = {}
-    metas: dict[str, dict] = {}
-    mos = None
-    if mos_in is not None:
-        mos = mos_in.release(r.epsilon, randomness.numpy("release-mos"))
-        results["mos"] = mos.frame[["released", "theta_released", "se_released"]]
-    names = [r.method] if r.method != "mos" else []
-    if evaluate:
-        names += [n for n in [f"suppression_{k}" for k in r.suppression_k] + list(BASELINES) if n not in names]
-    for name in names:
-        frame, meta = method_runner(name, cells, conf, randomness.numpy(f"release-{name}"))(r.epsilon)
-        results[name], metas[name] = frame.reset_index(drop=True), meta
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    desc = randomness.describe()
-    if r.method == "mos":
-        released, facts = mos.to_frame(), report.mos_json(mos, conf=conf, source=source, listed=listed,
-                                                          randomness=desc)
-    else:
-        released = pd.concat([cells.keys.reset_index(drop=True), results[r.method]], axis=1)
-        facts = report.baseline_json(r.method, results[r.method], metas[r.method], statistic=r.statistic,
-                                     source=source, listed=listed, randomness=desc)
-    atomic_write_text(run_dir / "release.csv", released.to_csv(index=False))
-    write_json(run_dir / "release.json", facts)
-    private_files = {"private/dptrain.log": "the run's log (settings, warnings, timings)"}
-    rmse = float("nan")
+             run.est.listed.description)
+    warning = method.warning(r.method, r)
+    if warning:
+        log.warning("%s", warning)
+    evaluate = private_evaluation_enabled(conf)
+    results = {name: run_method(name, run.est, epsilon=r.epsilon, rng=randomness.numpy(f"release-{name}"), config=r)
+               for name in methods_to_run(conf, evaluate)}
+    facts = write_release(run, method, results[r.method])
+    private_files, rmse = dict(LOG_FILE), float("nan")
     if evaluate:
         from dptrain.release.evaluation import write_evaluation
 
-        eval_dir = private_dir(run_dir) / EVALUATION_DIR
-        files, rmse = write_evaluation(eval_dir, df=df, cells=cells, conf=conf, truth=truth, listed=listed,
-                                       results=results, metas=metas, mos=mos, mos_in=mos_in, source=source,
-                                       randomness=randomness)
+        eval_dir = private_dir(run.run_dir) / EVALUATION_DIR
+        files, rmse = write_evaluation(eval_dir, run, results)
         private_files.update({f"private/{EVALUATION_DIR}/{p.name}": why for p, why in files.items()})
         log.warning("private evaluation (exact values, every method) written to %s: never publish it", eval_dir)
-    publishable = {"release.csv": f"the released cells of method {r.method} (one row per listed cell)",
-                   "release.json": "the facts of that release: method, neighbours, epsilon, delta, guarantee",
-                   "FILES.txt": "this list"}
-    if (run_dir / ".hydra").is_dir():
-        publishable[".hydra/"] = "the run's settings (no data values; check file paths before publishing)"
-    write_manifest(run_dir, publishable=publishable, private=private_files, guarantee=report.guarantee_line(facts))
+    write_files_list(run, f"the released cells of method {r.method} (one row per listed cell)",
+                     "the facts of that release: method, neighbours, epsilon, delta, guarantee",
+                     private=private_files, guarantee=report.guarantee_line(facts))
     log.info("release written: release.csv, release.json (%s)", facts["guarantee"])
     return rmse
+
+
+def write_release(run: ReleaseRun, method: ReleaseMethod, result: MethodResult) -> dict:
+    """release.csv and release.json of the chosen method (its own output and facts)."""
+    name = run.conf.release.method
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    facts = method.release_json(name, result, facts=run.facts())
+    atomic_write_text(run.run_dir / "release.csv", method.published(run.est, result).to_csv(index=False))
+    write_json(run.run_dir / "release.json", facts)
+    return facts
+
+
+def write_files_list(run: ReleaseRun, csv_note: str, json_note: str, *, private: dict, guarantee: str) -> None:
+    """FILES.txt: the publishable files at the top of the run folder, and the private ones."""
+    publishable = {"release.csv": csv_note, "release.json": json_note, "FILES.txt": "this list"}
+    if (run.run_dir / ".hydra").is_dir():
+        publishable[".hydra/"] = "the run's settings (no data values; check file paths before publishing)"
+    write_manifest(run.run_dir, publishable=publishable, private=private, guarantee=guarantee)
 
 
 def load_stat_fn(spec: str) -> Callable:
@@ -267,28 +240,23 @@ def load_stat_fn(spec: str) -> Callable:
                            "'package.module:function' importable from the working directory") from None
 
 
-def run_custom(cells: Cells, conf: Config, run_dir: Path, source: str, listed: CellDomain,
-               randomness: Randomness) -> float:
+def run_custom(run: ReleaseRun) -> float:
     """MOS for a user statistic by brute-force refits (no closed form, so no baselines)."""
     from dptrain.release.api import release_custom
 
-    r = conf.release
+    r = run.conf.release
     if r.chi_by:
         raise ReleaseError("release.chi_by is not supported with release.statistic=custom; allowed: []")
     if r.method != "mos":
         raise ReleaseError(f"release.method={r.method!r} is not allowed with release.statistic=custom: mos")
     log.warning("release.statistic=custom (MOS): %s", NOT_DP)
-    rel = release_custom(cells, load_stat_fn(r.stat_fn), epsilon=r.epsilon, neighbors=r.neighbors,
-                         rng=randomness.numpy("release-mos-custom"))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / "release.csv", rel.to_frame().to_csv(index=False))
-    facts = report.custom_json(rel, stat_fn=r.stat_fn, source=source, listed=listed, randomness=randomness.describe())
-    write_json(run_dir / "release.json", facts)
-    publishable = {"release.csv": "the released cells (MOS, custom statistic)", "release.json": "its facts",
-                   "FILES.txt": "this list"}
-    if (run_dir / ".hydra").is_dir():
-        publishable[".hydra/"] = "the run's settings (no data values; check file paths before publishing)"
-    write_manifest(run_dir, publishable=publishable, guarantee=NOT_DP,
-                   private={"private/dptrain.log": "the run's log (settings, warnings, timings)"})
+    rel = release_custom(run.est.cells, load_stat_fn(r.stat_fn), epsilon=r.epsilon, neighbors=r.neighbors,
+                         rng=run.randomness.numpy("release-mos-custom"))
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run.run_dir / "release.csv", rel.to_frame().to_csv(index=False))
+    facts = report.custom_json(rel, stat_fn=r.stat_fn, facts=run.facts())
+    write_json(run.run_dir / "release.json", facts)
+    write_files_list(run, "the released cells (MOS, custom statistic)", "its facts", private=dict(LOG_FILE),
+                     guarantee=NOT_DP)
     log.info("release written: release.csv, release.json (MOS, custom statistic %s)", r.stat_fn)
     return float("nan")

@@ -95,8 +95,8 @@ def _finish(cells: Cells, fit: M.CellFit, add: np.ndarray, corners: np.ndarray,
                        reason=reason)
 
 
-def local_sensitivity(cells: Cells, *, statistic: str,
-                      neighbors: str = "add_remove") -> Sensitivity:
+def local_sensitivity(cells: Cells, *, statistic: str, neighbors: str = "add_remove",
+                      moments: M.CellFit | None = None) -> Sensitivity:
     """LS of theta in {p25, p75, slope} per cell, in closed form.
 
     Args:
@@ -104,6 +104,8 @@ def local_sensitivity(cells: Cells, *, statistic: str,
         statistic: "p25" or "p75" (a + b x0, x0 = domain.x0(statistic)) or "slope" (b).
         neighbors: "add" (one point added anywhere in the domain) or "add_remove" (also one row
             removed; the default).
+        moments: the cells' refined OLS moments (``_ls_math.fit_cells``) if already computed
+            (``CellEstimates.moments`` computes them once per run); else computed here.
 
     Returns:
         Sensitivity; see the module docstring for the formulas. The add sup is exact.
@@ -112,7 +114,7 @@ def local_sensitivity(cells: Cells, *, statistic: str,
         ReleaseError: unknown statistic or neighbour relation.
     """
     _check(statistic, neighbors)
-    fit = M.fit_cells(cells)
+    fit = M.fit_cells(cells) if moments is None else moments
     alpha, beta = M.influence(fit, statistic, cells.domain)
     add, corners = M.theta_add_sup(fit, alpha, beta, cells.domain)
     rem = None
@@ -123,7 +125,7 @@ def local_sensitivity(cells: Cells, *, statistic: str,
 
 
 def se_local_sensitivity(cells: Cells, *, statistic: str, neighbors: str = "add_remove",
-                         grid: int = 129) -> Sensitivity:
+                         grid: int = 129, moments: M.CellFit | None = None) -> Sensitivity:
     """LS of the homoskedastic OLS standard error of theta (docs/release.md section 4: the SE as a statistic).
 
     Add (x*, y*), u = x* - xbar, e* = y* - yhat(x*), h* = 1/n + u^2/S:
@@ -139,16 +141,17 @@ def se_local_sensitivity(cells: Cells, *, statistic: str, neighbors: str = "add_
         statistic: "p25", "p75" or "slope".
         neighbors: "add" or "add_remove".
         grid: grid points per cell for the add-side search over x*.
+        moments: precomputed refined OLS moments, as for :func:`local_sensitivity`.
 
     Raises:
         ReleaseError: unknown statistic or neighbour relation.
     """
     _check(statistic, neighbors)
-    fit = M.fit_cells(cells)
+    fit = M.fit_cells(cells) if moments is None else moments
     slope = statistic == "slope"
     c = np.zeros_like(fit.S) if slope else cells.domain.x0(statistic) - fit.xbar
     se0 = M.se_value(fit.rss, fit.n, fit.S, c, slope)
-    add, corners = M.se_add_sup(fit, c, se0, slope, cells.domain, grid=grid)
+    add, corners = M.se_add_sup(fit, c, se0, slope, cells.domain, config=M.SESearchConfig(grid=grid))
     rem, extra = None, []
     if neighbors == "add_remove":
         rem = M.rowwise_max(cells, fit, M.se_remove_params(fit, c, se0), M.se_remove_kernel(slope))
@@ -229,7 +232,10 @@ def brute_force_cells(cells: Cells, *, stat_fn: StatFn,
 
 
 def _ols_arrays(x: np.ndarray, y: np.ndarray, min_n: int) -> tuple[float, ...] | None:
-    """(n, xbar, S, b, RSS) by two-pass OLS, None if n < min_n or Sxx <= 1e-12 sum x^2."""
+    """(n, xbar, S, b, RSS) by two-pass OLS, None if n < min_n or Sxx <= 1e-12 sum x^2.
+
+    Deliberately NOT ``cells.ols``: the brute force is the independent reference the closed
+    forms are tested against, so it refits each neighbour's rows from scratch (two passes)."""
     n = x.shape[0]
     if n < min_n:
         return None

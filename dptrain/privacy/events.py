@@ -1,0 +1,71 @@
+"""Privacy events: what one step of a mechanism spends, as a value the accountants compose.
+
+An :class:`Event` is a kind and its parameters (plain floats, so a checkpoint stores it as data
+and a new mechanism does not change the checkpoint format). Each kind is registered in
+``EVENT_KINDS`` with the dp-accounting ``DpEvent`` it stands for, which both accountants
+(RDP and PLD) compose. DP-SGD's step is ``poisson_gaussian``: Poisson sampling with rate q of a
+Gaussian mechanism with noise multiplier sigma, add/remove neighbours.
+
+A new mechanism is a new kind: a class with ``params``, ``dp_event(params)``, ``spends(params)``
+and ``unbounded(params)``, registered with ``EVENT_KINDS.register("name", ...)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import dp_accounting
+
+from dptrain.registry import Registry
+
+
+@dataclass(frozen=True)
+class Event:
+    """One step's privacy event: ``kind`` (a name in ``EVENT_KINDS``) and its parameters."""
+
+    kind: str
+    params: tuple[float, ...]
+
+    def as_list(self) -> list:
+        return [self.kind, list(self.params)]
+
+
+class PoissonGaussian:
+    """Poisson-subsampled Gaussian: params (sample_rate q, noise_multiplier sigma)."""
+
+    params = ("sample_rate", "noise_multiplier")
+
+    @staticmethod
+    def dp_event(params: tuple[float, ...]) -> dp_accounting.DpEvent:
+        q, sigma = params
+        return dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
+
+    @staticmethod
+    def spends(params: tuple[float, ...]) -> bool:
+        """False when the step touches no data (q = 0)."""
+        return params[0] > 0.0
+
+    @staticmethod
+    def unbounded(params: tuple[float, ...]) -> bool:
+        """True when the step has no finite epsilon (sigma = 0)."""
+        return params[1] == 0.0
+
+
+EVENT_KINDS: Registry = Registry("privacy event kind", setting="accountant event")
+EVENT_KINDS.register("poisson_gaussian", PoissonGaussian)
+
+
+def poisson_gaussian(*, sample_rate: float, noise_multiplier: float) -> Event:
+    """The event of one DP-SGD step."""
+    return Event("poisson_gaussian", (float(sample_rate), float(noise_multiplier)))
+
+
+def event_from_list(item: list | tuple) -> Event:
+    """Inverse of :meth:`Event.as_list` (for checkpoints); the kind must be registered."""
+    kind, params = item
+    spec = EVENT_KINDS.get(kind)
+    params = tuple(float(p) for p in params)
+    if len(params) != len(spec.params) or not all(math.isfinite(p) for p in params):
+        raise ValueError(f"event {kind!r} needs {len(spec.params)} finite parameters {spec.params}, got {params}")
+    return Event(kind, params)

@@ -1,0 +1,105 @@
+"""The release-method registry and what a method is.
+
+``RELEASE_METHODS`` maps each ``release.method`` value to a :class:`ReleaseMethod` object, which
+declares its neighbour relation and whether it has a guarantee, and runs on a run's cells at a
+given epsilon. The runner (:mod:`dptrain.release.run`) never names a method: it validates
+``release.method`` against this registry, runs each method at ``run_epsilon`` (the comparison
+convention of :func:`dptrain.neighbours.comparison_epsilon`: replace-one methods run at 2
+epsilon), and writes release.csv / release.json from the method's own ``published`` and
+``release_json``. The private evaluation runs every registered method whose ``in_evaluation``
+says so, and the tail figure those with ``tail_figure``.
+
+A new method is one module that subclasses :class:`ReleaseMethod` and registers an instance::
+
+    RELEASE_METHODS.register("my_method", MyMethod())
+
+(docs/release.md section 13, "A new release method").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from dptrain.neighbours import Neighbours, comparison_epsilon
+from dptrain.registry import Registry
+
+if TYPE_CHECKING:
+    from dptrain.release.api import CellEstimates
+    from dptrain.release.report import RunFacts
+    from dptrain.release.settings import ReleaseConfig
+
+
+@dataclass(frozen=True)
+class MethodResult:
+    """What a method released on the run's cells. ``frame``: one row per listed cell, in cell
+    order, with at least ``released``, ``reason``, ``theta_released`` and ``noise_sd`` (see
+    :mod:`dptrain.release.methods.common`); ``meta``: the method's own facts (method, neighbours,
+    epsilon, delta, guarantee, ...: :func:`~dptrain.release.methods.common.method_meta`);
+    ``detail``: anything else the method keeps for its release.json or the evaluation."""
+
+    frame: pd.DataFrame
+    meta: dict
+    detail: Any = None
+
+
+class ReleaseMethod:
+    """A release method. Subclasses set ``neighbours`` and ``has_guarantee`` and implement
+    :meth:`run`; the rest has defaults that suit a method releasing theta per cell."""
+
+    #: the neighbour relation of its guarantee; None for a method without one (suppression)
+    neighbours: Neighbours | None = Neighbours.ADD_REMOVE
+    #: False for a method that is not differentially private (MOS, suppression)
+    has_guarantee: bool = True
+    #: drawn in the evaluation's tail-classification figure (at every release.tail_epsilons)
+    tail_figure: bool = False
+
+    def relation(self, config: ReleaseConfig) -> Neighbours | None:
+        """The neighbour relation of this run (a method may take it from the settings)."""
+        return self.neighbours
+
+    def run_epsilon(self, epsilon: float, config: ReleaseConfig) -> float:
+        """The epsilon the method runs at when methods are compared at ``epsilon`` (add/remove)."""
+        rel = self.relation(config)
+        return float(epsilon) if rel is None else comparison_epsilon(epsilon, rel)
+
+    def in_evaluation(self, config: ReleaseConfig) -> bool:
+        """Whether the private evaluation runs this method."""
+        return True
+
+    def warning(self, name: str, config: ReleaseConfig) -> str | None:
+        """A line the log shows when this method is the run's ``release.method``."""
+        return None
+
+    def run(self, est: CellEstimates, *, epsilon: float, rng: np.random.Generator,
+            config: ReleaseConfig) -> MethodResult:
+        """Release on ``est``'s cells at ``epsilon`` (already normalised), drawing from ``rng``."""
+        raise NotImplementedError
+
+    def published(self, est: CellEstimates, result: MethodResult) -> pd.DataFrame:
+        """release.csv: the cell keys and the method's columns, one row per listed cell."""
+        return pd.concat([est.cells.keys.reset_index(drop=True), result.frame.reset_index(drop=True)], axis=1)
+
+    def release_json(self, name: str, result: MethodResult, *, facts: RunFacts) -> dict:
+        """release.json: this method's own facts."""
+        from dptrain.release.report import baseline_json
+
+        return baseline_json(name, result, neighbours=self.relation(facts.config), facts=facts)
+
+
+RELEASE_METHODS: Registry[ReleaseMethod] = Registry("release method", setting="release.method")
+
+
+def run_method(name: str, est: CellEstimates, *, epsilon: float, rng: np.random.Generator,
+               config: ReleaseConfig) -> MethodResult:
+    """Run the registered method ``name`` at the comparison epsilon of ``epsilon``."""
+    method = RELEASE_METHODS.get(name)
+    return method.run(est, epsilon=method.run_epsilon(epsilon, config), rng=rng, config=config)
+
+
+def evaluation_methods(config: ReleaseConfig) -> list[str]:
+    """The methods the private evaluation runs, in registry order."""
+    return [name for name in RELEASE_METHODS if RELEASE_METHODS.get(name).in_evaluation(config)]

@@ -1,0 +1,168 @@
+"""DP-SGD by dptrain's own engine on each cell's line (``release.method=dp_sgd``): the bridge
+between training and release. (epsilon, delta)-DP, add/remove (docs/release.md section 5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from dptrain.neighbours import Neighbours
+from dptrain.privacy.accounting import rdp_epsilon
+from dptrain.privacy.engine import GradientEngine, PoissonSampler, StepStats
+from dptrain.privacy.randomness import seeded_mt19937
+from dptrain.release.cells import Cells, ReleaseError
+from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
+from dptrain.release.methods.common import (
+    BOX_A,
+    BOX_B,
+    calibrate_sigma,
+    check_delta,
+    check_epsilon,
+    check_fraction,
+    check_int,
+    check_statistic,
+    method_meta,
+    noisy_count,
+    reasons,
+    result_frame,
+    theta_from_unit,
+    unit_rows,
+)
+
+if TYPE_CHECKING:
+    from dptrain.release.api import CellEstimates
+    from dptrain.release.settings import ReleaseConfig
+
+
+@dataclass(frozen=True)
+class DPSGDConfig:
+    """``steps`` DP-SGD steps with Poisson ``sample_rate`` q and step size ``lr``; per-example
+    clipping norm ``max_grad_norm`` C; ``count_fraction`` of epsilon spent on the noisy count."""
+
+    steps: int = 100
+    sample_rate: float = 0.2
+    lr: float = 0.5
+    max_grad_norm: float = 1.0
+    count_fraction: float = 0.1
+
+
+class SquaredLossLinearEngine(GradientEngine):
+    """dptrain's DP-SGD step for ``nn.Linear(1, 1)`` with the squared loss (z - y)^2 / 2: example i's
+    gradient is r_i (x_i, 1), r_i = z_i - y_i, of squared norm r_i^2 (x_i^2 + 1), clipped in
+    closed form. Noise and the division by B are the base class's (``GradientEngine.__call__``)."""
+
+    name = "squared_loss_linear"
+
+    @torch.no_grad()
+    def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
+        lin = self.model
+        r = (x @ lin.weight.T + lin.bias).squeeze(-1) - y
+        sq = r.square() * (x.square().sum(1) + 1.0)
+        cr = r * self.clip_factors(sq)
+        grad_of = {id(lin.weight): (cr @ x).reshape(1, -1), id(lin.bias): cr.sum().reshape(1)}
+        stats = StepStats(int(y.shape[0]), float(0.5 * r.square().sum()), 0, self.count_clipped(sq))
+        return [grad_of[id(p)] for p in self.params], stats
+
+
+def _sgd_cell(u: np.ndarray, t: np.ndarray, *, sigma: float, batch: float, rng: np.random.Generator,
+              config: DPSGDConfig) -> tuple[float, float]:
+    """DP-SGD on one cell (expected batch size ``batch``); the mean of the second half of the
+    iterates (a, b).
+
+    The noise generator is a torch MT19937 whose whole 624-word state comes from ``rng``
+    (:func:`seeded_mt19937`; ``manual_seed`` would keep 32 bits), the Poisson sampler a child of
+    ``rng``. The model is float64, and so is its noise (the engine draws in the parameters' dtype)."""
+    steps = config.steps
+    noise_rng, sample_rng = rng.spawn(2)
+    gen = seeded_mt19937(noise_rng.integers(0, 2**32, size=624, dtype=np.uint64).astype(np.uint32))
+    model = nn.Linear(1, 1).double()
+    with torch.no_grad():
+        model.weight.zero_()
+        model.bias.fill_(0.5)
+    engine = SquaredLossLinearEngine(model, max_grad_norm=config.max_grad_norm, noise_multiplier=sigma,
+                                     expected_batch_size=batch, generator=gen)
+    sampler = PoissonSampler(num_rows=u.size, sample_rate=config.sample_rate, rng=sample_rng)
+    opt = torch.optim.SGD(model.parameters(), lr=config.lr)
+    xs, ys = torch.from_numpy(u).reshape(-1, 1), torch.from_numpy(t)
+    acc = np.zeros(2)
+    for it in range(steps):
+        idx = sampler.sample()
+        engine(xs[idx], ys[idx])
+        opt.step()
+        with torch.no_grad():
+            model.bias.clamp_(*BOX_A)
+            model.weight.clamp_(*BOX_B)
+        if it >= steps // 2:
+            acc += (model.bias.detach().item(), model.weight.detach().item())
+    return tuple(acc / (steps - steps // 2))
+
+
+def _checked(config: DPSGDConfig) -> DPSGDConfig:
+    steps = check_int(config.steps, "release.steps")
+    q = config.sample_rate
+    if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0.0 < q <= 1.0:
+        raise ReleaseError(f"release.sample_rate={q!r} is not allowed: a number in (0, 1]")
+    return DPSGDConfig(steps=steps, sample_rate=float(q), lr=config.lr,
+                       count_fraction=check_fraction(config.count_fraction, "release.count_fraction"),
+                       max_grad_norm=check_epsilon(config.max_grad_norm, "release.max_grad_norm"))
+
+
+def dp_sgd_engine(cells: Cells, *, statistic: str, epsilon: float, delta: float, rng: np.random.Generator,
+                  config: DPSGDConfig = DPSGDConfig()) -> tuple[pd.DataFrame, dict]:
+    """DP-SGD by dptrain's own engine on ``nn.Linear(1, 1)`` per cell (a loop over cells): the bridge
+    between training and release. (epsilon, delta)-DP, add/remove.
+
+    Rows on the unit square with x centred (as :func:`~dptrain.release.methods.dp_gd.dp_gradient_descent`);
+    Poisson sampling with rate q (``PoissonSampler``); :class:`SquaredLossLinearEngine` clips per
+    example to C, adds N(0, sigma^2 C^2) in ``GradientEngine.__call__`` (float64, torch generator
+    whose full state comes from ``rng``) and divides by B = q n~, n~ a Laplace noisy count
+    (``count_fraction`` epsilon); SGD, projection onto the same box, mean of the second half of the
+    iterates. sigma = calibrate_noise_multiplier(target = (1 - count_fraction) epsilon, q, steps,
+    delta), RDP; total by basic composition. Not released if n~ < 3.
+    """
+    check_statistic(statistic)
+    eps, delta = check_epsilon(epsilon), check_delta(delta)
+    cfg = _checked(config)
+    T, q, frac = cfg.steps, cfg.sample_rate, cfg.count_fraction
+    eps_n, eps_g = frac * eps, (1.0 - frac) * eps
+    sigma = calibrate_sigma(eps_g, q=q, steps=T, delta=delta)
+    n_noisy = noisy_count(cells, eps_n, rng)
+    u, t = unit_rows(cells)
+    order = np.argsort(cells.codes, kind="stable")
+    starts = np.concatenate(([0], np.cumsum(cells.n.astype(np.int64))))
+    a, b = np.full(cells.n_cells, np.nan), np.full(cells.n_cells, np.nan)
+    for g in np.flatnonzero(n_noisy >= 3):
+        rows = order[starts[g]:starts[g + 1]]
+        a[g], b[g] = _sgd_cell(u[rows], t[rows], sigma=sigma, batch=q * float(n_noisy[g]), rng=rng.spawn(1)[0],
+                               config=cfg)
+    reason = reasons(cells.n_cells, [(n_noisy < 3, "noisy n < 3")])
+    return result_frame(reason, theta_from_unit(a, b, cells, statistic), np.nan), method_meta(
+        "dp_sgd_engine", statistic, "add_remove", eps, delta,
+        split=f"{frac:g} epsilon to a Laplace noisy count, {1 - frac:g} epsilon to {T} DP-SGD steps (RDP)",
+        guarantee="(epsilon, delta)-DP, add/remove (basic composition of the count and the RDP-accounted steps)",
+        reference="Abadi et al. 2016 DP-SGD with Poisson sampling, dptrain.privacy.engine + accounting (RDP)",
+        noise_multiplier=sigma, sample_rate=q, steps=T, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm,
+        epsilon_count=eps_n, epsilon_gradient=rdp_epsilon(sample_rate=q, noise_multiplier=sigma, steps=T,
+                                                          delta=delta),
+        caveats=["noise_sd is NaN: the noise in theta has no closed form",
+                 "B = q n~ uses the noisy count, never the private n"])
+
+
+class DPSGD(ReleaseMethod):
+    """DP-SGD at ``release.delta`` with the defaults of :class:`DPSGDConfig`."""
+
+    neighbours = Neighbours.ADD_REMOVE
+
+    def run(self, est: CellEstimates, *, epsilon: float, rng: np.random.Generator,
+            config: ReleaseConfig) -> MethodResult:
+        return MethodResult(*dp_sgd_engine(est.cells, statistic=config.statistic, epsilon=epsilon,
+                                           delta=config.delta, rng=rng))
+
+
+RELEASE_METHODS.register("dp_sgd", DPSGD())
