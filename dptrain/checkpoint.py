@@ -17,6 +17,10 @@ accountant): a resumed run whose settings differ in any of these is refused, nam
 because the accountant's history would no longer describe the mechanism that produced the
 parameters.
 
+The publishable model file (``<run>/model.pt``, :func:`save_model` / :func:`load_model`) is
+separate: the final weights, the model's config, the objective and the PUBLIC feature encoder,
+everything needed to score new rows (:mod:`dptrain.predict`, docs/api.md).
+
 Writes are atomic: the checkpoint is written to a temporary file in the same folder, flushed
 and fsynced, then renamed over the previous one, so a crash (even SIGKILL) leaves either the
 old or the new checkpoint, never a truncated one. Loading uses ``torch.load(weights_only=True)``:
@@ -207,21 +211,140 @@ def restore(
     torch.set_rng_state(state["rng"]["torch_global"])
 
 
-MODEL_FORMAT = "dptrain-model-v1"
+MODEL_FORMAT = "dptrain-model-v2"
 MODEL_FILENAME = "model.pt"
+#: builders a model file may name without ``trust_model_target`` (building a model runs its code)
+TRUSTED_MODEL_PREFIX = "dptrain.models."
+
+
+def public_schema(data_config: Any) -> Any:
+    """The run's PUBLIC schema resolved from its data config (any source's settings, a DictConfig
+    or a mapping; :func:`dptrain.data.schema_from_config`): target, positive label, numeric
+    bounds and transforms, category lists (Adult's shipped schema, synthetic data's ranges)."""
+    from dptrain.data import schema_from_config
+
+    return schema_from_config(data_config)
+
+
+def schema_to_dict(schema: Any) -> dict[str, Any]:
+    """The public feature encoder as plain values (what model.pt stores): no row enters it."""
+    return {
+        "target": schema.target,
+        "positive": schema.positive,
+        "numeric": [{"name": s.name, "lower": float(s.lower), "upper": float(s.upper), "transform": s.transform}
+                    for s in schema.numeric],
+        "categorical": [{"name": col, "labels": list(labels)} for col, labels in schema.categorical],
+        "feature_names": list(schema.feature_names),
+    }
+
+
+def schema_from_dict(stored: dict[str, Any], path: Path) -> Any:
+    """The :class:`dptrain.data.table.Schema` a model file stores, checked again by the data
+    module's own parser; its feature names must be the ones the model was trained on."""
+    from dptrain.data import schema_from_config
+
+    try:
+        schema = schema_from_config({
+            "target": stored["target"], "positive": stored["positive"],
+            "numeric": {s["name"]: {"lower": s["lower"], "upper": s["upper"], "transform": s["transform"]}
+                        for s in stored["numeric"]},
+            "categorical": {c["name"]: list(c["labels"]) for c in stored["categorical"]},
+        })
+    except (KeyError, TypeError, DPTrainError) as err:
+        raise CheckpointError(f"model file {path} holds no usable feature encoder ({err})") from None
+    if list(schema.feature_names) != list(stored["feature_names"]):
+        raise CheckpointError(f"model file {path} is inconsistent: its schema does not give its feature names")
+    return schema
 
 
 def save_model(path: Path, *, model: torch.nn.Module, model_config: dict, feature_names: list[str],
-               schema: dict, guarantee: str) -> None:
-    """The publishable model file: final weights, the model's config (to rebuild it) and the
-    PUBLIC feature encoder (feature names, declared bounds and categories). Nothing in it is
-    computed from private rows except the weights, which the run's guarantee covers. Loadable
-    with ``torch.load(path, weights_only=True)``."""
+               schema: Any, objective: str, report: dict[str, Any]) -> None:
+    """The publishable model file (``model.pt``): final weights, the model's config (to rebuild
+    it), the objective's name and the PUBLIC feature encoder resolved from ``schema`` (the data
+    config, or a Schema): target, positive label, numeric bounds and transforms, category lists,
+    feature names. Nothing in it is computed from private rows except the weights, which the
+    run's guarantee covers (its ``guarantee``, epsilon and delta are stored beside them).
+    Loadable with ``torch.load(path, weights_only=True)`` and :func:`load_model`."""
+    from dptrain.data import Schema
+
+    resolved = schema if isinstance(schema, Schema) else public_schema(schema)
+    if tuple(feature_names) != tuple(resolved.feature_names):
+        raise CheckpointError(f"cannot write {path}: the model's features are not those of its public schema")
     atomic_torch_save({
         "format": MODEL_FORMAT,
         "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},
         "model": model_config,
-        "feature_names": list(feature_names),
-        "schema": schema,
-        "guarantee": guarantee,
+        "in_features": len(resolved.feature_names),
+        "objective": str(objective),
+        "schema": schema_to_dict(resolved),
+        "feature_names": list(resolved.feature_names),
+        "guarantee": report["guarantee"],
+        "privacy": {k: report.get(k) for k in ("private", "epsilon", "delta", "accountant")},
     }, path)
+
+
+def model_path_in(run: str | Path) -> Path:
+    """``run`` itself when it is a file, else ``<run>/model.pt``."""
+    path = Path(run).expanduser()
+    return path if path.is_file() else path / MODEL_FILENAME
+
+
+def _read_model_file(path: Path) -> dict[str, Any]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"no model file at {path}; allowed: a training run folder holding model.pt, "
+                              "or the path of a model.pt") from None
+    except Exception as err:  # corrupt, truncated, or not a torch file
+        raise CheckpointError(f"model file {path} cannot be read ({type(err).__name__}): {err}") from None
+    fmt = state.get("format") if isinstance(state, dict) else None
+    if fmt == "dptrain-model-v1":
+        raise CheckpointError(f"model file {path} was written by an older dptrain ({fmt}), without its feature "
+                              "encoder; retrain the model with this version to score new rows")
+    if fmt != MODEL_FORMAT:
+        raise CheckpointError(f"{path} is not a {MODEL_FORMAT} model file")
+    return state
+
+
+def _build_module(state: dict[str, Any], path: Path, *, objective: Any, trust_model_target: bool) -> torch.nn.Module:
+    """Rebuild the model from its config and load the weights (strictly)."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from dptrain.objectives import DataSpec
+
+    config = dict(state["model"])
+    target = str(config.get("_target_", ""))
+    if not target.startswith(TRUSTED_MODEL_PREFIX) and not trust_model_target:
+        raise CheckpointError(
+            f"model file {path} names model._target_={target!r}, not a dptrain.models builder: building it runs "
+            "that code. Allowed: load_model(..., trust_model_target=True) (task=predict: trust_model_target=true) "
+            "for a file you trust, with the module importable (plugins=[...])")
+    width = objective.output_width(DataSpec(n_features=int(state["in_features"])))
+    extra = {} if width == 1 else {"out_features": width}
+    try:
+        module = instantiate(OmegaConf.create(config), in_features=int(state["in_features"]), **extra)
+        module.load_state_dict(state["state_dict"])
+    except Exception as err:  # noqa: BLE001 - any failure to rebuild is a bad file
+        cause = err.__cause__ or err
+        raise CheckpointError(f"model file {path}: the model cannot be rebuilt from model._target_={target!r} "
+                              f"({type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''})") from None
+    return module.eval()
+
+
+def load_model(path: str | Path, *, trust_model_target: bool = False) -> Any:
+    """Load a trained model (a run folder or its ``model.pt``) with its public feature encoder:
+    a :class:`dptrain.predict.TrainedModel` whose ``predict(df)``, ``predict_proba(df)`` and
+    ``decision_function(df)`` encode a DataFrame with the stored schema and score it. Read with
+    ``weights_only=True``; a model whose ``_target_`` is not a dptrain builder is built only
+    with ``trust_model_target=True``."""
+    from dptrain.objectives import build_objective
+    from dptrain.predict import TrainedModel
+
+    path = model_path_in(path)
+    state = _read_model_file(path)
+    schema = schema_from_dict(state["schema"], path)
+    objective = build_objective(state["objective"])
+    module = _build_module(state, path, objective=objective, trust_model_target=trust_model_target)
+    return TrainedModel(module=module, schema=schema, objective=objective, guarantee=str(state["guarantee"]),
+                        privacy=dict(state.get("privacy") or {}), path=path)

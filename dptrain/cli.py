@@ -5,8 +5,15 @@ It only dispatches: the composed config's ``task`` names a module in ``TASKS`` w
 ``dptrain.release.run``). The ``plugins`` setting's modules are imported first, so that the
 extensions they register (objectives, accountants, engines, release methods) are known when the
 config is checked. Every error a user can cause is a :class:`dptrain.errors.DPTrainError`: it is
-printed with the setting, the value and what is allowed, and the run exits with status 2 before
-anything is written.
+printed once (on stderr; the run's private log keeps it too) with the setting, the value and what
+is allowed, and the run exits with status 2 before anything is written.
+
+Before Hydra writes anything into the run folder, :class:`LaunchChecks` (a Hydra callback,
+``hydra.callbacks`` in conf/config.yaml) refuses keys the task's schema does not have (however
+they were added: ``+key``, ``++key``), settings that would silently do nothing or the wrong
+thing (judged with the command line: a sweep preset without ``-m``, an optimiser changed while
+the learning rate stays the preset's, privacy settings without privacy) and a launch into a
+folder that holds a finished run (unless ``overwrite=true`` or ``trainer.resume``).
 """
 
 from __future__ import annotations
@@ -19,9 +26,10 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
 
-from dptrain.config import register_configs
+from dptrain.config import check_command_line, check_known_keys, register_configs
 from dptrain.errors import DPTrainError
 from dptrain.registry import Registry, load_plugins
 
@@ -34,17 +42,91 @@ TASKS: Registry = Registry("task", setting="task")
 TASKS.register("train", "dptrain.train:run_task")
 TASKS.register("audit", "dptrain.audit:run_task")
 TASKS.register("release", "dptrain.release.run:run_task")
+TASKS.register("predict", "dptrain.predict:run_task")
 
 
 def _fail(err: Exception) -> None:
-    log.error("%s", err)
+    """Print the error once (stderr) and exit 2; the run's private log keeps it too (its console
+    handler skips records marked ``console=False``: conf/hydra/job_logging/dptrain.yaml)."""
+    log.error("%s", err, extra={"console": False})
     print(f"dptrain: error: {err}", file=sys.stderr)
     raise SystemExit(2)
+
+
+#: files that mark a folder as holding a finished run
+FINISHED_RUN_FILES = ("privacy.json", "release.json", "audit.json", "predictions.csv", "private/predictions.csv")
+
+
+def _finished_run(folder: Path, depth: int) -> Path | None:
+    """The first file of FINISHED_RUN_FILES in ``folder`` (or, up to ``depth`` levels below it)."""
+    for name in FINISHED_RUN_FILES:
+        if (folder / name).is_file():
+            return folder / name
+    if depth > 0 and folder.is_dir():
+        for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
+            found = _finished_run(sub, depth - 1)
+            if found is not None:
+                return found
+    return None
+
+
+def check_run_folder(config: DictConfig, *, multirun: bool) -> None:
+    """Refuse to launch into a folder that holds a finished run (its report, checkpoint and
+    .hydra/ would be overwritten, TensorBoard event files piled up) unless ``overwrite=true``,
+    or ``trainer.resume`` continues it. Runs before Hydra writes anything."""
+    resume = OmegaConf.select(config, "trainer.resume", default=None)
+    if config.get("overwrite", False) is True or resume is not None:
+        return
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    folder = Path(str(OmegaConf.select(config, key)))
+    found = _finished_run(folder, 2 if multirun else 0)
+    if found is None:
+        return
+    from dptrain.validation import ConfigError
+
+    raise ConfigError(
+        f"{key}={str(folder)!r} already holds a finished run ({found.relative_to(folder)}): launching into it "
+        "would overwrite its report, checkpoint and .hydra/ settings; refused, nothing was written. Allowed: a "
+        f"new folder (leave {key} out, or name another), trainer.resume=auto to continue a training run, or "
+        "overwrite=true to replace it")
+
+
+def precheck(config: DictConfig, *, multirun: bool) -> None:
+    """The checks that run after composition and before anything else (:class:`LaunchChecks`):
+    unknown keys, settings judged with the command line, the run folder. ``config`` is the whole
+    composed config, its ``hydra`` node included (overrides and config-group choices)."""
+    check_known_keys(config)
+    hydra_node = config.get("hydra")
+    if hydra_node is not None:
+        choices = dict(OmegaConf.select(config, "hydra.runtime.choices", default={}) or {})
+        overrides = list(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
+        check_command_line(config, overrides=overrides, choices=choices, multirun=multirun)
+        check_run_folder(config, multirun=multirun)
+
+
+class LaunchChecks(Callback):
+    """Hydra callback (conf/config.yaml, ``hydra.callbacks``): :func:`precheck` before a run or
+    a sweep starts, i.e. before Hydra writes .hydra/ or the log into the run folder."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        self._check(config, multirun=False)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self._check(config, multirun=True)
+
+    @staticmethod
+    def _check(config: DictConfig, *, multirun: bool) -> None:
+        try:
+            precheck(config, multirun=multirun)
+        except DPTrainError as err:
+            print(f"dptrain: error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
 
 
 def run(cfg: DictConfig, *, run_dir: Path) -> float:
     """Run one job of the config's task; returns its objective (what a sweeper optimises)."""
     try:
+        check_known_keys(cfg)  # again here for callers that compose without the command line
         load_plugins(list(cfg.get("plugins") or []))
         module, _, function = TASKS.get(cfg.task).partition(":")
         run_task = getattr(importlib.import_module(module), function)
@@ -58,9 +140,37 @@ def _hydra_main(cfg: DictConfig) -> float:
     return run(cfg, run_dir=Path(HydraConfig.get().runtime.output_dir))
 
 
+#: hydra/launcher=NAME -> (the module its plugin installs, the extra of dptrain that installs it)
+LAUNCHER_EXTRAS = {"slurm": ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+                   "submitit_slurm": ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+                   "submitit_local": ("hydra_plugins.hydra_submitit_launcher", "slurm")}
+
+
+def check_launcher(argv: list[str]) -> None:
+    """``hydra/launcher=slurm`` needs the optional extra: say how to install it (Hydra alone
+    only says it cannot find the config)."""
+    import importlib.util
+
+    for arg in argv:
+        key, _, name = arg.partition("=")
+        if key.lstrip("+") != "hydra/launcher" or name not in LAUNCHER_EXTRAS:
+            continue
+        module, extra = LAUNCHER_EXTRAS[name]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            print(f"dptrain: error: hydra/launcher={name} is not allowed here: its Hydra plugin is not installed; "
+                  f"allowed: install it with pip install -e \".[{extra}]\" (in the dptrain checkout) or pip install "
+                  f"\"dptrain[{extra}]\", or use hydra/launcher=joblib_1thread (this machine)", file=sys.stderr)
+            raise SystemExit(2)
+
+
 def main() -> None:
     from dptrain.distributed import env_rank
 
+    check_launcher(sys.argv[1:])
     if env_rank() > 0:
         # torchrun starts one process per rank; only rank 0 writes a run folder. The others get
         # no Hydra output folder and no log file (and so cannot race rank 0 for its files).

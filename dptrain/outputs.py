@@ -44,6 +44,7 @@ def publishable_metrics(conf: Config, metrics: dict[str, float], report: dict[st
 def write_training_outputs(conf: Config, cfg: Any, result: Any, *, data: Any, tracker: Any, run_dir: Path) -> dict:
     """Write the run folder (module docstring) and close the tracker; returns the report."""
     from dptrain.checkpoint import MODEL_FILENAME, save_model
+    from dptrain.data import write_data_diagnostics
     from dptrain.privacy.report import build_report, files_section, format_report
     from dptrain.tracking import atomic_write_text, private_dir, write_json, write_manifest
     from dptrain.train import final_epsilons
@@ -63,10 +64,11 @@ def write_training_outputs(conf: Config, cfg: Any, result: Any, *, data: Any, tr
     save_model(run_dir / MODEL_FILENAME, model=result.model,
                model_config=OmegaConf.to_container(cfg.model, resolve=True),
                feature_names=list(data.feature_names),
-               schema=OmegaConf.to_container(cfg.data, resolve=True), guarantee=report["guarantee"])
+               schema=conf.data, objective=conf.objective.name, report=report)
     write_json(run_dir / "privacy.json", report)
     atomic_write_text(run_dir / "privacy.txt", format_report(report))
     files = files_section(test_public=bool(conf.data.test_public))
+    files["private"].update(write_data_diagnostics(run_dir, data))
     write_manifest(run_dir, publishable=files["publishable"], private=files["private"], guarantee=report["guarantee"])
     return report
 

@@ -63,6 +63,15 @@ def private_log_handler(filename: str, mode: str = "a", encoding: str = "utf-8")
     return logging.FileHandler(filename, mode=mode, encoding=encoding)
 
 
+class ConsoleFilter:
+    """Logging filter of the console handler (conf/hydra/job_logging/dptrain.yaml): records
+    logged with ``extra={"console": False}`` go to the private log file only (an error the
+    command line prints itself is shown once)."""
+
+    def filter(self, record) -> bool:
+        return getattr(record, "console", True) is not False
+
+
 def write_manifest(run_dir: Path, *, publishable: dict[str, str], private: dict[str, str],
                    guarantee: str) -> None:
     """``FILES.txt``: which files of the run folder may be published and which must stay with
@@ -133,14 +142,21 @@ class Tracker:
     def hparams(self, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
         """One HParams trial for this run, in the run's own event file, so that TensorBoard's
         HParams dashboard lists the runs of a sweep as comparable trials. ``metrics`` are
-        logged as scalars under their own tags (values the dashboard shows per trial)."""
+        logged as scalars under their own tags (values the dashboard shows per trial).
+
+        Only the trial (session start and end) is written, not an experiment summary: given
+        one, TensorBoard takes the first run's as the whole sweep's, with that run's values as
+        the only ones and every hparam marked ``differs: false``; without it, TensorBoard builds
+        the experiment from all the runs' trials (each hparam's values, ``differs``) and their
+        scalar tags."""
         if self.writer is None:
             return
         from torch.utils.tensorboard.summary import hparams as hparams_summary
 
         clean = {k: ("none" if v is None else v) for k, v in hparams.items()}
         finite = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(v)}
-        for summary in hparams_summary(clean, finite):
+        _experiment, session_start, session_end = hparams_summary(clean, finite)
+        for summary in (session_start, session_end):
             self.writer.file_writer.add_summary(summary)
         for tag, value in finite.items():
             self.writer.add_scalar(tag, value)

@@ -64,3 +64,29 @@ def one_of(setting: str, value: Any, allowed: tuple | list) -> None:
 
 def field_of(obj: Any, name: str, default: Any = None) -> Any:
     return obj.get(name, default) if isinstance(obj, Mapping) else getattr(obj, name, default)
+
+
+def closest(name: str, candidates: Any, *, n: int = 3) -> list[str]:
+    """The candidates closest to ``name`` (difflib), best first; [] when none is close."""
+    import difflib
+
+    return difflib.get_close_matches(str(name), [str(c) for c in candidates], n=n, cutoff=0.6)
+
+
+def did_you_mean(name: str, candidates: Any) -> str:
+    """" (did you mean X?)" for the closest candidate, or ""."""
+    best = closest(name, candidates, n=1)
+    return f" (did you mean {best[0]}?)" if best else ""
+
+
+def setting(default: Any = None, *, help: str, allowed: str = "", factory: Any = None) -> Any:
+    """A dataclass field with its documentation: ``help`` (what it means) and ``allowed`` (the
+    values allowed, in words) are kept as field metadata, from which the settings reference
+    (docs/settings.md, ``scripts/settings_reference.py``) is generated. ``factory`` gives a
+    mutable default (list, dict, dataclass)."""
+    from dataclasses import field
+
+    meta = {"help": help, "allowed": allowed}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)

@@ -269,13 +269,14 @@ def diffprivlib_rows(sweep: Path, table: pd.DataFrame, runs: list[dict]) -> pd.D
     from omegaconf import OmegaConf
 
     from dptrain.config import DataConfig
-    from dptrain.data import load_dataset
+    from dptrain.data import load_dataset, schema_from_config
 
     config = yaml.safe_load((sweep / runs[0]["run"] / ".hydra" / "config.yaml").read_text())
     data_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), config["data"]))
     seeds = sorted({int(r["seed"]) for r in runs if r["seed"] is not None}) or [0]
     data = load_dataset(data_cfg, seed=int(config.get("seed", 0)))
-    norm = float(np.sqrt(len(data_cfg.numeric) + len(data_cfg.categorical)))
+    schema = schema_from_config(data_cfg)  # the explicit declaration (Adult's ships as a package file)
+    norm = float(np.sqrt(len(schema.numeric) + len(schema.categorical)))
     eps_values = sorted({round(float(e), 6) for e in table.loc[table["private"].astype(bool), "epsilon"].dropna()})
     rows = []
     for eps in eps_values:

@@ -24,6 +24,7 @@ from dptrain.privacy.accounting import (
     compute_epsilon,
     pld_epsilon,
     rdp_epsilon,
+    rdp_floor,
 )
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared/data/accounting_reference.csv"
@@ -362,3 +363,42 @@ def test_accountant_refuses_bad_input():
     with pytest.raises(AccountingError):
         acc.load_state_dict({"steps": 3})
     assert acc.history == ()
+
+
+# ---------------------------------------------------------------- tiny targets (issue 14, item 8)
+
+
+def test_rdp_never_reports_epsilon_zero_for_a_finite_sigma():
+    """Found in review: privacy.target_epsilon=0.001 calibrated sigma 56,087 by RDP and reported
+    "(0, 1e-05)-DP": dp-accounting's conversion returns 0 once delta exceeds a total-variation
+    bound. A finite sigma now always gets the conversion's positive epsilon (RDP's floor)."""
+    q, T, d = 1024 / 32561, 318, 1e-5
+    for sigma in (100.0, 20_000.0, 56_087.46, 1e6):
+        eps = rdp_epsilon(sample_rate=q, noise_multiplier=sigma, steps=T, delta=d)
+        assert eps >= rdp_floor(d) > 0.003
+    # where dp-accounting's shortcut does not apply the value is dp-accounting's, to the last bit
+    acc = dp_rdp.RdpAccountant(list(RDP_ORDERS))
+    acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(2.5)), T)
+    assert rdp_epsilon(sample_rate=q, noise_multiplier=2.5, steps=T, delta=d) == pytest.approx(
+        acc.get_epsilon(d), rel=1e-12)
+
+
+def test_rdp_calibration_below_its_floor_is_refused_and_points_to_pld():
+    q, T, d = 1024 / 32561, 318, 1e-5
+    with pytest.raises(AccountingError) as err:
+        calibrate_noise_multiplier(target_epsilon=0.001, sample_rate=q, steps=T, delta=d)
+    text = str(err.value)
+    assert "target_epsilon=0.001" in text and "privacy.accountant=pld" in text and "0.003501" in text
+    sigma = calibrate_noise_multiplier(target_epsilon=0.001, sample_rate=q, steps=T, delta=d, accountant="pld")
+    assert 2000 < sigma < 3000 and pld_epsilon(sample_rate=q, noise_multiplier=sigma, steps=T, delta=d) <= 0.001
+
+
+def test_tiny_rdp_target_recommends_pld_when_it_needs_far_less_noise():
+    from dptrain.config import PrivacyConfig
+    from dptrain.privacy.mechanism import DPSGDMechanism
+
+    kw = dict(epochs=10, expected_batch_size=1024, dataset_size=32561, delta=1e-5)
+    tiny = DPSGDMechanism.from_settings(PrivacyConfig(noise_multiplier=None, target_epsilon=0.004), **kw)
+    assert tiny.advice is not None and "privacy.accountant=pld" in tiny.advice and "less noise" in tiny.advice
+    usual = DPSGDMechanism.from_settings(PrivacyConfig(noise_multiplier=None, target_epsilon=1.0), **kw)
+    assert usual.advice is None

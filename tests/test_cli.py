@@ -288,3 +288,44 @@ def test_joblib_launched_sweep_preset(tmp_path):
     dpl = table[table.model == "diffprivlib LogisticRegression"].sort_values("epsilon")
     assert np.allclose(dpl.epsilon, sorted(eps), rtol=1e-5) and dpl["test/acc_mean"].between(0, 1).all()
     assert "no single run's epsilon covers that choice" in (tmp_path / "report" / "summary.md").read_text()
+
+
+def _readme_section(title: str) -> str:
+    text = (REPO / "README.md").read_text()
+    start = text.index(title)
+    end = text.find("\n## ", start)
+    return text[start:end if end > 0 else None]
+
+
+def test_readme_first_own_data_walkthrough_runs_as_written(tmp_path):
+    """The README's step-by-step walk-through (issue 14): its bash blocks, run as written in one
+    shell, train on a user CSV with a declared schema, report epsilon <= 1, list the files, and
+    score new rows; the command line's predictions equal the Python API's."""
+    import re
+
+    import pandas as pd
+
+    from dptrain.predict import load_model
+
+    section = _readme_section("### Step by step: your first own-data run")
+    blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 5, "the walk-through's bash blocks changed: update this test"
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", "\n".join(blocks)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-3000:])
+    work = tmp_path / "first-run"
+    run, scored = work / "runs" / "people", work / "runs" / "people_scored"
+    privacy = json.loads((run / "privacy.json").read_text())
+    assert privacy["epsilon"] <= 1.0 and privacy["noise_multiplier_source"] == "calibrated"
+    assert "people.csv" in privacy["data"]
+    assert f"({privacy['epsilon']:.4g}, " in res.stdout and "-DP, example-level" in res.stdout  # privacy.txt printed
+    assert "PRIVATE" in res.stdout and "model.pt" in res.stdout  # FILES.txt was printed
+    metrics = json.loads((run / "private" / "metrics.json").read_text())
+    assert metrics["test/acc"] > metrics["baseline/majority_acc"] + 0.03
+    preds = pd.read_csv(scored / "private" / "predictions.csv")
+    assert len(preds) == 50 and set(preds.label) <= {0, 1}
+    assert not (scored / "predictions.csv").exists()  # the scored rows are private by default
+    api = load_model(run).predict_proba(pd.read_csv(work / "new_people.csv"))[:, 1]
+    np.testing.assert_allclose(preds.probability.to_numpy(), api, rtol=1e-6, atol=1e-6)

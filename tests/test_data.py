@@ -29,7 +29,9 @@ SECRETS = ("123456.789", "123456", "SECRETVALUE", "SECRET", "-98765")
 
 def group_cfg(name: str, **over):
     """The `data` node as Hydra builds it: structured DataConfig merged with conf/data/<name>.yaml."""
-    cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(ROOT / "conf" / "data" / f"{name}.yaml"))
+    group = OmegaConf.load(ROOT / "conf" / "data" / f"{name}.yaml")
+    group.pop("defaults", None)  # the source's own schema (/schema/data/NAME); DataConfig holds every key
+    cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), group)
     for k, v in over.items():
         OmegaConf.update(cfg, k, v, merge=False)
     return cfg
@@ -380,9 +382,10 @@ def test_synthetic_deterministic():
 
 
 def test_config_groups_compose():
-    a = group_cfg("adult")
-    assert a.positive == ">50K" and a.split_column == "split" and a.numeric.capital_gain.transform == "log1p"
-    assert "fnlwgt" not in a.numeric and len(a.categorical.native_country) == 41
+    a = data.declaration(group_cfg("adult"))  # the shipped schema, dptrain/data/adult/schema.yaml
+    assert a["positive"] == ">50K" and a["split_column"] == "split"
+    assert a["numeric"]["capital_gain"]["transform"] == "log1p"
+    assert "fnlwgt" not in a["numeric"] and len(a["categorical"]["native_country"]) == 41
     t = group_cfg("table")
     assert t.path is None and t.name == "table"
     refused(ConfigError, lambda: load_dataset(t, seed=0), "data.path")

@@ -259,6 +259,7 @@ def test_prefetched_noise_is_the_sequential_stream_and_checkpoints_rewind():
         eng = FastLinearEngine(m, max_grad_norm=1.0, noise_multiplier=1.3, expected_batch_size=50,
                                generator=torch.Generator().manual_seed(11))
         eng.prefetch_noise = prefetch
+        eng.STARVED_WAIT_S = math.inf  # however slow the machine, keep prefetching (no timing here)
         out = []
         for step in range(5):
             eng(x[step * 10:(step + 1) * 10], y[step * 10:(step + 1) * 10])
@@ -455,9 +456,21 @@ def test_buffered_path_matches_per_example_loop_on_random_stacks():
 def test_starved_background_draw_falls_back_to_inline_draws_with_the_same_stream():
     """On an oversubscribed machine the idle-priority noise thread gets almost no CPU: a long
     wait for it switches the engine to inline draws (64 steps, then 128, ...), and the noise
-    stream stays the one a sequential engine draws."""
+    stream stays the one a sequential engine draws. No timing: the engine's clock is replaced by
+    one that advances 1 s per reading, and each queued draw is held until the main thread starts
+    waiting for it (so every wait is "long", deterministically)."""
     import threading
-    import time as _time
+
+    class HeldDrawClock:
+        def __init__(self) -> None:
+            self.now, self.calls, self.gate = 0.0, 0, threading.Semaphore(0)
+
+        def __call__(self) -> float:
+            self.calls += 1
+            if self.calls % 2 == 1:  # the reading taken just before waiting: let the draw finish
+                self.gate.release()
+            self.now += 1.0
+            return self.now
 
     x, y = _batch(n=20, d=12)
     model = mlp(in_features=12, hidden=[32], activation="relu")
@@ -467,24 +480,27 @@ def test_starved_background_draw_falls_back_to_inline_draws_with_the_same_stream
         eng = FastLinearEngine(m, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=20,
                                generator=torch.Generator().manual_seed(3))
         eng.prefetch_noise = prefetch
-        draw = eng._draw
+        clock = HeldDrawClock()
+        eng._clock, draw = clock, eng._draw
 
-        def slow_in_background(draw=draw):
+        def held_in_background(draw=draw, clock=clock):
             if threading.current_thread() is not threading.main_thread():
-                _time.sleep(0.03)  # a starved thread: far longer than STARVED_WAIT_S
+                assert clock.gate.acquire(timeout=30)  # held until the main thread waits for it
             return draw()
 
-        eng._draw = slow_in_background
+        eng._draw = held_in_background
         out = []
         for _ in range(70):
             eng(x, y)
             out.append(torch.cat([p.grad.reshape(-1) for p in eng.params]))
             queued[prefetch].append(eng._pending is not None)
+        clock.gate.release()  # the draw still queued at the end may finish
+        eng.discard_prefetched_noise()
         engines.append(eng)
         grads.append(torch.stack(out))
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
-    # step 1 queues a draw; step 2 waits 30 ms for it, so it and the next 63 steps draw inline (none
-    # queued); step 66 queues again, step 67 starves again: 128 inline steps next, then 256
+    # step 1 queues a draw; step 2 waits for it ("1 s"), so it and the next 63 steps draw inline
+    # (none queued); step 66 queues again, step 67 starves again: 128 inline steps next, then 256
     q = queued[True]
     assert q[:2] == [True, False] and not any(q[2:65]) and q[65] and not any(q[66:])
     assert engines[0]._inline_steps == 256 and not any(queued[False])

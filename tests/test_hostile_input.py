@@ -37,6 +37,8 @@ from dptrain.config import (
     SIGMA_RANGE,
     Config,
     ConfigError,
+    DataConfig,
+    NumericColumn,
     validate,
     validate_against_size,
 )
@@ -227,7 +229,8 @@ def test_model_and_optimiser_arguments_refused_by_name(base_conf):
 
 
 def test_schema_values_of_wrong_type_refused_by_name(base_conf):
-    table = _with(_with(base_conf, "data.name", "table"), "data.path", "x.csv")
+    table = _with(base_conf, "data", DataConfig(name="table", path="x.csv", target="y",
+                                                numeric={"x0": NumericColumn(-1, 1)}))
     cases = [
         ("data.numeric", {"age": {"lower": "a", "upper": 3}}, "data.numeric.age.lower"),
         ("data.numeric", {"age": {"lower": 0, "upper": NAN}}, "data.numeric.age.upper"),
@@ -251,7 +254,7 @@ def test_schema_values_of_wrong_type_refused_by_name(base_conf):
     (["optim.lr=-1"], "optim.lr=-1"),
     (["optim.lr=nan"], "optim.lr=nan"),
     (["optim.lr=abc"], "optim.lr='abc'"),
-    (["optim.momentum=-0.5"], "momentum"),
+    (["+optim.momentum=-0.5"], "momentum"),  # SGD's own option: conf/optim/sgd.yaml has no momentum key
 ])
 def test_cli_refuses_absurd_settings_and_writes_no_guarantee(extra, needle, tmp_path, capsys):
     """These crashed deep in torch / dp-accounting (overflow, ZeroDivisionError, 'Input contains

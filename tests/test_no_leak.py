@@ -311,6 +311,7 @@ def test_release_run_logs_and_outputs_hold_no_private_value(tmp_path, caplog, ca
     cells = "release.cell_values={cell: [c0, c1, c2, c3, c4, c5, c6]}"  # c6: declared, no rows
     cli.run(_compose(["task=release", "data=table", f"data.path={p}", "release.x=x", "release.y=y",
                       "release.cells=[cell]", "release.statistic=slope", cells,
+                      "release.domain={x_lo: 0, x_hi: 1, y_lo: 0, y_hi: 1}",
                       "release.private_evaluation=true", "release.tail_epsilons=[1]"]), run_dir=tmp_path / "run")
     out, err = capfd.readouterr()
     assert (tmp_path / "run" / "release.csv").exists()

@@ -22,7 +22,8 @@ def test_wheel_ships_configs_and_data_and_runs_from_outside_the_repo(tmp_path):
         assert rel in names, f"{rel} is missing from the wheel: add its package to pyproject.toml"
     for expected in ("dptrain/conf/config.yaml", "dptrain/conf/task/train.yaml", "dptrain/conf/experiment/logit.yaml",
                      "dptrain/conf/experiment/mlp.yaml", "dptrain/conf/data/adult.yaml",
-                     "dptrain/data/adult/adult.csv.gz", "dptrain/data/adult/SHA256SUMS"):
+                     "dptrain/data/adult/adult.csv.gz", "dptrain/data/adult/SHA256SUMS",
+                     "dptrain/data/adult/schema.yaml"):
         assert expected in names, expected
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
@@ -34,7 +35,7 @@ def test_wheel_ships_configs_and_data_and_runs_from_outside_the_repo(tmp_path):
     res = subprocess.run([sys.executable, "-m", "dptrain", "experiment=mlp", "--cfg", "job"], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "dptrain.models.mlp" in res.stdout and "positive: '>50K'" in res.stdout
+    assert "dptrain.models.mlp" in res.stdout and "schema: adult" in res.stdout  # dptrain/data/adult/schema.yaml
     run = subprocess.run(
         [sys.executable, "-c", "from dptrain.data import load_dataset; from dptrain.config import DataConfig;"
          "from hydra import compose, initialize_config_module; import dptrain.cli;"

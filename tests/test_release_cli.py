@@ -15,7 +15,12 @@ from dptrain import cli
 SMALL = ["data.n_cells=120", "release.tail_epsilons=[1,4]"]
 
 
+TABLE_DOMAIN = "release.domain={x_lo: 0, x_hi: 1, y_lo: 0, y_hi: 1}"
+
+
 def _run(overrides: list[str], run_dir: Path) -> float:
+    if "data=table" in overrides and not any(o.startswith("release.domain") for o in overrides):
+        overrides = [*overrides, TABLE_DOMAIN]  # the PUBLIC domain is required for a table (ranks here)
     with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     return cli.run(cfg, run_dir=run_dir)
@@ -161,11 +166,13 @@ def test_bad_tables_refused(tmp_path, capsys):
         err = capsys.readouterr().err
         assert needle in err, (name, err)
         assert not (tmp_path / "run" / name / "release.csv").exists()
-    # a header-only table over declared cells: every declared cell listed, none released
-    _run(["task=release", "data=table", f"data.path={empty}", "release.cell_values={cell: [1, 2]}"],
-         tmp_path / "run" / "empty")
-    rel = pd.read_csv(tmp_path / "run" / "empty" / "release.csv")
-    assert list(rel.cell) == [1, 2] and not rel.released.any() and set(rel.reason) == {"n < 3"}
+    # a header-only table over declared cells: no cell can have release.min_n rows, refused by that
+    # setting before any method runs and before anything is written
+    with pytest.raises(SystemExit):
+        _run(["task=release", "data=table", f"data.path={empty}", "release.cell_values={cell: [1, 2]}"],
+             tmp_path / "run" / "empty")
+    assert "release.min_n=3: no listed cell has at least 3 rows" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "empty" / "release.csv").exists()
 
 
 def test_custom_statistic_through_the_cli(tmp_path, monkeypatch):

@@ -38,7 +38,12 @@ CELLS = ["a", "b", "c", "d", "e"]
 DECLARED = "release.cell_values={cell: [a, b, c, d, e, f]}"
 
 
+TABLE_DOMAIN = "release.domain={x_lo: 0, x_hi: 1, y_lo: 0, y_hi: 1}"
+
+
 def _run(overrides: list[str], run_dir: Path) -> float:
+    if "data=table" in overrides and not any(o.startswith("release.domain") for o in overrides):
+        overrides = [*overrides, TABLE_DOMAIN]  # the PUBLIC domain is required for a table (ranks here)
     with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     return cli.run(cfg, run_dir=run_dir)
@@ -229,7 +234,8 @@ def test_exact_value_evaluation_is_private_and_off_for_real_data(tmp_path):
     d = _table([30, 40, 25, 35, 20])
     _release(tmp_path, d, "default", [DECLARED])
     files = {p.relative_to(tmp_path / "default").as_posix() for p in (tmp_path / "default").rglob("*") if p.is_file()}
-    assert files == {"release.csv", "release.json", "FILES.txt"}, files
+    # private/data_diagnostics.json: counts of values clipped into release.domain (PRIVATE, listed so)
+    assert files == {"release.csv", "release.json", "FILES.txt", "private/data_diagnostics.json"}, files
     assert "private/dptrain.log" in (tmp_path / "default" / "FILES.txt").read_text()
     _release(tmp_path, d, "on", [DECLARED, "release.private_evaluation=true", "release.tail_epsilons=[1]"])
     top = {p.name for p in (tmp_path / "on").iterdir() if p.is_file()}

@@ -6,9 +6,14 @@ declared list plus an ``<other>`` slot, a binary target; nothing is fitted on th
 a ``split_column`` the train/test split is a per-row keyed hash that adding or removing one row
 cannot change for any other row. Errors and logs never quote a value or a count of rows.
 
+Each source has its own settings (``dptrain.config.DATA_SOURCES``); :func:`declaration` turns
+any of them into the one explicit schema declaration (target, positive, numeric, categorical,
+split): Adult's comes from the shipped file ``adult/schema.yaml`` (``data.schema: adult``).
+
 Public API::
 
-    Dataset, DataError, load_dataset(cfg, *, seed), read_table(path, *, fmt="auto")
+    Dataset, DataError, load_dataset(cfg, *, seed), read_table(path, *, fmt="auto"),
+    declaration(cfg), schema_from_config(cfg), write_data_diagnostics(run_dir, data)
 """
 
 from __future__ import annotations
@@ -34,17 +39,20 @@ from dptrain.data.table import (
     encode_features,
     numeric_spec,
     read_table,
-    schema_from_config,
 )
+from dptrain.data.table import schema_from_config as _schema_from_declaration
 from dptrain.validation import ConfigError
 
 __all__ = [
     "ADULT_FILE",
     "ADULT_SOURCE",
+    "DIAGNOSTICS_FILE",
     "OTHER",
+    "SCHEMAS",
     "DataError",
     "Dataset",
     "Schema",
+    "declaration",
     "encode_features",
     "load_adult_frame",
     "load_dataset",
@@ -52,6 +60,7 @@ __all__ = [
     "read_table",
     "schema_from_config",
     "verify_sha256",
+    "write_data_diagnostics",
 ]
 
 log = logging.getLogger("dptrain.data")
@@ -59,6 +68,9 @@ log = logging.getLogger("dptrain.data")
 ADULT_DIR = Path(__file__).resolve().parent / "adult"
 ADULT_FILE = ADULT_DIR / "adult.csv.gz"
 ADULT_SUMS = ADULT_DIR / "SHA256SUMS"
+#: shipped public schemas, by the short key of ``data.schema``
+SCHEMAS = {"adult": ADULT_DIR / "schema.yaml"}
+DIAGNOSTICS_FILE = "data_diagnostics.json"  # under private/: PRIVATE counts about the rows
 ADULT_SOURCE = (
     "UCI Adult (Becker & Kohavi 1996, UCI Machine Learning Repository, "
     "https://doi.org/10.24432/C5XW20, CC BY 4.0), shipped as dptrain/data/adult/adult.csv.gz"
@@ -123,7 +135,52 @@ def _synthetic_schema(cfg: Any) -> tuple[int, int, dict[str, Any]]:
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:
-    return obj.get(name, default) if isinstance(obj, dict) else getattr(obj, name, default)
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    if hasattr(obj, "keys") and hasattr(obj, "get"):  # DictConfig
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+DECLARATION_KEYS = ("target", "positive", "numeric", "categorical", "split_column", "nonfinite", "test_fraction")
+
+
+def shipped_schema(key: Any) -> dict[str, Any]:
+    """The shipped public schema named by ``data.schema`` (``adult``), as a plain mapping."""
+    import yaml
+
+    if key not in SCHEMAS:
+        raise ConfigError(f"data.schema={key!r} is not allowed: must be one of {', '.join(SCHEMAS)} (a shipped "
+                          "public schema); your own table declares its schema in data=table's keys")
+    return yaml.safe_load(SCHEMAS[key].read_text(encoding="utf-8"))
+
+
+def declaration(cfg: Any) -> dict[str, Any]:
+    """The explicit PUBLIC schema declaration of any data config (a source's dataclass, the
+    general ``DataConfig``, a DictConfig or a mapping): target, positive, numeric, categorical,
+    split_column, nonfinite, test_fraction. ``data.schema`` names a shipped schema (Adult's);
+    synthetic data declares its target ``y`` and each generated column's range."""
+    key = _get(cfg, "schema")
+    if key is not None:
+        for own in ("numeric", "categorical"):
+            if _get(cfg, own):
+                raise ConfigError(f"data.{own} is not allowed with data.schema={key!r} (the shipped schema "
+                                  "declares the columns); use data=table to declare your own")
+        out = {"nonfinite": "error", "test_fraction": 0.25, "positive": None, "split_column": None}
+        return {**out, **shipped_schema(key)}
+    out = {k: _get(cfg, k) for k in DECLARATION_KEYS}
+    out["nonfinite"] = out["nonfinite"] or "error"
+    out["test_fraction"] = 0.25 if out["test_fraction"] is None else out["test_fraction"]
+    if _get(cfg, "name") == "synthetic":
+        _, _, numeric = _synthetic_schema(cfg)
+        out.update(target=out["target"] or "y", numeric=numeric, categorical={})
+    return out
+
+
+def schema_from_config(cfg: Any, *, numeric: Any = None) -> Schema:
+    """The checked public schema of a data config (any source; :func:`declaration`).
+    ``numeric`` replaces the declared numeric columns. Raises ConfigError."""
+    return _schema_from_declaration(declaration(cfg), numeric=numeric)
 
 
 def load_dataset(cfg: Any, *, seed: int) -> Dataset:
@@ -151,13 +208,14 @@ def load_dataset(cfg: Any, *, seed: int) -> Dataset:
                               "data=table needs the path of a CSV, Parquet or .dta file")
         schema = schema_from_config(cfg)
         fmt = _get(cfg, "format", "auto") or "auto"
-        df = read_table(path, fmt=fmt, columns=schema.columns)  # checks existence first
+        df = read_table(path, fmt=fmt, columns=schema.columns,  # checks existence first
+                        delimiter=_get(cfg, "delimiter", ",") or ",")
         kind = detect_format(path, fmt)
         source = f"user table {str(path)!r} ({kind}); attribution/licence: as given by the data owner"
         return build_dataset(df, schema, seed=seed, source=source, origin=f"data.path={str(path)!r}")
     if name == "synthetic":
-        n_rows, n_features, numeric = _synthetic_schema(cfg)
-        schema = schema_from_config(cfg, numeric=numeric)
+        n_rows, n_features, _ = _synthetic_schema(cfg)
+        schema = schema_from_config(cfg)
         df = synthetic.make_synthetic(n_rows, n_features, seed=_seed(seed), target=schema.target)
         source = (
             f"synthetic logistic-model data (dptrain.data.synthetic), seed={seed}, n_rows={n_rows}, "
@@ -165,3 +223,18 @@ def load_dataset(cfg: Any, *, seed: int) -> Dataset:
         )
         return build_dataset(df, schema, seed=seed, source=source, origin="the synthetic data")
     raise ConfigError(f"data.name={name!r} is not allowed: must be one of adult, table, synthetic")
+
+
+def write_data_diagnostics(run_dir: str | Path, data: Dataset) -> dict[str, str]:
+    """Write the data's PRIVATE diagnostics (how many values were clipped into the declared
+    bounds, per column) to ``<run_dir>/private/data_diagnostics.json``; returns the FILES.txt
+    entry ({path: description}) for the run's private files ({} when there is nothing to write)."""
+    from dptrain.tracking import private_dir, write_json
+
+    if not data.diagnostics:
+        return {}
+    write_json(private_dir(Path(run_dir)) / DIAGNOSTICS_FILE, data.diagnostics)
+    return {f"private/{DIAGNOSTICS_FILE}": DIAGNOSTICS_NOTE}
+
+
+DIAGNOSTICS_NOTE = "counts about the private rows (values clipped into the declared bounds, per column)"

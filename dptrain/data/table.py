@@ -52,7 +52,7 @@ import lzma
 import math
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,9 @@ class Dataset:
     y_test: torch.Tensor  # (M,)
     feature_names: tuple[str, ...]
     source: str  # one line: what data, licence / attribution
+    # PRIVATE facts about the rows (e.g. how many values were clipped into the declared bounds, per
+    # column): written only to private/data_diagnostics.json (dptrain.data.write_data_diagnostics)
+    diagnostics: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("x_train", "y_train", "x_test", "y_test"):
@@ -181,8 +184,13 @@ def numeric_spec(name: str, spec: Any) -> NumericSpec:
     if spec is None or not (isinstance(spec, Mapping) or hasattr(spec, "lower")):
         raise ConfigError(f"{setting}={spec!r} is not allowed: give {{lower: ..., upper: ...}} (optionally "
                           "transform: log1p)")
-    lo = _number(f"{setting}.lower", _get(spec, "lower", 0.0))
-    hi = _number(f"{setting}.upper", _get(spec, "upper", 1.0))
+    for bound in ("lower", "upper"):  # no default range: a silent [0, 1] clips every age to 1
+        if _get(spec, bound) is None:
+            raise ConfigError(f"{setting}.{bound} is missing: declare both PUBLIC bounds, e.g. "
+                              f"'++{setting}={{lower: 0, upper: 100}}'; allowed: finite numbers with lower < upper "
+                              "(from documentation or domain knowledge, never from the rows)")
+    lo = _number(f"{setting}.lower", _get(spec, "lower"))
+    hi = _number(f"{setting}.upper", _get(spec, "upper"))
     for bound, value in (("lower", lo), ("upper", hi)):
         if not math.isfinite(value):
             raise ConfigError(f"{setting}.{bound}={value!r} is not allowed: must be a finite number (a public bound)")
@@ -323,7 +331,7 @@ def _is_blank(row: Sequence[str]) -> bool:
     return not any(cell.strip() for cell in row)
 
 
-def _csv_scan(p: Path) -> tuple[list[str], bool]:
+def _csv_scan(p: Path, delimiter: str = ",") -> tuple[list[str], bool]:
     """The header and whether any data row is ragged, in one streaming pass with the csv
     module. A ragged row has more or fewer fields than the header; pandas would silently pad it
     with NaN, drop its extra fields (with ``usecols``) or, when every row has one extra field,
@@ -332,7 +340,7 @@ def _csv_scan(p: Path) -> tuple[list[str], bool]:
     try:
         with _BigFields(), _open_binary(p) as fb:
             f = io.TextIOWrapper(fb, encoding="utf-8-sig", newline="")
-            reader = csv.reader(f)
+            reader = csv.reader(f, delimiter=delimiter)
             header = None
             for row in reader:
                 if not _is_blank(row):
@@ -346,7 +354,7 @@ def _csv_scan(p: Path) -> tuple[list[str], bool]:
                 return header, False
         # second pass only for a suspect file: whitespace-only lines are blank, not ragged
         with _BigFields(), _open_binary(p) as fb:
-            reader = csv.reader(io.TextIOWrapper(fb, encoding="utf-8-sig", newline=""))
+            reader = csv.reader(io.TextIOWrapper(fb, encoding="utf-8-sig", newline=""), delimiter=delimiter)
             rows = (row for row in reader if not _is_blank(row))
             next(rows, None)  # the header
             return header, any(len(row) != width for row in rows)
@@ -356,27 +364,69 @@ def _csv_scan(p: Path) -> tuple[list[str], bool]:
         raise _unreadable(p, "csv", exc) from None
 
 
-def _csv_header(p: Path) -> list[str]:
+def _csv_header(p: Path, delimiter: str = ",", wanted: set[str] | None = None) -> list[str]:
     """The header of a CSV file; refuses an empty file and rows whose field count differs from
-    the header's (no value, no count of rows, no line number: those are private)."""
-    header, ragged = _csv_scan(p)
+    the header's (no value, no count of rows, no line number: those are private). A header that
+    reads as one column holding another usual separator (and not the columns asked for) is a
+    file written with that separator: the message says to set ``data.delimiter``."""
+    header, ragged = _csv_scan(p, delimiter)
+    if len(header) == 1 and (wanted is None or not wanted <= {header[0].strip()}):
+        for sep, shown in ((";", "';'"), ("\t", "'\\t' (tab)"), ("|", "'|'"), (",", "','")):
+            if sep != delimiter and sep in header[0]:
+                raise DataError(
+                    f"data.delimiter={delimiter!r}: the header of data.path={str(p)!r} reads as one column, "
+                    f"and it contains {shown}: the file's fields are separated by {shown}; allowed: set "
+                    f"data.delimiter={shown.split(' ')[0]} (the file's separator)")
     if ragged:
+        fields = "comma-separated fields" if delimiter == "," else f"fields separated by data.delimiter={delimiter!r}"
         raise DataError(
             f"data.path={str(p)!r}: some data rows have a different number of fields than the header "
-            f"({len(header)} columns); allowed: exactly {len(header)} comma-separated fields in every "
-            "row (quote fields that contain commas or line breaks, and close every quote)"
+            f"({len(header)} columns); allowed: exactly {len(header)} {fields} in every row (quote fields "
+            "that contain the separator or line breaks, and close every quote)"
         )
     return header
 
 
-def read_table(path: str | Path, *, fmt: str = "auto", columns: Sequence[str] | None = None) -> pd.DataFrame:
+def delimiter_char(value: Any) -> str:
+    """``data.delimiter`` as the one character that separates CSV fields (``\\t`` and ``tab``
+    written on a command line mean a tab). Raises ConfigError."""
+    if value in ("\\t", "tab"):
+        return "\t"
+    if not (isinstance(value, str) and len(value) == 1 and value not in "\"'\r\n "):
+        raise ConfigError(f"data.delimiter={value!r} is not allowed: must be one character other than a quote, a "
+                          "line break or a space, e.g. ',' (the default), ';', '|' or '\\t' (tab)")
+    return value
+
+
+def _read_csv(p: Path, delimiter: str, wanted: set[str] | None) -> tuple[pd.DataFrame, list[str]]:
+    """(the CSV's rows in the ``wanted`` columns, every column name of its header)."""
+    header = _csv_header(p, delimiter, wanted)
+    _check_duplicates(p, header)
+    usecols = None if wanted is None else (lambda c: str(c).strip() in wanted)
+    try:
+        df = pd.read_csv(p, encoding="utf-8", usecols=usecols, low_memory=False, sep=delimiter)
+    except UnicodeDecodeError:
+        raise _non_utf8(p) from None
+    except pd.errors.EmptyDataError:
+        raise DataError(f"data.path={str(p)!r}: the file is empty (no header line, 0 rows); "
+                        "allowed: a header line and at least one row") from None
+    except Exception as exc:  # noqa: BLE001
+        raise _unreadable(p, "csv", exc) from None
+    return df, header
+
+
+def read_table(path: str | Path, *, fmt: str = "auto", columns: Sequence[str] | None = None,
+               delimiter: str = ",") -> pd.DataFrame:
     """Read a CSV (``.csv``, ``.csv.gz``/``.bz2``/``.xz``), Parquet (``.parquet``, ``.pq``) or
     Stata (``.dta``) file. ``fmt``: ``auto`` (by suffix), ``csv``, ``parquet`` or ``dta``.
 
     Column names are stripped of surrounding spaces; duplicate names are refused. ``columns``
     (optional) reads only those columns (faster for wide files); names not in the file are
-    skipped silently, the caller checks. Raises :class:`DataError` (missing file, empty file,
-    unreadable, non-UTF-8 CSV, ragged CSV rows, duplicate names) or ConfigError (bad ``fmt``)."""
+    skipped silently, the caller checks; ``df.attrs["file_columns"]`` keeps every column name of
+    the file (for the caller's messages). ``delimiter``: the CSV field separator
+    (``data.delimiter``). Raises :class:`DataError` (missing file, empty file, unreadable,
+    non-UTF-8 CSV, ragged CSV rows, one-column header holding another separator, duplicate
+    names) or ConfigError (bad ``fmt`` or ``delimiter``)."""
     p = Path(path)
     if not p.exists():
         raise DataError(f"data.path={str(path)!r}: no such file; allowed: an existing CSV, Parquet or .dta file")
@@ -387,25 +437,16 @@ def read_table(path: str | Path, *, fmt: str = "auto", columns: Sequence[str] | 
         raise DataError(f"data.path={str(path)!r}: the file is empty (0 bytes, 0 rows); "
                         "allowed: a header and at least one row")
     wanted = None if columns is None else {str(c).strip() for c in columns}
+    file_columns: list[str] | None = None
     if kind == "csv":
-        header = _csv_header(p)
-        _check_duplicates(p, header)
-        usecols = None if wanted is None else (lambda c: str(c).strip() in wanted)
-        try:
-            df = pd.read_csv(p, encoding="utf-8", usecols=usecols, low_memory=False)
-        except UnicodeDecodeError:
-            raise _non_utf8(p) from None
-        except pd.errors.EmptyDataError:
-            raise DataError(f"data.path={str(path)!r}: the file is empty (no header line, 0 rows); "
-                            "allowed: a header line and at least one row") from None
-        except Exception as exc:  # noqa: BLE001
-            raise _unreadable(p, kind, exc) from None
+        df, file_columns = _read_csv(p, delimiter_char(delimiter), wanted)
     elif kind == "parquet":
         try:
             import pyarrow.parquet as pq
 
             names = pq.read_schema(p).names
             _check_duplicates(p, names)
+            file_columns = list(names)
             cols = None if wanted is None else [n for n in names if n.strip() in wanted]
             df = pd.read_parquet(p, columns=cols)
         except DataError:
@@ -420,8 +461,10 @@ def read_table(path: str | Path, *, fmt: str = "auto", columns: Sequence[str] | 
         _check_duplicates(p, [str(c) for c in df.columns])
     df.columns = [str(c).strip() for c in df.columns]
     _check_duplicates(p, list(df.columns))
+    file_columns = [str(c).strip() for c in (file_columns if file_columns is not None else df.columns)]
     if wanted is not None:
         df = df[[c for c in df.columns if c in wanted]]
+    df.attrs["file_columns"] = file_columns
     return df
 
 
@@ -479,12 +522,35 @@ def label_codes(col: pd.Series, labels: Sequence[str], *, lower: bool = False,
     if lower:
         as_str = [s.lower() if s is not None else None for s in as_str]
     lookup = pd.Index(list(labels), dtype=object).get_indexer(pd.Index(as_str, dtype=object))
+    by_number: dict[float, int] = {}
+    for i, label in enumerate(labels):  # declared '1.0' or 1 matches a stored 1.0: numbers compare as numbers
+        number = _as_number(label)
+        if number is not None:
+            by_number.setdefault(number, i)
+    if by_number:
+        for j, u in enumerate(uniques):
+            if lookup[j] < 0 and isinstance(u, (int, float, np.integer, np.floating)) and not isinstance(
+                    u, (bool, np.bool_)):
+                lookup[j] = by_number.get(float(u), -1)
     lookup = np.append(lookup, -1)  # code -1 (missing) -> last entry -> -1
     return lookup[codes].astype(np.int64)
 
 
-def numeric_values(col: pd.Series, setting: str) -> np.ndarray:
-    """The column as float64 (NaN for missing). Non-numeric entries -> DataError (no value, no count)."""
+def _as_number(label: Any) -> float | None:
+    """A declared label as a finite number ('1', '1.0', ' 2 ', 3), or None for any other text."""
+    try:
+        number = float(str(label).strip())
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+LABELS_HINT = "(declare the column under data.categorical if it holds labels)"
+
+
+def numeric_values(col: pd.Series, setting: str, hint: str = LABELS_HINT) -> np.ndarray:
+    """The column as float64 (NaN for missing). Non-numeric entries -> DataError (no value, no
+    count); ``hint`` says what to do instead."""
     name = col.name
     if pd.api.types.is_bool_dtype(col.dtype) or (
         pd.api.types.is_numeric_dtype(col.dtype) and not pd.api.types.is_complex_dtype(col.dtype)
@@ -495,10 +561,7 @@ def numeric_values(col: pd.Series, setting: str) -> np.ndarray:
     obj = col.astype(object)
     num = pd.to_numeric(obj, errors="coerce")
     if bool((num.isna() & obj.notna()).any()):
-        raise DataError(
-            f"{setting}: column {name!r} has non-numeric entries; allowed: numbers "
-            "(declare the column under data.categorical if it holds labels)"
-        )
+        raise DataError(f"{setting}: column {name!r} has non-numeric entries; allowed: numbers {hint}")
     return pd.Series(num).to_numpy(dtype=np.float64, na_value=np.nan)
 
 
@@ -521,7 +584,9 @@ def _target(col: pd.Series, schema: Schema, rows: np.ndarray) -> np.ndarray:
                 "strings, case-sensitive)"
             )
         return y.astype(np.float32)
-    v = numeric_values(col.iloc[rows], f"{setting} (data.positive=null)")
+    v = numeric_values(col.iloc[rows], f"{setting} (data.positive=null)",
+                       "0/1 for a binary target; for a target of text labels name the positive class with "
+                       "data.positive=LABEL (rows with that label get 1, every other row 0)")
     if bool(np.isnan(v).any()):
         raise DataError(
             f"{setting}: column {schema.target!r} has missing entries; allowed "
@@ -717,12 +782,7 @@ def build_dataset(df: pd.DataFrame, schema: Schema, *, seed: int, source: str, o
         if col not in df.columns
     ]
     if missing:
-        setting, col = missing[0]
-        more = f" ({len(missing) - 1} more declared column(s) are missing too)" if len(missing) > 1 else ""
-        raise DataError(
-            f"{setting}: column {col!r} is not in {origin}{more}; allowed: a column of "
-            "the file (names compared after stripping spaces, case-sensitive)"
-        )
+        raise _missing_column(missing, df, origin)
     if len(df) == 0:
         raise DataError(f"{origin} has 0 rows (header only); allowed: at least one row")
     nums, idx = _numeric_columns(df, schema, origin)
@@ -737,4 +797,40 @@ def build_dataset(df: pd.DataFrame, schema: Schema, *, seed: int, source: str, o
         y_test=torch.from_numpy(np.ascontiguousarray(y[is_test])),
         feature_names=schema.feature_names,
         source=source,
+        diagnostics={"clipped": clipped_counts(schema, nums, idx)},
     )
+
+
+def _missing_column(missing: list[tuple[str, str]], df: pd.DataFrame, origin: str) -> DataError:
+    """The first declared column the file lacks, with the file's column names closest to it
+    (difflib; only close matches, never the whole header: a headerless file's "names" are
+    values of its first row)."""
+    from dptrain.validation import closest
+
+    setting, col = missing[0]
+    more = f" ({len(missing) - 1} more declared column(s) are missing too)" if len(missing) > 1 else ""
+    names = [str(c) for c in df.attrs.get("file_columns", list(df.columns))]
+    folded = {n.lower(): n for n in reversed(names)}  # case-insensitive: 'Age' is close to 'age'
+    near = [folded[n] for n in closest(col.lower(), list(folded))]
+    hint = f"; the file's closest column names: {', '.join(repr(c) for c in near)}" if near else ""
+    return DataError(
+        f"{setting}: column {col!r} is not in {origin}{more}{hint}; allowed: a column of "
+        "the file (names compared after stripping spaces, case-sensitive; a CSV not separated by commas "
+        "needs data.delimiter)"
+    )
+
+
+def clipped_counts(schema: Schema, nums: Mapping[str, np.ndarray], rows: np.ndarray) -> dict[str, dict[str, int]]:
+    """Per numeric column, how many values of the kept ``rows`` lay below ``lower`` / above
+    ``upper`` and were clipped into the declared bounds. PRIVATE counts: they go to
+    private/data_diagnostics.json only; the log names the columns, never a count."""
+    out: dict[str, dict[str, int]] = {}
+    for spec in schema.numeric:
+        v = nums[spec.name][rows]
+        out[spec.name] = {"below_lower": int((v < spec.lower).sum()), "above_upper": int((v > spec.upper).sum())}
+    hit = [c for c, n in out.items() if n["below_lower"] or n["above_upper"]]
+    if hit:
+        log.warning("values outside the declared bounds were clipped into them in numeric column(s) %s "
+                    "(data.numeric.<column>.lower/upper; how many: private/data_diagnostics.json, PRIVATE)",
+                    ", ".join(repr(c) for c in hit))
+    return out

@@ -32,7 +32,7 @@ from dptrain.errors import DPTrainError
 from dptrain.privacy.events import EVENT_KINDS, Event, event_from_list, poisson_gaussian
 from dptrain.registry import Registry
 
-__all__ = ["ACCOUNTANTS", "RDP_ORDERS", "AccountingError", "PrivacyAccountant",
+__all__ = ["ACCOUNTANTS", "RDP_ORDERS", "AccountingError", "PrivacyAccountant", "rdp_floor", "rdp_to_epsilon",
            "calibrate_noise_multiplier", "compute_epsilon", "pld_epsilon", "rdp_epsilon"]
 
 class _DropExcludedOrderWarnings(logging.Filter):
@@ -118,7 +118,7 @@ class RdpAccountant:
 
     def epsilon(self, history: History, delta: float) -> float:
         total = sum(count * _rdp_per_step(event) for event, count in history)
-        return float(_rdp.compute_epsilon(RDP_ORDERS, total, delta)[0])
+        return rdp_to_epsilon(total, delta)
 
 
 class PldAccountant:
@@ -129,6 +129,24 @@ class PldAccountant:
 
     def epsilon(self, history: History, delta: float) -> float:
         return max(0.0, float(_pld_composed(history).get_epsilon(delta)))
+
+
+def rdp_to_epsilon(rdp: np.ndarray, delta: float) -> float:
+    """min over ``RDP_ORDERS`` of r + log(1 - 1/a) - log(delta a) / (a - 1) (Balle et al. 2020,
+    Prop. 12; what dp-accounting's ``compute_epsilon`` computes), floored at 0.
+
+    One difference: dp-accounting returns epsilon 0 as soon as delta >= sqrt(1 - exp(-r)) at
+    some order (a total-variation bound). That certifies (0, delta)-DP for a noise multiplier in
+    the tens of thousands, which is valid but useless: calibrating a tiny target with it jumps to
+    that sigma (sigma 56,087 for a target of 0.001 where PLD needs 2,369). Here a finite noise
+    multiplier always gets the conversion's positive epsilon; a tiny RDP value that came out
+    negative through rounding counts as 0."""
+    orders = np.asarray(RDP_ORDERS)
+    r = np.maximum(np.asarray(rdp, dtype=np.float64), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        eps = r + np.log1p(-1.0 / orders) - np.log(delta * orders) / (orders - 1.0)
+    eps = np.where(np.isnan(eps), np.inf, eps)
+    return float(max(0.0, eps.min()))
 
 
 ACCOUNTANTS: Registry = Registry("accountant", setting="privacy.accountant")
@@ -288,13 +306,15 @@ def calibrate_noise_multiplier(
         raise _bad("rtol", rtol, "must be in (0, 1)")
     if q == 0.0 or steps == 0:
         return 0.0
+    if accountant == "rdp" and target <= rdp_floor(delta):
+        raise _bad("target_epsilon", target_epsilon, _rdp_floor_advice(target, q, steps, delta, rtol))
 
     def g(log_sigma: float) -> float:  # log(eps / target); > 0 means not private enough
         eps = _epsilon(_one_run(math.exp(log_sigma), q, steps), delta, accountant)
         return math.log(eps / target) if eps > 0 else -math.inf
 
     hi, step = 0.0, math.log(4.0)  # log sigma; other accountants start from the RDP sigma
-    if accountant != "rdp":
+    if accountant != "rdp" and target > rdp_floor(delta):
         with contextlib.suppress(AccountingError):
             hi, step = math.log(calibrate_noise_multiplier(
                 target_epsilon=target, sample_rate=q, steps=steps, delta=delta, rtol=rtol)), 0.2
@@ -306,6 +326,20 @@ def calibrate_noise_multiplier(
                        f"steps={steps}, delta={delta}, accountant={accountant!r})")
         return math.exp(bracket[1])  # the floor (as evaluated) already meets the target
     return math.exp(_solve(g, bracket[0], bracket[1], math.log1p(rtol)))
+
+
+def rdp_floor(delta: float) -> float:
+    """The smallest epsilon RDP accounting (orders up to 1024) certifies at ``delta`` whatever the
+    noise: the conversion's value at zero Renyi divergence."""
+    return rdp_to_epsilon(np.zeros(len(RDP_ORDERS)), delta)
+
+
+def _rdp_floor_advice(target: float, q: float, steps: int, delta: float, rtol: float) -> str:
+    """Why an RDP target is unreachable and what to do. (The PLD noise multiplier is not computed
+    here: for extreme settings, 1e6 steps and more, a PLD composition needs gigabytes.)"""
+    return (f"RDP accounting (orders up to {RDP_ORDERS[-1]:g}) cannot certify an epsilon below "
+            f"{rdp_floor(delta):.4g} at delta={delta:g}, whatever the noise (q={q:g}, steps={steps}); allowed: a "
+            "larger target, or privacy.accountant=pld, which is tight and certifies smaller epsilons")
 
 
 def _bracket(g: Callable[[float], float], hi: float, step: float) -> tuple[float | None, float | None]:

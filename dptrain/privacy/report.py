@@ -130,6 +130,7 @@ def build_report(
         "neighbours": "add/remove",
         "sampling": "poisson",
         **{k: mechanism[k] for k in ("noise_multiplier", "noise_multiplier_source", "target_epsilon", "max_grad_norm")},
+        "accountant_advice": mechanism.get("accountant_advice"),
         "clipping": "flat per-example L2 clipping over all parameters",
         "noise": "Gaussian N(0, sigma^2 C^2) added once per step to the clipped sum, divided by the "
         "expected batch size",
@@ -183,6 +184,7 @@ def format_report(report: dict[str, Any]) -> str:
         + (f", target epsilon {report['target_epsilon']}" if report["target_epsilon"] is not None else "")
         + f"), clipping norm C = {report['max_grad_norm']}",
         f"steps = {report['steps']}, epochs = {report['epochs']:.4g}, engine = {report['engine']}",
+        *([f"ADVICE: {report['accountant_advice']}"] if report.get("accountant_advice") else []),
         f"stopped: {report['stop_reason']}"
         + (f" (privacy.max_epsilon = {report['max_epsilon']:g}, headline accountant)"
            if report["max_epsilon"] is not None else ""),

@@ -119,12 +119,16 @@ def plot_local_sensitivity_cell(
     ``statistic``: "p25", "p75", "slope" or a callable f(x, y) -> float (refitted per point)."""
     x = np.clip(np.asarray(x, float), domain.x_lo, domain.x_hi)
     y = np.clip(np.asarray(y, float), domain.y_lo, domain.y_hi)
-    gx, _, delta, ends = change_grid(x, y, statistic=statistic, domain=domain, grid=grid)
-    b, a = np.polyfit(x, y, 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gx, _, delta, ends = change_grid(x, y, statistic=statistic, domain=domain, grid=grid)
+    # a cell whose x has no spread inside the domain (e.g. every x clipped onto its edge) has no
+    # OLS line: the figure says so instead of failing on an all-NaN grid
+    defined = bool(np.isfinite(delta).any())
+    b, a = np.polyfit(x, y, 1) if np.ptp(x) > 0 else (np.nan, np.nan)
     name = statistic if isinstance(statistic, str) else getattr(statistic, "__name__", "statistic")
     fig = Figure(figsize=(11, 4.5), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2)
-    lim = float(np.nanmax(np.abs(delta)))
+    lim = float(np.nanmax(np.abs(delta))) if defined else 1.0
     im = ax1.imshow(
         delta,
         origin="lower",
@@ -142,37 +146,43 @@ def plot_local_sensitivity_cell(
     for row, lab in zip(ends, (f"y* = {domain.y_lo:g}", f"y* = {domain.y_hi:g}")):
         ax2.plot(gx, row, label=lab)
     ax2.axhline(0, color="grey", lw=0.8)
-    k = np.unravel_index(np.nanargmax(np.abs(ends)), ends.shape)
-    ax2.plot(gx[k[1]], ends[k], "ro", label=f"max |change| on grid = {abs(ends[k]):.3g}")
+    if np.isfinite(ends).any():
+        k = np.unravel_index(np.nanargmax(np.abs(ends)), ends.shape)
+        ax2.plot(gx[k[1]], ends[k], "ro", label=f"max |change| on grid = {abs(ends[k]):.3g}")
+    else:
+        ax2.text(0.5, 0.5, f"{name} is undefined for this cell\n(x has no spread inside the domain)",
+                 ha="center", va="center", transform=ax2.transAxes)
     ax2.set(xlabel="x*", ylabel=f"change in {name}", title="At the ends of the y domain")
-    ax2.legend(fontsize=8)
+    if ax2.get_legend_handles_labels()[0]:
+        ax2.legend(fontsize=8)
     return _save(fig, path)
 
 
 def plot_ls_vs_n(n: np.ndarray, ls: np.ndarray, chi: float, *, path: str | Path) -> Path:
     """The paper's Figure 2: LS_g against N_g with the envelope chi / N (left, log-log) and
     N_g LS_g against N_g with the horizontal line chi (right). Cells with infinite LS are left
-    out (their count is in the title)."""
+    out (their count is in the title); when no cell has a finite LS the axes say so."""
     n, ls = np.asarray(n, float), np.asarray(ls, float)
     ok = np.isfinite(ls) & (n > 0)
     fig = Figure(figsize=(11, 4.5), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2)
-    grid = (
-        np.geomspace(max(n[ok].min(), 1.0), n[ok].max(), 200) if ok.any() else np.array([1.0, 2.0])
-    )
+    ax1.set(xlabel="N", ylabel="local sensitivity LS",
+            title=f"LS against N ({int((~ok).sum())} cells with infinite LS not shown)")
+    ax2.set(xlabel="N", ylabel="N x LS", title="N x LS against N")
+    if not ok.any():
+        for ax in (ax1, ax2):
+            ax.text(0.5, 0.5, "no cell has a finite local sensitivity\n(no cell can be released)", ha="center",
+                    va="center", transform=ax.transAxes)
+        return _save(fig, path)
+    grid = np.geomspace(max(n[ok].min(), 1.0), n[ok].max(), 200)
     ax1.scatter(n[ok], ls[ok], s=6, alpha=0.5, label="cells")
-    ax1.plot(grid, chi / grid, "r-", label=f"chi / N (chi = {chi:.3g})")
-    ax1.set(
-        xscale="log",
-        yscale="log",
-        xlabel="N",
-        ylabel="local sensitivity LS",
-        title=f"LS against N ({int((~ok).sum())} cells with infinite LS not shown)",
-    )
-    ax1.legend(fontsize=8)
     ax2.scatter(n[ok], n[ok] * ls[ok], s=6, alpha=0.5, label="cells")
-    ax2.axhline(chi, color="r", label=f"chi = max N LS = {chi:.3g}")
-    ax2.set(xscale="log", xlabel="N", ylabel="N x LS", title="N x LS against N")
+    if np.isfinite(chi):
+        ax1.plot(grid, chi / grid, "r-", label=f"chi / N (chi = {chi:.3g})")
+        ax2.axhline(chi, color="r", label=f"chi = max N LS = {chi:.3g}")
+    ax1.set(xscale="log", yscale="log")
+    ax2.set(xscale="log")
+    ax1.legend(fontsize=8)
     ax2.legend(fontsize=8)
     return _save(fig, path)
 
@@ -193,6 +203,7 @@ def plot_error_vs_n(
     )
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
+    ax.set_xlim(edges[0], edges[-1])  # explicit limits: a log axis with no finite point (nothing released) fails
     for name, (n, err) in errors.items():
         n, err = np.asarray(n, float), np.abs(np.asarray(err, float))
         ok = np.isfinite(err) & (n > 0)
@@ -242,6 +253,11 @@ def plot_tail_vs_epsilon(
             )
         ax.plot(eps, s, "o-", label=name)
     ax.axhline(0.2, color="grey", ls=":", label="chance (0.2)")
+    if len(eps) and min(eps) > 0:  # explicit limits: a log axis with no finite point (nothing released) fails
+        ax.set_xlim(min(eps) / 1.5, max(eps) * 1.5)
+    if not any(np.isfinite(np.asarray(s, float)).any() for s in shares.values()):
+        ax.text(0.5, 0.5, "no method classified any cell\n(no cell was released)", ha="center", va="center",
+                transform=ax.transAxes)
     ax.set(
         xscale="log",
         ylim=(0, 1.02),

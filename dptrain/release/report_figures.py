@@ -23,12 +23,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def example_cell(cells: Cells, ls: np.ndarray) -> int:
-    """A small cell with a finite LS (size closest to 15) for the Figure-1 style plot."""
-    ok = np.flatnonzero(np.isfinite(ls) & (cells.n >= 5))
-    if ok.size == 0:
-        ok = np.flatnonzero(np.isfinite(ls))
-    return int(ok[np.argmin(np.abs(cells.n[ok] - 15))]) if ok.size else 0
+def example_cell(cells: Cells, ls: np.ndarray) -> int | None:
+    """A small cell with a finite LS (size closest to 15) for the Figure-1 style plot; failing
+    that, a cell with at least 3 rows (its figure says the statistic is undefined); None when no
+    cell has 3 rows (the least an OLS refit needs)."""
+    for ok in (np.isfinite(ls) & (cells.n >= 5), np.isfinite(ls) & (cells.n >= 3), cells.n >= 3):
+        idx = np.flatnonzero(ok)
+        if idx.size:
+            return int(idx[np.argmin(np.abs(cells.n[idx] - 15))])
+    return None
 
 
 def _downstream(frames: dict[str, pd.DataFrame], common: dict) -> tuple[dict[str, float], float]:
@@ -48,11 +51,13 @@ def write_figures(out_dir: Path, *, run: ReleaseRun, reference: MethodResult, fr
     sens = mos_sensitivities(run.est, r)[0]
     out = []
     g = example_cell(cells, sens.ls)
-    rows = cells.codes == g
-    out.append(figures.plot_local_sensitivity_cell(cells.x[rows], cells.y[rows], statistic=r.statistic,
-                                                   domain=cells.domain, path=out_dir / "fig1_local_sensitivity.png"))
-    chi_table = reference.detail.chi_table
-    chi_max = float(np.nanmax(chi_table["chi"].to_numpy())) if len(chi_table) else float("nan")
+    if g is not None:
+        rows = cells.codes == g
+        out.append(figures.plot_local_sensitivity_cell(cells.x[rows], cells.y[rows], statistic=r.statistic,
+                                                       domain=cells.domain,
+                                                       path=out_dir / "fig1_local_sensitivity.png"))
+    chi_values = reference.detail.chi_table["chi"].to_numpy(dtype=float) if len(reference.detail.chi_table) else []
+    chi_max = float(np.nanmax(chi_values)) if np.isfinite(chi_values).any() else float("nan")
     out.append(figures.plot_ls_vs_n(cells.n, sens.ls, chi_max, path=out_dir / "fig2_ls_vs_n.png"))
     ref = common["truth"] if common["truth"] is not None else common["ols_theta"]
     errors = {name: (cells.n, frame["theta_released"].to_numpy() - ref) for name, frame in frames.items()}

@@ -48,7 +48,7 @@ from dptrain.release.methods import (
     run_method,
 )
 from dptrain.release.mos import NOT_DP
-from dptrain.release.settings import validate_release
+from dptrain.release.settings import resolved_domain, validate_release
 from dptrain.tracking import atomic_write_text, private_dir, write_json, write_manifest
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 
 EVALUATION_DIR = "evaluation"
 LOG_FILE = {"private/dptrain.log": "the run's log (settings, warnings, timings)"}
+DIAGNOSTICS = "data_diagnostics.json"  # under private/: how many x / y values were clipped (PRIVATE counts)
 
 
 def run_task(cfg: DictConfig, *, run_dir: Path) -> float:
@@ -93,6 +94,7 @@ class ReleaseRun:
     truth: pd.DataFrame | None  # the simulator's per-cell truth (simulated data only)
     source: str  # the data source in words
     est: CellEstimates
+    diagnostics: dict | None = None  # PRIVATE counts about the rows -> private/data_diagnostics.json
 
     def facts(self) -> report.RunFacts:
         return report.RunFacts(config=self.conf.release, source=self.source, listed=self.est.listed,
@@ -120,7 +122,42 @@ def load_rows(conf: ReleaseRunConfig) -> tuple[pd.DataFrame, pd.DataFrame | None
         return rows, truth, source, design_cells(truth)
     from dptrain.data import read_table
 
-    return read_table(d.path, fmt=d.format), None, f"table {d.path}", None
+    return (read_table(d.path, fmt=d.format, delimiter=getattr(d, "delimiter", ",")), None, f"table {d.path}",
+            None)
+
+
+def clipped_counts(df: pd.DataFrame, conf: ReleaseRunConfig, domain: Domain) -> dict[str, dict[str, int]]:
+    """How many x / y values lie outside release.domain (clipped into it, or refused with
+    release.clip=false). PRIVATE counts: written to private/data_diagnostics.json only; the log
+    names the columns, never a count."""
+    r = conf.release
+    out = {}
+    for setting, col, lo, hi in (("release.x", r.x, domain.x_lo, domain.x_hi),
+                                 ("release.y", r.y, domain.y_lo, domain.y_hi)):
+        if col not in df.columns:
+            continue  # estimates_for_listed refuses it by name
+        v = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=float, na_value=float("nan"))
+        out[col] = {"setting": setting, "below_lower": int((v < lo).sum()), "above_upper": int((v > hi).sum())}
+    hit = [f"{c} ({n['setting']})" for c, n in out.items() if n["below_lower"] or n["above_upper"]]
+    if hit and r.clip:
+        log.warning("values outside release.domain were clipped into it in column(s) %s (how many: "
+                    "private/%s, PRIVATE); a domain that misses the data releases little or nothing",
+                    ", ".join(hit), DIAGNOSTICS)
+    return out
+
+
+def refuse_if_nothing_estimable(est: CellEstimates, conf: ReleaseRunConfig) -> None:
+    """No listed cell has release.min_n rows (>= 3, the least OLS needs): no method can release a
+    cell, so the run stops here, before any method runs and before anything is written. The
+    message says no count (rows per cell are private)."""
+    r = conf.release
+    if len(est.cells.n) and int((est.cells.n >= r.min_n).sum()) > 0:
+        return
+    smaller = "a smaller release.min_n (at least 3, the least OLS needs), " if r.min_n > 3 else ""
+    raise ReleaseError(
+        f"release.min_n={r.min_n}: no listed cell has at least {r.min_n} rows (rows with finite x and y in a "
+        "listed cell), so no cell can be released; nothing was written. Allowed: coarser cells (fewer "
+        f"release.cells columns than {list(r.cells)}, or coarser cell values), {smaller}or more rows")
 
 
 def declared_cells(conf: ReleaseRunConfig) -> CellDomain | None:
@@ -165,11 +202,14 @@ def prepare(conf: ReleaseRunConfig, run_dir: Path, randomness: Randomness) -> Re
     if listed.n_cells == 0:
         raise ReleaseError("release.cell_selection=private listed no cell (a DP outcome); allowed: a larger "
                            "release.selection_epsilon or release.selection_delta, or declare the cells")
-    dom = r.domain
-    est = estimates_for_listed(df, listed, x=r.x, y=r.y, domain=Domain(dom.x_lo, dom.x_hi, dom.y_lo, dom.y_hi),
+    domain = Domain(*resolved_domain(r, conf.data.name))
+    clipped = clipped_counts(df, conf, domain)
+    est = estimates_for_listed(df, listed, x=r.x, y=r.y, domain=domain,
                                clip=r.clip, drop_nonfinite=getattr(conf.data, "nonfinite", "error") == "drop")
     chi_group_labels(listed, list(r.chi_by))  # release.chi_by must name public columns of the cell list
-    return ReleaseRun(conf=conf, run_dir=run_dir, randomness=randomness, truth=truth, source=source, est=est)
+    refuse_if_nothing_estimable(est, conf)
+    return ReleaseRun(conf=conf, run_dir=run_dir, randomness=randomness, truth=truth, source=source, est=est,
+                      diagnostics={"clipped": clipped})
 
 
 def methods_to_run(conf: ReleaseRunConfig, evaluate: bool) -> list[str]:
@@ -194,8 +234,9 @@ def run_release(conf: ReleaseRunConfig, run_dir: Path, *, randomness: Randomness
     evaluate = private_evaluation_enabled(conf)
     results = {name: run_method(name, run.est, epsilon=r.epsilon, rng=randomness.numpy(f"release-{name}"), config=r)
                for name in methods_to_run(conf, evaluate)}
+    say_if_nothing_released(results[r.method], r.method)
     facts = write_release(run, method, results[r.method])
-    private_files, rmse = dict(LOG_FILE), float("nan")
+    private_files, rmse = {**LOG_FILE, **write_diagnostics(run)}, float("nan")
     if evaluate:
         from dptrain.release.evaluation import write_evaluation
 
@@ -208,6 +249,24 @@ def run_release(conf: ReleaseRunConfig, run_dir: Path, *, randomness: Randomness
                      private=private_files, guarantee=report.guarantee_line(facts))
     log.info("release written: release.csv, release.json (%s)", facts["guarantee"])
     return rmse
+
+
+def say_if_nothing_released(result: MethodResult, name: str) -> None:
+    """A release in which no cell could be released still finishes (release.csv lists every cell
+    as not released, with its reason); the log says so, with no count."""
+    frame = result.frame
+    if "released" in frame.columns and not frame["released"].astype(bool).any():
+        log.warning("release.method=%s released no cell: every listed cell is marked not released in "
+                    "release.csv (its reason column says why). Check release.domain (rows outside it are "
+                    "clipped onto its edge), release.min_n and release.cells", name)
+
+
+def write_diagnostics(run: ReleaseRun) -> dict[str, str]:
+    """private/data_diagnostics.json (PRIVATE counts); its FILES.txt entry."""
+    if not run.diagnostics:
+        return {}
+    write_json(private_dir(run.run_dir) / DIAGNOSTICS, run.diagnostics)
+    return {f"private/{DIAGNOSTICS}": "counts about the private rows (x / y values outside release.domain)"}
 
 
 def write_release(run: ReleaseRun, method: ReleaseMethod, result: MethodResult) -> dict:
@@ -256,7 +315,7 @@ def run_custom(run: ReleaseRun) -> float:
     atomic_write_text(run.run_dir / "release.csv", rel.to_frame().to_csv(index=False))
     facts = report.custom_json(rel, stat_fn=r.stat_fn, facts=run.facts())
     write_json(run.run_dir / "release.json", facts)
-    write_files_list(run, "the released cells (MOS, custom statistic)", "its facts", private=dict(LOG_FILE),
-                     guarantee=NOT_DP)
+    write_files_list(run, "the released cells (MOS, custom statistic)", "its facts",
+                     private={**LOG_FILE, **write_diagnostics(run)}, guarantee=NOT_DP)
     log.info("release written: release.csv, release.json (MOS, custom statistic %s)", r.stat_fn)
     return float("nan")

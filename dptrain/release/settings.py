@@ -10,25 +10,64 @@ import math
 import numbers
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from dptrain.validation import ConfigError
+from dptrain.validation import ConfigError, setting
 from dptrain.validation import bad as _bad
 from dptrain.validation import finite_positive as _finite_positive
 from dptrain.validation import integer as _integer
 from dptrain.validation import is_real as _is_real
 from dptrain.validation import one_of as _one_of
 
+DOMAIN_HELP = ("PUBLIC bounds of (x, y), declared from documentation or domain knowledge (never from the rows). "
+               "They bound what one person can change: the sensitivity of every released statistic, and so its "
+               "noise, is computed from them, and rows are clipped into them (release.clip)")
+
+
+STATISTIC_SETTINGS = ("p25", "p75", "slope", "custom")
+
 
 @dataclass
 class DomainConfig:
-    """The PUBLIC domain of (x, y); rows are clipped into it (release.clip) or refused."""
+    """The PUBLIC domain of (x, y); rows are clipped into it (release.clip) or refused. Required
+    for data=table; data=atlas (the simulator) uses its public design [0, 1] x [0, 1]."""
 
-    x_lo: float = 0.0
-    x_hi: float = 1.0
-    y_lo: float = 0.0
-    y_hi: float = 1.0
+    x_lo: float | None = setting(None, help="lower bound of x", allowed="a finite number < x_hi (required for "
+                                 "data=table)")
+    x_hi: float | None = setting(None, help="upper bound of x", allowed="a finite number > x_lo (required for "
+                                 "data=table)")
+    y_lo: float | None = setting(None, help="lower bound of y", allowed="a finite number < y_hi (required for "
+                                 "data=table)")
+    y_hi: float | None = setting(None, help="upper bound of y", allowed="a finite number > y_lo (required for "
+                                 "data=table)")
+
+
+#: the simulator's public design (data=atlas): percentile ranks
+SIMULATOR_DOMAIN = {"x_lo": 0.0, "x_hi": 1.0, "y_lo": 0.0, "y_hi": 1.0}
+
+
+def resolved_domain(r: ReleaseConfig, data_name: str) -> tuple[float, float, float, float]:
+    """(x_lo, x_hi, y_lo, y_hi): the declared release.domain, or, for data=atlas, the simulator's
+    public [0, 1] design where a bound is left null. Raises ConfigError for data=table without a
+    complete declaration (what the domain is for is in the message)."""
+    dom = r.domain
+    values = {k: getattr(dom, k) for k in SIMULATOR_DOMAIN}
+    missing = [k for k, v in values.items() if v is None]
+    if missing and data_name != "atlas":
+        raise ConfigError(
+            f"release.domain.{missing[0]}=None is not allowed: declare the PUBLIC domain of x and y for "
+            f"data={data_name}, e.g. release.domain={{x_lo: 0, x_hi: 200000, y_lo: 0, y_hi: 1}}. The domain bounds "
+            "what one person's row can change: the noise of every released statistic is computed from it, and "
+            "rows outside it are clipped into it (release.clip=false refuses them), so it must come from "
+            "documentation or domain knowledge, never from the rows; a domain that misses the data (x in dollars "
+            "against the default [0, 1] of percentile ranks) releases nothing useful")
+    x_lo, x_hi, y_lo, y_hi = (float(SIMULATOR_DOMAIN[k] if v is None else v) for k, v in values.items())
+    for lo, hi, name in ((x_lo, x_hi, "x"), (y_lo, y_hi, "y")):
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise _bad(f"release.domain.{name}", f"[{lo:g}, {hi:g}]", "bounds must be finite with lo < hi (a null "
+                       "bound of data=atlas is the simulator's 0 or 1)")
+    return x_lo, x_hi, y_lo, y_hi
 
 
 @dataclass
@@ -38,40 +77,60 @@ class ReleaseConfig:
     a public declaration (``cell_values`` / ``cell_keys_file``) or a private selection
     (``cell_selection=private``), never from the rows present."""
 
-    x: str = "x"
-    y: str = "y"
-    cells: list[str] = field(default_factory=lambda: ["cell"])
-    statistic: str = "p25"  # p25 | p75 | slope | custom (release.stat_fn, brute-force refits)
-    stat_fn: str | None = None  # "package.module:function" f(x, y) -> float, for statistic=custom
-    neighbors: str = "add_remove"  # add | add_remove
-    noise: str = "laplace"  # laplace | normal
-    method: str = "mos"  # what release.csv holds: a name registered in dptrain.release.methods.RELEASE_METHODS
-    epsilon: float = 1.0
-    min_n: int = 3  # cells with N < min_n are not released and do not enter chi (N is private!)
-    chi_by: list[str] = field(default_factory=list)  # [] = one chi over all cells
-    domain: DomainConfig = field(default_factory=DomainConfig)
-    clip: bool = True
+    x: str = setting("x", help="the regressor column (e.g. parent income rank)", allowed="a numeric column")
+    y: str = setting("y", help="the outcome column (e.g. child income rank)", allowed="a numeric column")
+    cells: list[str] = setting(help="columns whose value combinations define the cells",
+                               allowed="one or more columns", factory=lambda: ["cell"])
+    statistic: str = setting("p25", help="what each cell releases: the OLS prediction at the 25th / 75th "
+                             "percentile of the x domain, the slope, or custom (release.stat_fn, brute-force "
+                             "refits)", allowed=" | ".join(STATISTIC_SETTINGS))
+    stat_fn: str | None = setting(None, help="f(x, y) -> float for statistic=custom",
+                                  allowed="'package.module:function' | null")
+    neighbors: str = setting("add_remove", help="MOS only: the neighbour relation (add: the Stata guide; "
+                             "add_remove: the paper's definition)", allowed="add | add_remove")
+    noise: str = setting("laplace", help="MOS only: discrete Laplace (grid-snapped) or normal of the same variance",
+                         allowed="laplace | normal")
+    method: str = setting("mos", help="what release.csv holds: mos (NOT DP) | suppression_5/10/20 (EXACT values, NOT "
+                          "DP) | ss_laplace | noisy_stats | theil_sen | theil_sen_wide | dp_gd | dp_sgd",
+                          allowed="a method registered in dptrain/release/methods/ (or by a plugin)")
+    epsilon: float = setting(1.0, help="epsilon PER STATISTIC (theta, its SE and N each get it: a MOS cell costs 3 "
+                             "epsilon; disjoint cells compose in parallel)", allowed="a number > 0")
+    min_n: int = setting(3, help="cells with N < min_n are not released and do not enter chi (a suppression rule "
+                         "on the PRIVATE N)", allowed="an integer >= 3")
+    chi_by: list[str] = setting(help="MOS: [] = one chi over all cells; e.g. [state] = one chi per state",
+                                allowed="columns of the cell list", factory=list)
+    domain: DomainConfig = setting(help=DOMAIN_HELP, factory=DomainConfig)
+    clip: bool = setting(True, help="clip rows into release.domain (false: refuse a table with rows outside it)",
+                         allowed="true | false")
     # The cells (dptrain.release.cell_domain): a PUBLIC declaration, or a private selection.
-    # cell_values: {column: [values]} per release.cells column, the cells are the cross product
-    # (null = none declared; typed Any because Hydra cannot add keys to a typed dict in struct mode:
-    # validate_release checks it); cell_keys_file: a CSV/Parquet listing the cells.
-    cell_values: Any = None
-    cell_keys_file: str | None = None
-    cell_selection: str = "declared"  # declared | private (stability histogram, selection_epsilon/delta)
-    selection_epsilon: float = 1.0  # epsilon of the private cell selection (composed into the totals)
-    selection_delta: float = 1e-6  # delta of the private cell selection (composed into the totals)
-    # comparisons and figures from EXACT private values -> <run>/private/evaluation/;
-    # auto: only for simulated data (data=atlas); true | false
-    private_evaluation: str = "auto"
-    theil_sen_variant: str = "auto"  # auto | all_pairs | matchings (auto: matchings above the pair limit)
-    theil_sen_k: int = 25  # matchings of DP Theil-Sen (each point in at most k pairs: epsilon / k)
-    suppression_k: list[int] = field(default_factory=lambda: [5, 10, 20])
-    rate_outcome: bool = False  # y is 0/1: suppression also needs N p >= k and N (1 - p) >= k
-    delta: float = 1e-6  # for the (epsilon, delta) baselines (DP-GD, DP-SGD)
-    tail_epsilons: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0, 8.0])
-
-
-STATISTIC_SETTINGS = ("p25", "p75", "slope", "custom")
+    # cell_values is typed Any because Hydra cannot add keys to a typed dict in struct mode:
+    # validate_release checks it.
+    cell_values: Any = setting(None, help="the PUBLIC cells: {column: [values]} for each release.cells column; the "
+                               "cells are the cross product", allowed="a mapping of lists | null")
+    cell_keys_file: str | None = setting(None, help="a CSV / Parquet listing the PUBLIC cells, one column per "
+                                         "release.cells column (for domains that are not a product)",
+                                         allowed="a file path | null")
+    cell_selection: str = setting("declared", help="declared: the list above (data=atlas: the simulator's design); "
+                                  "private: cells selected from the rows by a stability-based histogram, "
+                                  "(selection_epsilon, selection_delta)-DP", allowed="declared | private")
+    selection_epsilon: float = setting(1.0, help="epsilon of the private cell selection (composed into the "
+                                       "totals)", allowed="a number > 0")
+    selection_delta: float = setting(1e-6, help="delta of the private cell selection", allowed="a number in (0, 1)")
+    private_evaluation: str = setting("auto", help="compare every method against EXACT private values (tables and "
+                                      "figures in <run>/private/evaluation/, never publishable); auto: only for "
+                                      "simulated data (data=atlas)", allowed="auto | true | false")
+    theil_sen_variant: str = setting("auto", help="DP Theil-Sen pairs: all_pairs | matchings (k random matchings) | "
+                                     "auto (matchings above the pair limit)", allowed="auto | all_pairs | matchings")
+    theil_sen_k: int = setting(25, help="matchings of DP Theil-Sen (each point in at most k pairs: epsilon / k)",
+                               allowed="an integer >= 1")
+    suppression_k: list[int] = setting(help="thresholds of the suppression baselines", allowed="registered "
+                                       "suppression_K thresholds (5, 10, 20)", factory=lambda: [5, 10, 20])
+    rate_outcome: bool = setting(False, help="y is a 0/1 outcome: suppression also needs >= k events and >= k "
+                                 "non-events", allowed="true | false")
+    delta: float = setting(1e-6, help="delta of the (epsilon, delta) baselines (DP-GD, DP-SGD)",
+                           allowed="a number in (0, 1)")
+    tail_epsilons: list[float] = setting(help="epsilons of the tail-classification figure (private evaluation)",
+                                         allowed="numbers > 0", factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0, 8.0])
 
 
 def validate_release(cfg: Any) -> None:
@@ -84,6 +143,7 @@ def validate_release(cfg: Any) -> None:
         raise _bad("privacy.noise_seed_file", seed_file, "must be null or the path of a secret seed file")
     check_release_settings(cfg.release)
     check_release_data(cfg.data)
+    resolved_domain(cfg.release, cfg.data.name)
     check_cell_source(cfg.release, cfg.data)
     r = cfg.release
     if r.cell_values is not None:
@@ -107,7 +167,9 @@ def check_release_settings(r: ReleaseConfig) -> None:
         raise _bad("release.cells", list(r.cells), "name at least one cell column")
     dom = r.domain
     for lo, hi, name in ((dom.x_lo, dom.x_hi, "x"), (dom.y_lo, dom.y_hi, "y")):
-        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        if lo is None or hi is None:
+            continue  # required for data=table: resolved_domain says so, with what the domain is for
+        if not (_is_real(lo) and _is_real(hi) and math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise _bad(f"release.domain.{name}", f"[{lo}, {hi}]", "bounds must be finite with lo < hi")
     _one_of("release.statistic", r.statistic, STATISTIC_SETTINGS)
     if (r.statistic == "custom") != bool(r.stat_fn):
@@ -133,17 +195,23 @@ def check_release_settings(r: ReleaseConfig) -> None:
 
 def check_release_data(d: Any) -> None:
     """The data source a release reads: data=table (a file) or data=atlas (the simulator)."""
+    from dptrain.config import check_delimiter, check_source
+
     if d.name not in ("table", "atlas"):
         raise _bad("data", d.name, "a release reads data=table (your microdata) or data=atlas (simulated)")
-    if d.name == "table" and not d.path:
-        raise _bad("data.path", d.path, "data=table needs the path of a CSV, Parquet or .dta file")
-    if d.path is not None and not isinstance(d.path, (str, os.PathLike)):
-        raise _bad("data.path", d.path, "must be the path of a CSV, Parquet or .dta file (or null)")
-    if d.name == "atlas" and d.n_cells < 2:
-        raise _bad("data.n_cells", d.n_cells, "must be >= 2")
-    _one_of("data.generator", d.generator, ("atlas", "figure2"))
-    _one_of("data.format", d.format, ("auto", "csv", "parquet", "dta"))
-    _one_of("data.nonfinite", d.nonfinite, ("error", "drop"))
+    check_source(d, ("table", "atlas"), "a release")
+    path = getattr(d, "path", None)
+    if d.name == "table" and not path:
+        raise _bad("data.path", path, "data=table needs the path of a CSV, Parquet or .dta file")
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise _bad("data.path", path, "must be the path of a CSV, Parquet or .dta file (or null)")
+    if d.name == "atlas":
+        _integer("data.n_cells", d.n_cells, 2, "must be an integer >= 2")
+        _one_of("data.generator", d.generator, ("atlas", "figure2"))
+        return
+    _one_of("data.format", getattr(d, "format", "auto"), ("auto", "csv", "parquet", "dta"))
+    check_delimiter(getattr(d, "delimiter", ","))
+    _one_of("data.nonfinite", getattr(d, "nonfinite", "error"), ("error", "drop"))
 
 
 def check_cell_source(r: ReleaseConfig, d: Any) -> None:

@@ -1,0 +1,288 @@
+"""Score new rows with a trained model: the API (:class:`TrainedModel`, :func:`load_model`) and
+``task=predict``.
+
+A training run's ``model.pt`` holds the weights, the model's config, the objective's name and
+the PUBLIC feature encoder (target, positive label, numeric bounds and transforms, category
+lists, feature names), never anything computed from private rows besides the weights, which
+the run's guarantee covers. :func:`load_model` rebuilds the model from it; a
+:class:`TrainedModel` encodes a DataFrame with that schema (:func:`dptrain.data.table.encode_features`:
+clipped to the declared bounds, one-hot over the declared categories) and scores it.
+
+The command::
+
+    python -m dptrain task=predict run=<training run folder> data.path=new.csv
+
+checks the settings, loads the model, reads the file's header and refuses a missing declared
+column by name BEFORE any row is read, then writes one prediction per input row (score, the
+probability of label 1 and the predicted 0/1 label) into its own run folder, with FILES.txt.
+The predictions are computed from the rows given, so they are exactly as private as those rows:
+``private/predictions.csv`` unless ``data.public=true`` declares the rows public (then
+``predictions.csv`` at the top, publishable). The model's guarantee protects its TRAINING rows
+only; it says nothing about the rows scored.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from omegaconf import OmegaConf
+
+from dptrain.checkpoint import MODEL_FILENAME, load_model, model_path_in
+from dptrain.data.table import DataError, Schema, encode_features, numeric_values
+from dptrain.errors import DPTrainError
+from dptrain.validation import ConfigError, bad, flag, one_of, setting
+
+__all__ = ["PredictDataConfig", "PredictRunConfig", "TrainedModel", "load_model", "run_task", "validate_predict"]
+
+log = logging.getLogger(__name__)
+
+PREDICTIONS = "predictions.csv"
+
+
+# ------------------------------------------------------------------------------ the API
+
+
+def _frame(rows: Any, origin: str) -> pd.DataFrame:
+    """``rows`` as a DataFrame with stripped column names (as the file readers strip them)."""
+    if isinstance(rows, pd.DataFrame):
+        df = rows
+    elif isinstance(rows, dict):
+        df = pd.DataFrame(rows)
+    else:
+        raise DPTrainError(f"{origin} must be a pandas DataFrame (or a dict of columns) with the model's declared "
+                           f"columns, not {type(rows).__name__}; the encoder finds the columns by name")
+    names = [str(c).strip() for c in df.columns]
+    if len(set(names)) != len(names):
+        raise DataError(f"{origin}: duplicate column names (after stripping spaces); allowed: unique column names")
+    return df.set_axis(names, axis=1)
+
+
+def check_columns(columns: list[str], schema: Schema, origin: str) -> None:
+    """Refuse, naming every one, the declared feature columns that ``columns`` lack."""
+    have = set(columns)
+    missing = [(f"data.numeric.{s.name}", s.name) for s in schema.numeric if s.name not in have]
+    missing += [(f"data.categorical.{c}", c) for c, _ in schema.categorical if c not in have]
+    if missing:
+        named = ", ".join(f"{col!r} ({setting})" for setting, col in missing)
+        raise DataError(f"{origin} lacks the declared column(s) {named} that the model was trained on; allowed: "
+                        "rows with every declared feature column (names compared after stripping spaces, "
+                        "case-sensitive; the target column is not needed)")
+
+
+@dataclass(eq=False)
+class TrainedModel:
+    """A trained model with its public feature encoder (from :func:`load_model`).
+
+    ``predict(df)`` (0/1, 1 = the target equals ``schema.positive``), ``predict_proba(df)``
+    (columns: P(0), P(1)), ``decision_function(df)`` (the logit) take a DataFrame holding the
+    declared feature columns (other columns are ignored); ``encode(df)`` is the encoded matrix."""
+
+    module: torch.nn.Module
+    schema: Schema
+    objective: Any
+    guarantee: str
+    privacy: dict = field(default_factory=dict)
+    path: Path | None = None
+
+    classes_ = np.array([0, 1])
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return self.schema.feature_names
+
+    def encode(self, rows: Any, *, origin: str = "the rows") -> np.ndarray:
+        """The rows encoded with the model's public schema (float32, one row per input row).
+        Missing declared columns and non-finite numeric entries are refused by name."""
+        df = _frame(rows, origin)
+        check_columns(list(df.columns), self.schema, origin)
+        numeric = {}
+        for spec in self.schema.numeric:
+            v = numeric_values(df[spec.name], f"data.numeric.{spec.name}")
+            if not np.isfinite(v).all():
+                raise DataError(f"data.numeric.{spec.name}: column {spec.name!r} of {origin} has missing or "
+                                "non-finite entries; allowed: a finite number in every row to score")
+            numeric[spec.name] = v
+        return encode_features(df, self.schema, None, numeric)
+
+    @torch.no_grad()
+    def decision_function(self, rows: Any) -> np.ndarray:
+        """The model's output per row (float64): for objective=binary the logit of label 1."""
+        x = torch.from_numpy(self.encode(rows))
+        return self.module(x).double().numpy()
+
+    def _binary(self) -> None:
+        if getattr(self.objective, "name", None) != "binary":
+            raise DPTrainError(f"predict/predict_proba need objective=binary; this model's objective is "
+                               f"{getattr(self.objective, 'name', '?')!r}: use decision_function")
+
+    def predict_proba(self, rows: Any) -> np.ndarray:
+        """(n, 2): P(label 0), P(label 1) per row."""
+        self._binary()
+        p = torch.sigmoid(torch.from_numpy(self.decision_function(rows))).numpy()
+        return np.column_stack([1.0 - p, p])
+
+    def predict(self, rows: Any) -> np.ndarray:
+        """The predicted 0/1 label per row (1: logit > 0, as the training metrics count)."""
+        self._binary()
+        return (self.decision_function(rows) > 0).astype(np.int64)
+
+    def prediction_frame(self, rows: Any, *, keep: list[str] | tuple[str, ...] = (),
+                         origin: str = "the rows") -> pd.DataFrame:
+        """One row per input row: the ``keep`` columns as given, ``score`` (the logit),
+        ``probability`` (of label 1) and ``label`` (0/1)."""
+        self._binary()
+        df = _frame(rows, origin)
+        z = self.decision_function(df)
+        out = pd.DataFrame({c: df[c].to_numpy() for c in keep})
+        out["score"] = z
+        out["probability"] = torch.sigmoid(torch.from_numpy(z)).numpy()
+        out["label"] = (z > 0).astype(np.int64)
+        return out
+
+
+# ------------------------------------------------------------------------------ task=predict
+
+
+@dataclass
+class PredictDataConfig:
+    """The new rows: a CSV / Parquet / .dta file holding the model's declared feature columns
+    (the target is not needed; other columns are ignored)."""
+
+    path: str | None = setting(None, help="the file of the rows to score (required); it needs every feature "
+                               "column the model declares", allowed="a .csv, .csv.gz/.bz2/.xz, .parquet, .pq or "
+                               ".dta file")
+    format: str = setting("auto", help="file format; auto: from the file name's suffix",
+                          allowed="auto | csv | parquet | dta")
+    delimiter: str = setting(",", help="CSV field separator", allowed="one character other than a quote, a line "
+                             "break or a space, e.g. ',' ';' or '\\t' (tab)")
+    public: bool = setting(False, help="true only when the rows scored are PUBLIC: the predictions are then "
+                           "publishable (predictions.csv at the top of the run folder); false: they are as private "
+                           "as the rows (private/predictions.csv)", allowed="true | false")
+    keep_columns: list[str] = setting(help="input columns copied into the predictions (e.g. an id)",
+                                      allowed="a list of column names of the file", factory=list)
+
+
+@dataclass
+class PredictRunConfig:
+    """task=predict: the trained run folder (``run``, holding model.pt) and the new rows."""
+
+    task: str = setting("predict", help="what the run does (a config group)",
+                        allowed="train | audit | release | predict")
+    seed: int = setting(0, help="unused by predict (scoring draws no randomness)", allowed="an integer >= 0")
+    plugins: list[str] = setting(help="modules imported first: the module of a custom model or objective",
+                                 allowed="a list of importable module names", factory=list)
+    overwrite: bool = setting(False, help="launch into a run folder that already holds a finished run and replace "
+                              "it", allowed="true | false")
+    run: str | None = setting(None, help="the training run whose model.pt scores the rows (required)",
+                              allowed="a training run folder, or the path of its model.pt")
+    trust_model_target: bool = setting(False, help="build a model whose model._target_ is not a dptrain.models "
+                                       "builder (building it runs that code: only for a file you trust)",
+                                       allowed="true | false")
+    data: PredictDataConfig = setting(help="the rows to score", factory=PredictDataConfig)
+
+
+def validate_predict(cfg: Any) -> None:
+    """Value checks of a predict run, before any row is read: the run folder holds a model.pt,
+    the rows' file is named."""
+    run = cfg.run
+    if not isinstance(run, str) or not run.strip():
+        raise bad("run", run, "give the training run folder whose model.pt scores the rows: run=outputs/DATE/TIME")
+    if not model_path_in(run).is_file():
+        raise bad("run", run, f"the folder has no {MODEL_FILENAME}; allowed: a training run folder (task=train "
+                  f"writes {MODEL_FILENAME} at its top level) or the path of a {MODEL_FILENAME}")
+    d = cfg.data
+    if not isinstance(d.path, str) or not d.path.strip():
+        raise bad("data.path", d.path, "give the CSV, Parquet or .dta file of the rows to score")
+    one_of("data.format", d.format, ("auto", "csv", "parquet", "dta"))
+    from dptrain.config import check_delimiter
+
+    check_delimiter(d.delimiter)
+    flag("data.public", d.public)
+    flag("trust_model_target", cfg.trust_model_target)
+    flag("overwrite", cfg.overwrite)
+    if not isinstance(d.keep_columns, (list, tuple)) or not all(isinstance(c, str) for c in d.keep_columns):
+        raise bad("data.keep_columns", d.keep_columns, "must be a list of column names, e.g. [id]")
+
+
+def file_columns(path: str, fmt: str, delimiter: str = ",") -> list[str]:
+    """The column names of a table file from its header alone (no row is read); any problem
+    reading it is left to :func:`dptrain.data.table.read_table`, which names it."""
+    from dptrain.data.table import detect_format, read_table
+
+    p = Path(path)
+    if not p.is_file():
+        read_table(p, fmt=fmt, delimiter=delimiter)  # raises the data module's DataError (no such file, a folder)
+    kind = detect_format(p, fmt)
+    try:
+        if kind == "csv":
+            names = list(pd.read_csv(p, nrows=0, encoding="utf-8", sep=delimiter).columns)
+            if len(names) == 1:  # another separator? the reader's own check names it
+                read_table(p, fmt=fmt, columns=names, delimiter=delimiter)
+        elif kind == "parquet":
+            import pyarrow.parquet as pq
+
+            names = list(pq.read_schema(p).names)
+        else:
+            with pd.read_stata(p, iterator=True) as reader:
+                names = list(reader.variable_labels())
+    except Exception:  # noqa: BLE001 - the full reader reports it by name
+        read_table(p, fmt=fmt, delimiter=delimiter)
+        raise
+    return [str(n).strip() for n in names]
+
+
+def _manifest(run_dir: Path, *, model: TrainedModel, public: bool, origin: str) -> Path:
+    """FILES.txt of a predict run; returns where the predictions go."""
+    from dptrain.tracking import PRIVATE_DIR, write_manifest
+
+    what = (f"one prediction per row of {origin} (score = logit, probability of label 1, label 0/1), computed "
+            "from those rows")
+    target = run_dir / PREDICTIONS if public else run_dir / PRIVATE_DIR / PREDICTIONS
+    publishable = {"FILES.txt": "this list", ".hydra/": "the configuration (the command line)"}
+    private = {"private/dptrain.log": "the log"}
+    if public:
+        publishable[PREDICTIONS] = what + ": the rows are declared public (data.public=true)"
+    else:
+        private[f"{PRIVATE_DIR}/{PREDICTIONS}"] = what + ": as private as those rows (data.public=false)"
+    guarantee = (f"none for the rows scored: the predictions are a function of the rows in {origin}. The model "
+                 f"({model.path}) protects its TRAINING rows only: {model.guarantee}")
+    write_manifest(run_dir, publishable=publishable, private=private, guarantee=guarantee)
+    return target
+
+
+def run_task(cfg: Any, *, run_dir: Path) -> float:
+    """task=predict: settings checked, model loaded, header checked, THEN the rows read, scored
+    and written (module docstring). Returns 0.0 (a sweeper's objective has no meaning here; the
+    number of rows scored is a count of private rows and is not returned)."""
+    from dptrain.config import validate
+    from dptrain.data.table import read_table
+    from dptrain.tracking import atomic_write_text
+
+    conf: PredictRunConfig = OmegaConf.to_object(cfg)
+    validate(conf)
+    model = load_model(conf.run, trust_model_target=conf.trust_model_target)
+    if Path(run_dir).resolve() == model.path.parent.resolve():
+        raise ConfigError(f"hydra.run.dir={str(run_dir)!r} is not allowed: it is the training run folder of run="
+                          f"{conf.run!r}; allowed: a new folder for the predictions (the default)")
+    d = conf.data
+    origin = f"data.path={d.path!r}"
+    header = file_columns(d.path, d.format, d.delimiter)
+    check_columns(header, model.schema, origin)
+    missing_keep = [c for c in d.keep_columns if c not in header]
+    if missing_keep:
+        raise ConfigError(f"data.keep_columns={list(d.keep_columns)!r} is not allowed: {origin} has no column(s) "
+                          f"{', '.join(map(repr, missing_keep))}")
+    wanted = [*model.schema.feature_columns, *[c for c in d.keep_columns if c not in model.schema.feature_columns]]
+    df = read_table(d.path, fmt=d.format, columns=wanted, delimiter=d.delimiter)
+    frame = model.prediction_frame(df, keep=list(d.keep_columns), origin=origin)
+    target = _manifest(Path(run_dir), model=model, public=d.public, origin=origin)
+    atomic_write_text(target, frame.to_csv(index=False))
+    log.info("scored the rows of %s with %s; predictions in %s (%s; FILES.txt says why)", origin, model.path,
+             target, "publishable: data.public=true" if d.public else "PRIVATE: computed from the rows given")
+    return 0.0

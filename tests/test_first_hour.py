@@ -1,0 +1,390 @@
+"""A user's first hour (issue 14): no silent defaults, settings refused by name when they would do
+nothing or the wrong thing, errors that help (printed once), a settings reference that cannot
+drift. Each test names the item of the issue it covers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from dptrain import cli
+from dptrain.config import Config, ConfigError, DataConfig, NumericColumn, validate
+from dptrain.data import DataError, load_dataset, read_table, write_data_diagnostics
+from dptrain.errors import DPTrainError
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["data=synthetic", "data.n_rows=600", "trainer.epochs=1", "trainer.batch_size=100",
+         "trainer.progress=false", "trainer.baseline=false"]
+
+
+def _compose(overrides: list[str], *, hydra: bool = False):
+    with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=overrides, return_hydra_config=hydra)
+
+
+def _refused(overrides: list[str], *needles: str, multirun: bool = False) -> str:
+    """The message of the refusal the command line gives before anything is written
+    (cli.precheck: what the Hydra callback runs after composition)."""
+    with pytest.raises(DPTrainError) as err:
+        cli.precheck(_compose(overrides, hydra=True), multirun=multirun)
+    msg = str(err.value)
+    for needle in needles:
+        assert needle in msg, f"{needle!r} not in {msg!r}"
+    return msg
+
+
+def _cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    return subprocess.run([sys.executable, "-m", "dptrain", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+# ------------------------------------------------------------------------------ 1. unknown keys
+
+
+@pytest.mark.parametrize("override,needle,suggestion", [
+    ("+privacy.target_epsilonn=0.5", "privacy.target_epsilonn", "did you mean privacy.target_epsilon?"),
+    ("++trainer.epoch=3", "trainer.epoch", "did you mean trainer.epochs?"),
+    ("+trainer.noise_multiplier=1", "trainer.noise_multiplier", "did you mean privacy.noise_multiplier?"),
+    ("++data.n_rows=5", "data.n_rows", "a key of data=synthetic"),
+    ("+bogus=1", "bogus", ""),
+])
+def test_item1_keys_added_with_plus_are_refused_with_the_closest_key(override, needle, suggestion):
+    msg = _refused(["experiment=logit", override], needle, suggestion, "not a setting of task=train")
+    assert "docs/settings.md" in msg
+    # the in-process entry point refuses them too (callers that compose without the command line)
+    with pytest.raises(SystemExit) as exc:
+        cli.run(_compose(["experiment=logit", override]), run_dir=Path("/nonexistent/never-written"))
+    assert exc.value.code == 2
+
+
+def test_item1_following_hydras_advice_for_a_typo_gets_our_suggestion():
+    with pytest.raises(ConfigCompositionException) as err:
+        _compose(["experiment=logit", "privacy.noise_multipler=1"])
+    assert "+privacy.noise_multipler=1" in str(err.value)  # Hydra's own advice ...
+    _refused(["experiment=logit", "+privacy.noise_multipler=1"],  # ... is refused by name, with the fix
+             "privacy.noise_multipler", "did you mean privacy.noise_multiplier?")
+
+
+def test_item1_nested_and_release_keys_are_walked(tmp_path):
+    _refused(["data=table", "data.path=x.csv", "data.target=y", "++data.numeric={age: {lower: 0, upper: 1}}",
+              "+data.numeric.age.lowr=3"], "data.numeric.age.lowr", "did you mean data.numeric.age.lower?")
+    _refused(["experiment=mos_atlas", "++release.domain.x_low=0"], "release.domain.x_low",
+             "did you mean release.domain.x_lo?")
+    cli.precheck(_compose(["experiment=logit", "+optim.momentum=0.9"], hydra=True), multirun=False)  # free-form
+
+
+# ------------------------------------------------------------------------------ 2. no silent bounds
+
+
+def test_item2_numeric_bounds_are_required():
+    conf: Config = OmegaConf.to_object(_compose(["experiment=logit", "data=table", "data.path=x.csv",
+                                                 "data.target=y", "++data.numeric={age: {}}"]))
+    with pytest.raises(ConfigError, match=r"data\.numeric\.age\.lower is missing"):
+        validate(conf)
+    conf.data.numeric["age"].lower = 0.0
+    with pytest.raises(ConfigError, match=r"data\.numeric\.age\.upper is missing"):
+        validate(conf)
+
+
+def test_item2_clipped_values_are_counted_privately_and_logged_without_counts(tmp_path, caplog):
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"age": np.r_[rng.uniform(20, 60, 90), [150.0] * 7, [-3.0] * 4], "y": rng.integers(0, 2, 101)})
+    df.to_csv(tmp_path / "t.csv", index=False)
+    cfg = DataConfig(name="table", path=str(tmp_path / "t.csv"), target="y",
+                     numeric={"age": NumericColumn(lower=0, upper=100)})
+    with caplog.at_level(logging.WARNING, logger="dptrain.data"):
+        ds = load_dataset(cfg, seed=0)
+    assert ds.diagnostics["clipped"] == {"age": {"below_lower": 4, "above_upper": 7}}
+    logged = caplog.text
+    assert "'age'" in logged and "clipped" in logged and not re.search(r"\b(4|7|11)\b", logged)
+    files = write_data_diagnostics(tmp_path / "run", ds)
+    assert files == {"private/data_diagnostics.json": files["private/data_diagnostics.json"]}
+    saved = json.loads((tmp_path / "run" / "private" / "data_diagnostics.json").read_text())
+    assert saved["clipped"]["age"]["above_upper"] == 7
+    # a training run writes the same file into its private folder and lists it as PRIVATE
+    run = tmp_path / "train"
+    cli.run(_compose(["experiment=logit", "data=table", f"data.path={tmp_path / 't.csv'}", "data.target=y",
+                      "++data.numeric={age: {lower: 0, upper: 100}}", "trainer.epochs=1", "trainer.batch_size=20",
+                      "trainer.progress=false", "trainer.baseline=false"]), run_dir=run)
+    assert json.loads((run / "private" / "data_diagnostics.json").read_text()) == saved
+    listing = (run / "FILES.txt").read_text()
+    assert "private/data_diagnostics.json" in listing.split("PRIVATE")[1]
+    assert not (run / "data_diagnostics.json").exists()
+
+
+def _release_table(path: Path, *, x_scale: float = 1.0, per_cell: int = 30, cells: int = 12) -> Path:
+    rng = np.random.default_rng(1)
+    n = per_cell * cells
+    df = pd.DataFrame({"cell": np.repeat(np.arange(cells), per_cell), "x": rng.random(n) * x_scale})
+    df["y"] = np.clip(0.2 + 0.5 * df.x / x_scale + 0.1 * rng.standard_normal(n), 0, 1)
+    df.to_csv(path, index=False)
+    return path
+
+
+def _release(path: Path, *extra: str) -> list[str]:
+    cells = int(pd.read_csv(path).cell.max()) + 1
+    return ["task=release", "data=table", f"data.path={path}", f"release.cell_values={{cell: {list(range(cells))}}}",
+            *extra]
+
+
+def test_item2_release_domain_is_required_for_a_table_and_explained(tmp_path):
+    path = _release_table(tmp_path / "r.csv")
+    with pytest.raises(SystemExit) as exc:
+        cli.run(_compose(_release(path)), run_dir=tmp_path / "run")
+    assert exc.value.code == 2 and not (tmp_path / "run").exists()
+    conf = OmegaConf.to_object(_compose(_release(path)))
+    with pytest.raises(ConfigError) as err:
+        validate(conf)
+    assert "release.domain.x_lo" in str(err.value) and "noise" in str(err.value) and "never from the rows" in str(
+        err.value)
+    validate(OmegaConf.to_object(_compose(["experiment=mos_atlas"])))  # the simulator keeps its public [0, 1]
+
+
+# ------------------------------------------------------------------------------ 3. nothing releasable
+
+
+def test_item3_a_release_outside_its_domain_finishes_and_says_so(tmp_path, caplog):
+    """x in dollars against a domain of ranks: every x is clipped onto the edge, no cell can be
+    released; with the private evaluation's figures on, the run still finishes cleanly."""
+    path = _release_table(tmp_path / "dollars.csv", x_scale=200_000.0)
+    run = tmp_path / "run"
+    with caplog.at_level(logging.WARNING):
+        cli.run(_compose(_release(path, "release.domain={x_lo: 0, x_hi: 1, y_lo: 0, y_hi: 1}",
+                                  "release.private_evaluation=true", "release.tail_epsilons=[1.0]")), run_dir=run)
+    rel = pd.read_csv(run / "release.csv")
+    assert not rel.released.any()
+    assert "released no cell" in caplog.text and "release.domain" in caplog.text
+    assert "clipped" in caplog.text and "360" not in caplog.text  # the clipping is logged, its count is not
+    assert (run / "private" / "evaluation" / "fig2_ls_vs_n.png").is_file()
+    diag = json.loads((run / "private" / "data_diagnostics.json").read_text())
+    assert diag["clipped"]["x"]["above_upper"] == 360
+    assert "private/data_diagnostics.json" in (run / "FILES.txt").read_text().split("PRIVATE")[1]
+
+
+# ------------------------------------------------------------------------------ 5. a shared machine
+
+
+def test_item5_openmp_threads_sleep_while_waiting_unless_the_user_says_otherwise():
+    """Spinning OpenMP threads made experiment=mlp 4.8x slower beside one busy process
+    (experiments/performance/README.md); importing dptrain before torch makes waiting threads
+    sleep, and an explicit policy in the environment is kept. Checked in fresh interpreters: the
+    policy is read once, when torch loads its OpenMP runtime."""
+    code = "import os, dptrain, torch; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "PASSIVE"
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "ACTIVE"
+
+
+# ------------------------------------------------------------------------------ 6. no silent no-ops
+
+
+def test_item6_a_changed_optimiser_needs_its_own_learning_rate():
+    _refused(["experiment=logit", "optim=adam"], "optim.lr=4.0", "experiment=logit", "optim=adam")
+    _refused(["experiment=logit", "optim._target_=torch.optim.AdamW"], "optim.lr", "optim._target_")
+    for ok in (["experiment=logit", "optim=adam", "optim.lr=0.01"], ["optim=adam"], ["experiment=mlp", "optim=sgd"]):
+        cli.precheck(_compose(ok, hydra=True), multirun=False)
+
+
+def test_item6_any_torch_optimiser_works_and_leftover_keys_are_named():
+    conf = OmegaConf.to_object(_compose(["experiment=logit", "optim._target_=torch.optim.AdamW", "optim.lr=0.01"]))
+    validate(conf)  # conf/optim/sgd.yaml has no SGD-only key left over
+    conf = OmegaConf.to_object(_compose(["experiment=logit", "+optim.momentum=0.9", "optim._target_=torch.optim.Adam",
+                                         "optim.lr=0.01"]))
+    with pytest.raises(ConfigError, match=r"~optim\.momentum"):
+        validate(conf)
+
+
+def test_item6_privacy_settings_without_privacy_are_refused():
+    _refused(["experiment=logit_nonprivate", "privacy.target_epsilon=1"], "privacy.target_epsilon",
+             "privacy.enabled=false")
+    _refused(["experiment=logit_nonprivate", "privacy.max_grad_norm=2"], "privacy.max_grad_norm")
+    conf = OmegaConf.to_object(_compose(["experiment=logit_nonprivate", "privacy.target_epsilon=1"]))
+    with pytest.raises(ConfigError, match="privacy.target_epsilon"):
+        validate(conf)  # the Python path too
+    validate(OmegaConf.to_object(_compose(["experiment=logit", "privacy.enabled=false"])))  # the preset's sigma: fine
+
+
+def test_item6_a_sweep_preset_needs_multirun():
+    _refused(["experiment=logit", "sweep=eps_grid"], "sweep='eps_grid'", "-m")
+    cli.precheck(_compose(["experiment=logit", "sweep=eps_grid"], hydra=True), multirun=True)
+
+
+def test_item6_a_finished_run_folder_is_not_overwritten(tmp_path):
+    run = tmp_path / "done"
+    (run / ".hydra").mkdir(parents=True)
+    (run / "privacy.json").write_text("{}")
+    (run / ".hydra" / "config.yaml").write_text("the finished run's settings\n")
+    _refused(["experiment=logit", f"hydra.run.dir={run}"], "already holds a finished run", "overwrite=true",
+             "trainer.resume=auto")
+    for ok in (["overwrite=true"], ["trainer.resume=auto"]):
+        cli.precheck(_compose(["experiment=logit", f"hydra.run.dir={run}", *ok], hydra=True), multirun=False)
+    _refused(["experiment=logit", f"hydra.sweep.dir={tmp_path}"], "hydra.sweep.dir", multirun=True)
+    # through the command line: refused before Hydra writes anything into the folder
+    res = _cli(["experiment=logit", f"hydra.run.dir={run}"], tmp_path)
+    assert res.returncode == 2 and res.stderr.count("already holds a finished run") == 1, res.stderr[-2000:]
+    assert (run / ".hydra" / "config.yaml").read_text() == "the finished run's settings\n"
+    assert sorted(p.name for p in run.iterdir()) == [".hydra", "privacy.json"]
+
+
+# ------------------------------------------------------------------------------ 7. errors that help
+
+
+def test_item7_an_error_is_printed_once_and_kept_in_the_private_log(tmp_path):
+    res = _cli([*SMALL, "privacy.noise_multiplier=-1", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert res.returncode == 2
+    out = res.stdout + res.stderr
+    assert out.count("privacy.noise_multiplier=-1.0 is not allowed") == 1, out[-3000:]
+    assert "privacy.noise_multiplier=-1" in (tmp_path / "run" / "private" / "dptrain.log").read_text()
+
+
+def test_item7_no_cell_with_three_rows_is_refused_first_by_setting(tmp_path):
+    path = _release_table(tmp_path / "tiny.csv", per_cell=2, cells=30)
+    conf = _release(path, "release.domain={x_lo: 0, x_hi: 1, y_lo: 0, y_hi: 1}", "release.private_evaluation=true")
+    from dptrain.release.run import run_task
+
+    with pytest.raises(DPTrainError) as err:
+        run_task(_compose(conf), run_dir=tmp_path / "run")
+    assert "release.min_n=3" in str(err.value) and "release.cells" in str(err.value)
+    assert not (tmp_path / "run" / "release.csv").exists()
+
+
+def _table(tmp_path: Path, df: pd.DataFrame, name: str = "t.csv", **kw) -> Path:
+    path = tmp_path / name
+    df.to_csv(path, index=False, **kw)
+    return path
+
+
+def test_item7_a_text_target_says_how_to_pick_the_positive_class(tmp_path):
+    df = pd.DataFrame({"age": np.arange(40.0), "income": ["low", "high"] * 20})
+    cfg = DataConfig(name="table", path=str(_table(tmp_path, df)), target="income",
+                     numeric={"age": NumericColumn(0, 100)})
+    with pytest.raises(DataError) as err:
+        load_dataset(cfg, seed=0)
+    assert "data.positive" in str(err.value) and "data.categorical" not in str(err.value)
+    cfg.positive = "high"
+    assert load_dataset(cfg, seed=0).n_features == 1
+
+
+def test_item7_a_missing_column_suggests_the_closest_names(tmp_path):
+    df = pd.DataFrame({"Age": np.arange(40.0), "ages": 1.0, "zzz": 2.0, "y": [0, 1] * 20})
+    cfg = DataConfig(name="table", path=str(_table(tmp_path, df)), target="y",
+                     numeric={"age": NumericColumn(0, 100)})
+    with pytest.raises(DataError) as err:
+        load_dataset(cfg, seed=0)
+    assert "closest column names: 'Age', 'ages'" in str(err.value) and "'zzz'" not in str(err.value)
+
+
+def test_item7_a_semicolon_csv_says_to_set_the_delimiter(tmp_path):
+    df = pd.DataFrame({"age": np.arange(40.0), "y": [0, 1] * 20})
+    path = _table(tmp_path, df, sep=";")
+    cfg = DataConfig(name="table", path=str(path), target="y", numeric={"age": NumericColumn(0, 100)})
+    with pytest.raises(DataError) as err:
+        load_dataset(cfg, seed=0)
+    assert "data.delimiter=';'" in str(err.value)
+    cfg.delimiter = ";"
+    assert load_dataset(cfg, seed=0).n_train > 0
+    with pytest.raises(ConfigError, match="data.delimiter"):
+        validate(OmegaConf.to_object(_compose(["experiment=logit", "data=table", f"data.path={path}",
+                                               "data.target=y", "data.delimiter=ab",
+                                               "++data.numeric={age: {lower: 0, upper: 100}}"])))
+    assert list(read_table(_table(tmp_path, df, "tab.csv", sep="\t"), delimiter="\\t").columns) == ["age", "y"]
+
+
+@pytest.mark.parametrize("declared", [[1, 2, 3], ["1.0", "2.0", "3.0"], ["1", "2", "3"]])
+def test_item7_integer_labels_match_a_column_stored_as_floats(tmp_path, declared):
+    df = pd.DataFrame({"grade": [1.0, 2.0, 3.0, np.nan] * 10, "y": [0, 1] * 20,
+                       "split": ["train"] * 20 + ["test"] * 20})
+    conf = OmegaConf.to_object(_compose(["experiment=logit", "data=table", f"data.path={_table(tmp_path, df)}",
+                                         "data.target=y", "data.split_column=split",
+                                         f"++data.categorical={{grade: {declared}}}"]))
+    ds = load_dataset(conf.data, seed=0)
+    x = np.concatenate([ds.x_train.numpy(), ds.x_test.numpy()])
+    assert x[:, :3].sum() == 30 and x[:, 3].sum() == 10  # only the missing values go to <other>
+
+
+def test_item7_the_slurm_launcher_without_its_extra_says_how_to_install_it(monkeypatch, capsys):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: None)
+    with pytest.raises(SystemExit) as exc:
+        cli.check_launcher(["experiment=logit", "hydra/launcher=slurm"])
+    assert exc.value.code == 2 and 'pip install -e ".[slurm]"' in capsys.readouterr().err
+    cli.check_launcher(["hydra/launcher=joblib_1thread"])
+
+
+# ------------------------------------------------------------------------------ 9. the settings explain themselves
+
+
+def test_item9_the_settings_reference_is_up_to_date():
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import settings_reference
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    text = settings_reference.render()
+    assert (REPO / "docs" / "settings.md").read_text(encoding="utf-8") == text, \
+        "docs/settings.md is out of date: run python scripts/settings_reference.py"
+    for key in ("privacy.target_epsilon", "trainer.epochs", "data.delimiter", "release.domain.x_lo", "overwrite",
+                "audit.canaries", "experiment=logit", "model=mlp", "optim=adam"):
+        assert f"`{key}" in text, key
+    assert "(not described yet)" not in text.split("## task=predict")[0]
+
+
+def test_item9_help_points_to_the_reference_and_lists_tasks_presets_settings(tmp_path):
+    res = _cli(["--help"], tmp_path, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    text = res.stdout
+    assert "docs/settings.md" in text
+    for word in ("train", "audit", "release", "predict", "logit_nonprivate", "mos_atlas", "eps_grid"):
+        assert word in text, word
+    from dptrain.config import _all_paths, _task_schemas
+
+    known = {p for schema in _task_schemas().values() for p in _all_paths(schema)}
+    known |= {f"data.{f}" for f in ("path", "target", "positive", "numeric", "categorical", "delimiter",
+                                    "split_column", "test_public")} | {"optim.lr", "release.domain", "hydra.run.dir"}
+    named = set(re.findall(r"(?<![\w.+/])((?:[a-z_]+\.)+[a-z_]+)=", text.split("== Main settings ==")[1]))
+    assert named and named <= known, named - known
+
+
+def test_item9_the_composed_config_is_readable_and_adult_unchanged():
+    cfg = _compose(["experiment=logit"])
+    text = OmegaConf.to_yaml(cfg)
+    assert "native_country" not in text and "n_rows" not in text and "generator" not in text
+    assert len(text.splitlines()) < 60
+    conf = OmegaConf.to_object(cfg)
+    ds = load_dataset(conf.data, seed=0)
+    assert ds.n_features == 112 and (ds.n_train, ds.n_test) == (32561, 16281)
+    assert ds.feature_names[:2] == ("age", "education_num") and ds.feature_names[-1] == "native_country=<other>"
+    assert int(ds.y_train.sum()) == 7841  # label 1: >50K, the UCI count
+
+
+def test_item9_hparams_trials_let_tensorboard_compare_the_runs(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from dptrain.tracking import Tracker
+
+    for sigma in (1.0, 2.0):
+        tracker = Tracker(tmp_path / f"sigma={sigma}", tensorboard=True)
+        tracker.hparams({"noise_multiplier": sigma, "seed": 0}, {"hparams/test_acc": 0.8})
+        tracker.close()
+        acc = EventAccumulator(str(tmp_path / f"sigma={sigma}" / "tb"))
+        acc.Reload()
+        tags = set(acc.PluginTagToContent("hparams"))
+        # no experiment summary: TensorBoard would take one run's as the whole sweep's (differs: false)
+        assert tags == {"_hparams_/session_start_info", "_hparams_/session_end_info"}
