@@ -45,7 +45,7 @@ def write_training_outputs(conf: Config, cfg: Any, result: Any, *, data: Any, tr
     """Write the run folder (module docstring) and close the tracker; returns the report."""
     from dptrain.checkpoint import MODEL_FILENAME, save_model
     from dptrain.data import write_data_diagnostics
-    from dptrain.privacy.report import build_report, files_section, format_report
+    from dptrain.privacy.report import build_report, format_report
     from dptrain.tracking import atomic_write_text, private_dir, write_json, write_manifest
     from dptrain.train import final_epsilons
 
@@ -65,10 +65,10 @@ def write_training_outputs(conf: Config, cfg: Any, result: Any, *, data: Any, tr
                model_config=OmegaConf.to_container(cfg.model, resolve=True),
                feature_names=list(data.feature_names),
                schema=conf.data, objective=conf.objective.name, report=report)
+    files = report["files"]  # one list for privacy.json, privacy.txt and FILES.txt
+    files["private"].update(write_data_diagnostics(run_dir, data))
     write_json(run_dir / "privacy.json", report)
     atomic_write_text(run_dir / "privacy.txt", format_report(report))
-    files = files_section(test_public=bool(conf.data.test_public))
-    files["private"].update(write_data_diagnostics(run_dir, data))
     write_manifest(run_dir, publishable=files["publishable"], private=files["private"], guarantee=report["guarantee"])
     return report
 
