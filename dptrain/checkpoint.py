@@ -228,7 +228,7 @@ def public_schema(data_config: Any) -> Any:
 
 def schema_to_dict(schema: Any) -> dict[str, Any]:
     """The public feature encoder as plain values (what model.pt stores): no row enters it."""
-    return {
+    out = {
         "target": schema.target,
         "positive": schema.positive,
         "numeric": [{"name": s.name, "lower": float(s.lower), "upper": float(s.upper), "transform": s.transform}
@@ -236,6 +236,13 @@ def schema_to_dict(schema: Any) -> dict[str, Any]:
         "categorical": [{"name": col, "labels": list(labels)} for col, labels in schema.categorical],
         "feature_names": list(schema.feature_names),
     }
+    # a multiclass target's declared classes (output k = class k), a continuous target's bounds
+    # (binary models' files are as before)
+    if schema.classes is not None:
+        out["classes"] = list(schema.classes)
+    if schema.target_bounds is not None:
+        out["target_bounds"] = {"lower": float(schema.target_bounds[0]), "upper": float(schema.target_bounds[1])}
+    return out
 
 
 def schema_from_dict(stored: dict[str, Any], path: Path) -> Any:
@@ -249,6 +256,7 @@ def schema_from_dict(stored: dict[str, Any], path: Path) -> Any:
             "numeric": {s["name"]: {"lower": s["lower"], "upper": s["upper"], "transform": s["transform"]}
                         for s in stored["numeric"]},
             "categorical": {c["name"]: list(c["labels"]) for c in stored["categorical"]},
+            "classes": stored.get("classes"), "target_bounds": stored.get("target_bounds"),
         })
     except (KeyError, TypeError, DPTrainError) as err:
         raise CheckpointError(f"model file {path} holds no usable feature encoder ({err})") from None
@@ -306,12 +314,11 @@ def _read_model_file(path: Path) -> dict[str, Any]:
     return state
 
 
-def _build_module(state: dict[str, Any], path: Path, *, objective: Any, trust_model_target: bool) -> torch.nn.Module:
+def _build_module(state: dict[str, Any], path: Path, *, objective: Any, spec: Any,
+                  trust_model_target: bool) -> torch.nn.Module:
     """Rebuild the model from its config and load the weights (strictly)."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
-
-    from dptrain.objectives import DataSpec
 
     config = dict(state["model"])
     target = str(config.get("_target_", ""))
@@ -320,7 +327,7 @@ def _build_module(state: dict[str, Any], path: Path, *, objective: Any, trust_mo
             f"model file {path} names model._target_={target!r}, not a dptrain.models builder: building it runs "
             "that code. Allowed: load_model(..., trust_model_target=True) (task=predict: trust_model_target=true) "
             "for a file you trust, with the module importable (plugins=[...])")
-    width = objective.output_width(DataSpec(n_features=int(state["in_features"])))
+    width = objective.output_width(spec)
     extra = {} if width == 1 else {"out_features": width}
     try:
         module = instantiate(OmegaConf.create(config), in_features=int(state["in_features"]), **extra)
@@ -345,6 +352,11 @@ def load_model(path: str | Path, *, trust_model_target: bool = False) -> Any:
     state = _read_model_file(path)
     schema = schema_from_dict(state["schema"], path)
     objective = build_objective(state["objective"])
-    module = _build_module(state, path, objective=objective, trust_model_target=trust_model_target)
+    spec = schema.data_spec()
+    try:
+        objective.check_data(spec)  # and keeps the declared classes / target bounds for predictions
+    except DPTrainError as err:
+        raise CheckpointError(f"model file {path} is inconsistent: {err}") from None
+    module = _build_module(state, path, objective=objective, spec=spec, trust_model_target=trust_model_target)
     return TrainedModel(module=module, schema=schema, objective=objective, guarantee=str(state["guarantee"]),
                         privacy=dict(state.get("privacy") or {}), path=path)

@@ -42,6 +42,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from dptrain.inference.settings import EstimatorConfig
 from dptrain.privacy.accounting import ACCOUNTANTS, SIGMA_RANGE
 from dptrain.release.settings import DomainConfig, ReleaseConfig, validate_release  # noqa: F401
 from dptrain.validation import (
@@ -59,7 +60,7 @@ from dptrain.validation import (
 )
 
 __all__ = ["DATA_SOURCES", "AuditConfig", "AuditRunConfig", "Config", "ConfigError", "DataConfig", "NumericColumn",
-           "ObjectiveConfig", "PrivacyConfig", "ReleaseRunConfig", "TrainRunConfig", "TrainerConfig",
+           "ObjectiveConfig", "PrivacyConfig", "ReleaseRunConfig", "TargetBounds", "TrainRunConfig", "TrainerConfig",
            "default_delta", "register_configs", "unknown_settings", "validate", "validate_against_size"]
 
 # ------------------------------------------------------------------------------ data
@@ -84,6 +85,27 @@ class NumericColumn:
 
 
 @dataclass
+class TargetBounds:
+    """The PUBLIC bounds of a continuous target (``data.target_bounds``): values are clipped into
+    [lower, upper] (how many: private/data_diagnostics.json) and scaled to [0, 1] by them for
+    training; metrics and predictions are reported back in the original units. Both null (the
+    default) declares no continuous target."""
+
+    lower: float | None = setting(None, help="PUBLIC lower bound of the target (documentation, domain knowledge; "
+                                  "never the rows)", allowed="a finite number < upper (required with upper)")
+    upper: float | None = setting(None, help="PUBLIC upper bound of the target",
+                                  allowed="a finite number > lower (required with lower)")
+
+
+CLASSES_HELP = ("a multiclass target's PUBLIC class list (objective=multinomial): label i is the i-th class; a row "
+                "whose label is not declared (or is missing) is refused")
+CLASSES_ALLOWED = "a list of at least 2 distinct labels (strings or numbers) | null"
+BOUNDS_HELP = ("a continuous target's PUBLIC bounds (objective=linear), e.g. {lower: 1, upper: 99}: the target is "
+               "clipped into them and scaled to [0, 1] for training; metrics and predictions in original units")
+BOUNDS_ALLOWED = "{lower: L, upper: U} with finite L < U; both null (the default): no continuous target"
+
+
+@dataclass
 class AdultDataConfig:
     """data=adult: the shipped UCI Adult file (SHA-256 checked) with its public UCI schema."""
 
@@ -93,6 +115,14 @@ class AdultDataConfig:
                           "features); the file dptrain/data/adult/schema.yaml", allowed="adult")
     test_public: bool = setting(True, help=TEST_PUBLIC_HELP + " (the UCI test file is public)",
                                 allowed="true | false")
+    target: str | None = setting(None, help="another column of the Adult file as the target (null: the schema's "
+                                 "income); it is removed from the features. Declare its kind with data.classes, "
+                                 "data.target_bounds or data.positive", allowed="a column of the Adult file | null")
+    positive: str | None = setting(None, help="a binary target's positive label (with data.target; null: the "
+                                   "schema's >50K for income)", allowed="a label of the target column | null")
+    classes: list[Any] | None = setting(None, help=CLASSES_HELP + ", e.g. relationship's six documented categories",
+                                        allowed=CLASSES_ALLOWED)
+    target_bounds: TargetBounds | None = setting(help=BOUNDS_HELP, allowed=BOUNDS_ALLOWED, factory=TargetBounds)
 
 
 @dataclass
@@ -111,6 +141,8 @@ class TableDataConfig:
                                    "label 1, all others 0; null: the target column must already be numeric 0/1",
                                    allowed="a label of the target column (compared as numbers when both are "
                                    "numeric, else as stripped strings) | null")
+    classes: list[Any] | None = setting(None, help=CLASSES_HELP, allowed=CLASSES_ALLOWED)
+    target_bounds: TargetBounds | None = setting(help=BOUNDS_HELP, allowed=BOUNDS_ALLOWED, factory=TargetBounds)
     numeric: dict[str, NumericColumn] = setting(
         help="numeric feature columns with PUBLIC bounds, e.g. {age: {lower: 17, upper: 90}}; values are clipped "
         "into [lower, upper] (how many were clipped goes to private/data_diagnostics.json) and scaled to [0, 1]",
@@ -182,6 +214,8 @@ class DataConfig:
     delimiter: str = ","
     target: str = "income"
     positive: str | None = None  # label of the positive class (binary target)
+    classes: list[Any] | None = None  # a multiclass target's declared classes
+    target_bounds: TargetBounds | None = None  # a continuous target's declared bounds
     numeric: dict[str, NumericColumn] = field(default_factory=dict)
     categorical: dict[str, list[Any]] = field(default_factory=dict)
     nonfinite: str = "error"  # error | drop : policy for NaN / inf in numeric columns
@@ -226,6 +260,8 @@ def as_source(d: Any) -> Any:
         if isinstance(values.get("numeric"), Mapping):
             values["numeric"] = {k: NumericColumn(**v) if isinstance(v, Mapping) else v
                                  for k, v in values["numeric"].items()}
+        if isinstance(values.get("target_bounds"), Mapping):
+            values["target_bounds"] = TargetBounds(**values["target_bounds"])
         return schema(**values)
     except TypeError as err:  # an unknown key of a numeric column
         raise bad("data.numeric", values.get("numeric"), f"each column takes lower, upper, transform ({err})") from None
@@ -330,7 +366,11 @@ class ObjectiveConfig:
     """What the model predicts and how it is scored (``objective=NAME``; dptrain.objectives)."""
 
     name: str = setting("binary", help="the objective: binary = one logit, binary cross-entropy, test metrics acc, "
-                        "loss, auc", allowed="binary, or a name a plugin registers in dptrain.objectives.OBJECTIVES")
+                        "loss, auc; multinomial = K class scores (data.classes), softmax cross-entropy, test metrics "
+                        "acc, loss, macro one-vs-rest auc; linear = one output, squared error on a continuous target "
+                        "(data.target_bounds), test metrics rmse, r2, mae, loss",
+                        allowed="binary | multinomial | linear, or a name a plugin registers in "
+                        "dptrain.objectives.OBJECTIVES")
 
 
 def check_objective(o: ObjectiveConfig) -> None:
@@ -576,6 +616,9 @@ class TrainRunConfig:
     privacy: PrivacyConfig = setting(help="DP-SGD", factory=PrivacyConfig)
     trainer: TrainerConfig = setting(help="the training loop", factory=TrainerConfig)
     logger: LoggerConfig = setting(help="TensorBoard", factory=LoggerConfig)
+    estimator: EstimatorConfig = setting(help="how coefficients and their intervals are estimated (linear models; "
+                                         "docs/inference.md), a config group: estimator=dpsgd | subsample_aggregate "
+                                         "| ssp", factory=EstimatorConfig)
 
 
 @dataclass

@@ -10,9 +10,19 @@ otherwise. It says:
   fast engine's autograd-free paths use;
 * ``correct(outputs, y)``: the number of correct predictions (a non-private diagnostic);
 * ``metrics(outputs, y)``: metrics on held-out rows; ``primary_metric`` is the one a sweep
-  optimises;
+  optimises, in the direction ``greater_is_better`` says;
 * ``baseline(data, seed)``: a non-private reference fit on the same features and split;
-* ``check_data(spec)``: refuses a data set whose target does not fit.
+* ``check_data(spec)``: refuses a data set whose target does not fit (naming the objective and
+  the setting to declare), and keeps the public facts about the target it needs later (the
+  class names, the target's public bounds);
+* ``prediction_columns(outputs)``: what ``task=predict`` writes per row;
+* ``summary_line(metrics)``: the baseline line of the end-of-run console summary, or None.
+
+Three objectives ship: ``binary`` (one logit, 0/1 labels), ``multinomial`` (softmax over the K
+classes declared in ``data.classes``; labels are int64 class indices) and ``linear`` (squared
+error on a continuous target with public bounds ``data.target_bounds``; the target is scaled to
+[0, 1] by those bounds for training, and metrics and predictions are reported back in the
+target's original units).
 
 Objectives are registered by name in ``OBJECTIVES`` and picked with ``objective=NAME`` (a config
 group, ``conf/objective/NAME.yaml``). A new objective is one class registered here or in a
@@ -32,14 +42,40 @@ from torch.nn import functional as F
 from dptrain.errors import DPTrainError
 from dptrain.registry import Registry
 
+#: the kinds of target a data set can declare (``DataSpec.target_kind``)
+TARGET_KINDS = ("binary", "multiclass", "continuous")
+
+#: what a data set declares for each kind of target (named in the objectives' refusals)
+_DECLARE = {
+    "binary": "a binary target (data.positive=LABEL, or numeric 0/1 labels)",
+    "multiclass": "a multiclass target with its PUBLIC class list (data.classes=[A, B, C])",
+    "continuous": "a continuous target with PUBLIC bounds (data.target_bounds={lower: L, upper: U})",
+}
+
 
 @dataclass(frozen=True)
 class DataSpec:
     """What a data set's rows look like, from its public schema: the number of input features
-    and the kind of target ("binary": 0/1 labels as float32)."""
+    and the kind of target: "binary" (0/1 labels as float32), "multiclass" (int64 indices into
+    ``class_names``, the declared class list) or "continuous" (float32, scaled to [0, 1] by the
+    declared public ``target_bounds`` (lower, upper))."""
 
     n_features: int
     target_kind: str = "binary"
+    class_names: tuple[str, ...] = ()
+    target_bounds: tuple[float, float] | None = None
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.class_names) if self.target_kind == "multiclass" else (2 if self.target_kind == "binary" else 0)
+
+
+def _refuse_kind(objective: str, spec: DataSpec, needed: str) -> None:
+    if spec.target_kind != needed:
+        raise DPTrainError(f"objective={objective} is not allowed for a {spec.target_kind!r} target: it needs "
+                           f"{_DECLARE[needed]}; allowed for this target: objective="
+                           + {"binary": "binary", "multiclass": "multinomial", "continuous": "linear"}.get(
+                               spec.target_kind, "?"))
 
 
 class BinaryLogistic:
@@ -48,6 +84,7 @@ class BinaryLogistic:
 
     name = "binary"
     primary_metric = "acc"
+    greater_is_better = True
     metric_names = ("acc", "loss", "auc")
 
     def __init__(self, settings: Any = None) -> None:
@@ -57,9 +94,7 @@ class BinaryLogistic:
         return 1
 
     def check_data(self, spec: DataSpec) -> None:
-        if spec.target_kind != "binary":
-            raise DPTrainError(f"objective=binary is not allowed for a {spec.target_kind!r} target: "
-                               "it needs 0/1 labels")
+        _refuse_kind("binary", spec, "binary")
 
     def per_example_loss(self, outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(outputs, y, reduction="none")
@@ -96,9 +131,192 @@ class BinaryLogistic:
             out["nonprivate_acc"] = float(clf.score(data.x_test.numpy(), y.numpy()))
         return out
 
+    def prediction_columns(self, outputs: torch.Tensor) -> dict[str, Any]:
+        """score (the logit), probability (of label 1), label (0/1: logit > 0)."""
+        z = outputs.double()
+        return {"score": z.numpy(), "probability": torch.sigmoid(z).numpy(), "label": (z > 0).long().numpy()}
+
+    def summary_line(self, metrics: dict[str, float]) -> str | None:
+        return None  # the privacy report's summary prints binary's baseline line itself
+
+
+def _fit_quietly(model: Any, data: Any) -> Any:
+    """Fit a scikit-learn baseline on the training rows, warnings silenced, on one BLAS / OpenMP
+    thread (in parallel, the multinomial fit on Adult took minutes instead of seconds as soon as
+    another process used a core)."""
+    from threadpoolctl import threadpool_limits
+
+    with warnings.catch_warnings(), threadpool_limits(limits=1):
+        warnings.simplefilter("ignore")
+        return model.fit(data.x_train.numpy(), data.y_train.numpy())
+
+
+class Multinomial:
+    """Multiclass classification over the K classes declared in ``data.classes``: K outputs per
+    example (class scores; no Squeeze), softmax cross-entropy, labels are int64 class indices.
+    Test metrics: accuracy (arg-max class), log-loss and the macro average of the one-vs-rest
+    ROC AUCs (over the classes present among the test rows, each against all others)."""
+
+    name = "multinomial"
+    primary_metric = "acc"
+    greater_is_better = True
+    metric_names = ("acc", "loss", "auc")
+
+    def __init__(self, settings: Any = None) -> None:
+        self.settings = settings
+        self.class_names: tuple[str, ...] = ()
+
+    def output_width(self, spec: DataSpec) -> int:
+        return spec.n_classes
+
+    def check_data(self, spec: DataSpec) -> None:
+        _refuse_kind("multinomial", spec, "multiclass")
+        if spec.n_classes < 2:
+            raise DPTrainError("data.classes is not allowed with fewer than 2 classes for objective=multinomial; "
+                               "allowed: a list of at least 2 distinct labels")
+        self.class_names = tuple(spec.class_names)
+
+    def per_example_loss(self, outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(outputs, y, reduction="none")
+
+    def output_gradient(self, outputs: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """d CE(z, y) / dz = softmax(z) - onehot(y), one row per example (written into ``out``)."""
+        g = torch.softmax(outputs, dim=1) if out is None else out.copy_(torch.softmax(outputs, dim=1))
+        rows = torch.arange(g.shape[0], device=g.device)
+        g[rows, y] -= 1.0
+        return g
+
+    def correct(self, outputs: torch.Tensor, y: torch.Tensor) -> int:
+        return int((outputs.argmax(1) == y).sum())
+
+    @torch.no_grad()
+    def metrics(self, outputs: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        from sklearn.metrics import roc_auc_score
+
+        p = torch.softmax(outputs.double(), dim=1).numpy()
+        labels = y.numpy()
+        aucs = [float(roc_auc_score(labels == k, p[:, k])) for k in range(p.shape[1])
+                if 0 < int((labels == k).sum()) < len(labels)]
+        return {"acc": float((outputs.argmax(1) == y).double().mean()),
+                "loss": float(self.per_example_loss(outputs, y).double().mean()),
+                "auc": float(sum(aucs) / len(aucs)) if aucs else math.nan}
+
+    def baseline(self, data: Any, *, seed: int, fit: bool = True) -> dict[str, float]:
+        """The majority-class rate on the test rows and, with ``fit``, the test accuracy of a
+        NON-private sklearn (multinomial) LogisticRegression on the same features and split."""
+        y = data.y_test
+        counts = torch.bincount(y, minlength=max(len(self.class_names), 1))
+        out = {"majority_acc": float(counts.max()) / max(int(y.shape[0]), 1)}
+        if fit:
+            from sklearn.linear_model import LogisticRegression
+
+            clf = _fit_quietly(LogisticRegression(max_iter=2000, random_state=seed), data)
+            out["nonprivate_acc"] = float(clf.score(data.x_test.numpy(), y.numpy()))
+        return out
+
+    def prediction_columns(self, outputs: torch.Tensor) -> dict[str, Any]:
+        """``p_<class>`` (the softmax probability of each declared class) and ``label`` (the
+        arg-max class's declared name)."""
+        p = torch.softmax(outputs.double(), dim=1).numpy()
+        names = self.class_names or tuple(str(k) for k in range(p.shape[1]))
+        cols: dict[str, Any] = {f"p_{c}": p[:, k] for k, c in enumerate(names)}
+        cols["label"] = [names[k] for k in p.argmax(1)]
+        return cols
+
+    def summary_line(self, metrics: dict[str, float]) -> str | None:
+        return None  # baseline/nonprivate_acc and majority_acc: the summary's classifier line
+
+
+class LinearRegression:
+    """Regression with one output per example and squared error 0.5 (z - y)^2, on a continuous
+    target with PUBLIC bounds (``data.target_bounds``). The data scales the target to [0, 1]
+    by those bounds (y = (t - lower) / (upper - lower), after clipping t into them), so the
+    model predicts on that scale: t_hat = lower + (upper - lower) z. Test metrics in the
+    target's ORIGINAL units: ``rmse``, ``mae``; ``r2`` (unit-free); ``loss`` is the training loss,
+    mean 0.5 (z - y)^2 on the [0, 1] scale."""
+
+    name = "linear"
+    primary_metric = "rmse"
+    greater_is_better = False
+    metric_names = ("rmse", "r2", "mae", "loss")
+
+    def __init__(self, settings: Any = None) -> None:
+        self.settings = settings
+        self.target_bounds: tuple[float, float] | None = None
+
+    def output_width(self, spec: DataSpec) -> int:
+        return 1
+
+    def check_data(self, spec: DataSpec) -> None:
+        _refuse_kind("linear", spec, "continuous")
+        if spec.target_bounds is None:
+            raise DPTrainError("objective=linear needs data.target_bounds={lower: L, upper: U} (PUBLIC bounds of "
+                               "the target); allowed: finite numbers with lower < upper")
+        self.target_bounds = (float(spec.target_bounds[0]), float(spec.target_bounds[1]))
+
+    @property
+    def _span(self) -> tuple[float, float]:
+        if self.target_bounds is None:
+            raise DPTrainError("objective=linear: the target's public bounds are unknown (check_data(spec) was not "
+                               "called); allowed: a data spec with data.target_bounds")
+        lo, hi = self.target_bounds
+        return lo, hi - lo
+
+    def per_example_loss(self, outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return 0.5 * (outputs - y).square()
+
+    def output_gradient(self, outputs: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """d 0.5 (z - y)^2 / dz = z - y (written into ``out`` when given)."""
+        return torch.sub(outputs, y, out=out) if out is not None else outputs - y
+
+    def correct(self, outputs: torch.Tensor, y: torch.Tensor) -> int:
+        return 0  # no notion of a correct prediction: the loop logs no training accuracy
+
+    @torch.no_grad()
+    def metrics(self, outputs: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        _, span = self._span
+        err = outputs.double() - y.double()
+        yd = y.double()
+        sst = float((yd - yd.mean()).square().sum())
+        return {"rmse": span * float(err.square().mean().sqrt()),
+                "r2": 1.0 - float(err.square().sum()) / sst if sst > 0 else math.nan,
+                "mae": span * float(err.abs().mean()),
+                "loss": float((0.5 * err.square()).mean())}
+
+    def baseline(self, data: Any, *, seed: int, fit: bool = True) -> dict[str, float]:
+        """Reference test RMSEs (original units): predicting the TRAINING mean (``mean_rmse``;
+        computed from private rows, so private like every baseline) and, with ``fit``, a
+        NON-private sklearn LinearRegression on the same features and split."""
+        _, span = self._span
+        y = data.y_test.double()
+        out = {"mean_rmse": span * float((y - data.y_train.double().mean()).square().mean().sqrt())}
+        if fit:
+            from sklearn.linear_model import LinearRegression as SkLinearRegression
+
+            reg = _fit_quietly(SkLinearRegression(), data)
+            pred = torch.from_numpy(reg.predict(data.x_test.numpy())).double()
+            out["nonprivate_rmse"] = span * float((pred - y).square().mean().sqrt())
+        return out
+
+    def prediction_columns(self, outputs: torch.Tensor) -> dict[str, Any]:
+        """``prediction``: lower + (upper - lower) z, in the target's original units."""
+        lo, span = self._span
+        return {"prediction": (lo + span * outputs.double()).numpy()}
+
+    def summary_line(self, metrics: dict[str, float]) -> str | None:
+        if "baseline/mean_rmse" not in metrics:
+            return None
+        line = f"baselines (test RMSE): predicting the training mean {metrics['baseline/mean_rmse']:.4f}"
+        if "baseline/nonprivate_rmse" in metrics:
+            line += (f"   non-private sklearn LinearRegression (same features/split) "
+                     f"{metrics['baseline/nonprivate_rmse']:.4f}")
+        return line
+
 
 OBJECTIVES: Registry = Registry("objective", setting="objective.name")
 OBJECTIVES.register("binary", BinaryLogistic)
+OBJECTIVES.register("multinomial", Multinomial)
+OBJECTIVES.register("linear", LinearRegression)
 #: the default objective (binary logistic), for engines and tools built without a config
 BINARY = BinaryLogistic()
 

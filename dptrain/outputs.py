@@ -56,6 +56,7 @@ def write_training_outputs(conf: Config, cfg: Any, result: Any, *, data: Any, tr
     epsilons = final_epsilons(result, delta=delta, headline=conf.privacy.accountant) if conf.privacy.enabled else None
     report = build_report(mechanism=result.privacy, epsilons=epsilons, accountant=conf.privacy.accountant,
                           seed=conf.seed, data_source=data.source, test_public=bool(conf.data.test_public))
+    _coefficients(conf, result, report, run_dir)
     _log_to_tracker(tracker, conf, result, report, epsilons)
     m = result.metrics
     public = publishable_metrics(conf, m, report)
@@ -71,6 +72,33 @@ def write_training_outputs(conf: Config, cfg: Any, result: Any, *, data: Any, tr
     atomic_write_text(run_dir / "privacy.txt", format_report(report))
     write_manifest(run_dir, publishable=files["publishable"], private=files["private"], guarantee=report["guarantee"])
     return report
+
+
+def _coefficients(conf: Config, result: Any, report: dict, run_dir: Path) -> dict | None:
+    """coefficients.csv (publishable: a function of the released model or statistics only) and
+    the estimator's section of the report (dptrain.inference); None for a model that is not linear."""
+    import logging
+
+    from dptrain.inference.run import coefficient_section, estimator_report
+    from dptrain.privacy.report import files_section
+    from dptrain.tracking import atomic_write_text
+
+    table = coefficient_section(conf, result)
+    if table is None:
+        logging.getLogger(__name__).info("no coefficient table: the model is not linear (one Linear layer) or the "
+                                         "objective has no coefficient interpretation")
+    else:
+        atomic_write_text(run_dir / "coefficients.csv", table["frame"].to_csv(index=False, float_format="%.10g"))
+    report["estimator"] = estimator_report(conf, result, report, table)
+    if conf.estimator.name != "dpsgd" and "epsilon" in report:
+        report["guarantee"] = report["estimator"]["guarantee"]
+    if conf.estimator.name == "ssp":
+        report.update(sampling="none: one release over all rows", clipping="rows clipped into the PUBLIC bounds "
+                      "(features and target); L2 sensitivity of Z'Z given as max_grad_norm", noise=(
+                          "Gaussian N(0, (sigma x sensitivity)^2) on each entry of the upper triangle of Z'Z"))
+    report["files"] = files_section(test_public=bool(conf.data.test_public), coefficients=table is not None,
+                          checkpoint=(run_dir / "private" / "checkpoint.pt").is_file())
+    return table
 
 
 def _log_to_tracker(tracker: Any, conf: Config, result: Any, report: dict, epsilons: dict | None) -> None:

@@ -13,8 +13,11 @@ The command::
     python -m dptrain task=predict run=<training run folder> data.path=new.csv
 
 checks the settings, loads the model, reads the file's header and refuses a missing declared
-column by name BEFORE any row is read, then writes one prediction per input row (score, the
-probability of label 1 and the predicted 0/1 label) into its own run folder, with FILES.txt.
+column by name BEFORE any row is read, then writes one prediction per input row into its own
+run folder, with FILES.txt: the objective's columns (``prediction_columns``): for
+``objective=binary`` the score (logit), the probability of label 1 and the predicted 0/1 label;
+for ``multinomial`` one probability ``p_<class>`` per declared class and the predicted class's
+name (``label``); for ``linear`` the ``prediction`` in the target's original units.
 The predictions are computed from the rows given, so they are exactly as private as those rows:
 ``private/predictions.csv`` unless ``data.public=true`` declares the rows public (then
 ``predictions.csv`` at the top, publishable). The model's guarantee protects its TRAINING rows
@@ -79,9 +82,12 @@ def check_columns(columns: list[str], schema: Schema, origin: str) -> None:
 class TrainedModel:
     """A trained model with its public feature encoder (from :func:`load_model`).
 
-    ``predict(df)`` (0/1, 1 = the target equals ``schema.positive``), ``predict_proba(df)``
-    (columns: P(0), P(1)), ``decision_function(df)`` (the logit) take a DataFrame holding the
-    declared feature columns (other columns are ignored); ``encode(df)`` is the encoded matrix."""
+    ``predict(df)`` (binary: 0/1, 1 = the target equals ``schema.positive``; multinomial: the
+    declared class name; linear: the prediction in the target's original units),
+    ``predict_proba(df)`` (classifiers: one column per class in ``classes_`` order),
+    ``decision_function(df)`` (the model's raw outputs: the logit, the K class scores, the
+    prediction on the [0, 1] training scale) take a DataFrame holding the declared feature
+    columns (other columns are ignored); ``encode(df)`` is the encoded matrix."""
 
     module: torch.nn.Module
     schema: Schema
@@ -90,7 +96,12 @@ class TrainedModel:
     privacy: dict = field(default_factory=dict)
     path: Path | None = None
 
-    classes_ = np.array([0, 1])
+    @property
+    def classes_(self) -> np.ndarray:
+        """The classes in ``predict_proba``'s column order: 0, 1 (binary) or the declared names."""
+        if self.schema.classes is not None:
+            return np.array(self.schema.classes, dtype=object)
+        return np.array([0, 1])
 
     @property
     def feature_names(self) -> tuple[str, ...]:
@@ -112,37 +123,46 @@ class TrainedModel:
 
     @torch.no_grad()
     def decision_function(self, rows: Any) -> np.ndarray:
-        """The model's output per row (float64): for objective=binary the logit of label 1."""
+        """The model's output per row (float64): for objective=binary the logit of label 1, for
+        multinomial the K class scores (n, K), for linear the prediction on the [0, 1] scale."""
         x = torch.from_numpy(self.encode(rows))
         return self.module(x).double().numpy()
 
-    def _binary(self) -> None:
-        if getattr(self.objective, "name", None) != "binary":
-            raise DPTrainError(f"predict/predict_proba need objective=binary; this model's objective is "
-                               f"{getattr(self.objective, 'name', '?')!r}: use decision_function")
+    def _columns(self, rows: Any) -> dict[str, Any]:
+        if not hasattr(self.objective, "prediction_columns"):
+            raise DPTrainError(f"this model's objective {getattr(self.objective, 'name', '?')!r} defines no "
+                               "prediction_columns: use decision_function")
+        return self.objective.prediction_columns(torch.from_numpy(self.decision_function(rows)))
 
     def predict_proba(self, rows: Any) -> np.ndarray:
-        """(n, 2): P(label 0), P(label 1) per row."""
-        self._binary()
-        p = torch.sigmoid(torch.from_numpy(self.decision_function(rows))).numpy()
-        return np.column_stack([1.0 - p, p])
+        """Classifiers: (n, 2) P(label 0), P(label 1) (binary) or (n, K) one probability per
+        declared class (multinomial), in ``classes_`` order."""
+        name = getattr(self.objective, "name", None)
+        if name not in ("binary", "multinomial"):
+            raise DPTrainError(f"predict_proba needs objective=binary or multinomial; this model's objective is "
+                               f"{name!r}: use predict")
+        cols = self._columns(rows)
+        if name == "binary":
+            return np.column_stack([1.0 - cols["probability"], cols["probability"]])
+        return np.column_stack([cols[f"p_{c}"] for c in self.objective.class_names])
 
     def predict(self, rows: Any) -> np.ndarray:
-        """The predicted 0/1 label per row (1: logit > 0, as the training metrics count)."""
-        self._binary()
-        return (self.decision_function(rows) > 0).astype(np.int64)
+        """Per row: binary the 0/1 label (1: logit > 0, as the training metrics count);
+        multinomial the declared name of the most probable class; linear the prediction in the
+        target's original units."""
+        cols = self._columns(rows)
+        return np.asarray(cols["prediction"] if "prediction" in cols else cols["label"])
 
     def prediction_frame(self, rows: Any, *, keep: list[str] | tuple[str, ...] = (),
                          origin: str = "the rows") -> pd.DataFrame:
-        """One row per input row: the ``keep`` columns as given, ``score`` (the logit),
-        ``probability`` (of label 1) and ``label`` (0/1)."""
-        self._binary()
+        """One row per input row: the ``keep`` columns as given, then the objective's columns
+        (binary: ``score``, ``probability`` of label 1, ``label`` 0/1; multinomial: ``p_<class>``
+        per declared class, ``label``; linear: ``prediction`` in original units)."""
         df = _frame(rows, origin)
-        z = self.decision_function(df)
+        cols = self._columns(df)
         out = pd.DataFrame({c: df[c].to_numpy() for c in keep})
-        out["score"] = z
-        out["probability"] = torch.sigmoid(torch.from_numpy(z)).numpy()
-        out["label"] = (z > 0).astype(np.int64)
+        for name, values in cols.items():
+            out[name] = values
         return out
 
 
@@ -241,8 +261,11 @@ def _manifest(run_dir: Path, *, model: TrainedModel, public: bool, origin: str) 
     """FILES.txt of a predict run; returns where the predictions go."""
     from dptrain.tracking import PRIVATE_DIR, write_manifest
 
-    what = (f"one prediction per row of {origin} (score = logit, probability of label 1, label 0/1), computed "
-            "from those rows")
+    what = {"binary": "score = logit, probability of label 1, label 0/1",
+            "multinomial": "p_<class> = the probability of each declared class, label = the most probable class",
+            "linear": "prediction, in the target's original units"}.get(getattr(model.objective, "name", None),
+                                                                        "the objective's prediction columns")
+    what = f"one prediction per row of {origin} ({what}), computed from those rows"
     target = run_dir / PREDICTIONS if public else run_dir / PRIVATE_DIR / PREDICTIONS
     publishable = {"FILES.txt": "this list", ".hydra/": "the configuration (the command line)"}
     private = {"private/dptrain.log": "the log"}

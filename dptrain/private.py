@@ -134,6 +134,7 @@ class LossObjective:
 
     name = "custom"
     primary_metric = "loss"
+    greater_is_better = False
 
     def __init__(self, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
         self.loss = loss

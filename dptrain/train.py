@@ -52,6 +52,7 @@ class TrainResult:
     privacy: dict[str, Any]  # the mechanism and how the run went (input to the privacy report)
     accountant: PrivacyAccountant = field(default_factory=PrivacyAccountant)
     mechanism: DPSGDMechanism | None = None
+    inference: dict[str, Any] | None = None  # what an estimator's coefficient table needs (dptrain.inference)
 
 
 # ------------------------------------------------------------------------------ the task
@@ -63,27 +64,34 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     objective). Bad input raises a DPTrainError before anything is written."""
     from dptrain.config import validate, validate_against_size
     from dptrain.data import load_dataset
+    from dptrain.inference.run import run_estimator
+    from dptrain.inference.settings import check_estimator, check_estimator_size
     from dptrain.outputs import randomness_for, write_training_outputs
     from dptrain.privacy.report import summary_lines
 
     conf: Config = OmegaConf.to_object(cfg)
     validate(conf)
+    check_estimator(conf)
     randomness = randomness_for(conf, cfg, run_dir=run_dir)
     build_model(conf, spec=data_spec_from_config(conf.data), objective=build_objective(conf.objective))
     data = load_dataset(conf.data, seed=conf.seed)
     delta = validate_against_size(conf, data.n_train)
+    check_estimator_size(conf, data.n_train)
     dist_ctx, run_dir = _join_processes(conf, run_dir)
     main = dist_ctx is None or dist_ctx.is_main
     tracker = Tracker(run_dir / "private" if main else run_dir, tensorboard=conf.logger.tensorboard and main)
     try:
-        result = fit(conf, data, mechanism=mechanism_for(conf, dataset_size=data.n_train, delta=delta),
-                     tracker=tracker, launch=LaunchConfig(run_dir=run_dir, randomness=randomness, dist=dist_ctx))
+        result = run_estimator(conf, data, delta=delta, tracker=tracker,  # estimator=dpsgd: fit() as before
+                               launch=LaunchConfig(run_dir=run_dir, randomness=randomness, dist=dist_ctx))
     except BaseException:
         tracker.close()
         raise
     if main:
         report = write_training_outputs(conf, cfg, result, data=data, tracker=tracker, run_dir=run_dir)
-        for line in summary_lines(result, report, dist_ctx=dist_ctx, run_dir=run_dir):
+        lines = summary_lines(result, report, dist_ctx=dist_ctx, run_dir=run_dir)
+        line_of = getattr(build_objective(conf.objective), "summary_line", None)  # optional for plugins
+        extra = line_of(result.metrics) if line_of is not None else None  # e.g. linear's RMSE baselines
+        for line in lines[:1] + ([extra] if extra else []) + lines[1:]:
             log.info(line)
     if dist_ctx is not None:
         from dptrain.distributed import shutdown
@@ -106,20 +114,25 @@ def _join_processes(conf: Config, run_dir: Path) -> tuple[Any, Path]:
 # ------------------------------------------------------------------------------ set-up pieces
 
 
-def public_feature_count(data_cfg: Any) -> int:
-    """The model's input width from the PUBLIC schema alone (no row is read): numeric columns
-    plus, per categorical column, its declared labels and the other slot."""
+def _public_schema(data_cfg: Any) -> Any:
     from dptrain.data import _synthetic_schema, schema_from_config
 
     if (data_cfg.get("name") if isinstance(data_cfg, dict) else getattr(data_cfg, "name", None)) == "synthetic":
         _, _, numeric = _synthetic_schema(data_cfg)
-        return len(schema_from_config(data_cfg, numeric=numeric).feature_names)
-    return len(schema_from_config(data_cfg).feature_names)
+        return schema_from_config(data_cfg, numeric=numeric)
+    return schema_from_config(data_cfg)
+
+
+def public_feature_count(data_cfg: Any) -> int:
+    """The model's input width from the PUBLIC schema alone (no row is read): numeric columns
+    plus, per categorical column, its declared labels and the other slot."""
+    return len(_public_schema(data_cfg).feature_names)
 
 
 def data_spec_from_config(data_cfg: Any, *, extra_features: int = 0) -> DataSpec:
-    """The data's description (feature width, target kind) from its public schema."""
-    return DataSpec(n_features=public_feature_count(data_cfg) + extra_features, target_kind="binary")
+    """The data's description (feature width, target kind, declared classes or target bounds)
+    from its public schema (no row is read)."""
+    return _public_schema(data_cfg).data_spec(extra_features=extra_features)
 
 
 def build_model(cfg: Config, *, spec: DataSpec, objective: Any) -> nn.Module:
@@ -324,13 +337,12 @@ def _loop(run: _Run, data: Dataset, tracker: Tracker) -> float:
 def _log_step(run: _Run, tracker: Tracker, bar: Any, step: int, stats: Any, mean_batch: float) -> None:
     """The logged step's non-private diagnostics (computed on training rows) and epsilon so far."""
     seen = max(stats.batch_size, 1)
-    diag = {
-        "diagnostics_nonprivate/train_loss": stats.loss_sum / seen,
-        "diagnostics_nonprivate/train_acc": stats.correct / seen,
-        "diagnostics_nonprivate/batch_size": mean_batch if run.world == 1 else stats.batch_size,
-    }
-    postfix = {"loss": f"{diag['diagnostics_nonprivate/train_loss']:.4f}",
-               "acc": f"{diag['diagnostics_nonprivate/train_acc']:.3f}"}
+    diag = {"diagnostics_nonprivate/train_loss": stats.loss_sum / seen}
+    postfix = {"loss": f"{diag['diagnostics_nonprivate/train_loss']:.4f}"}
+    if "acc" in run.objective.metric_names:  # a classifier (objective=linear has no accuracy)
+        diag["diagnostics_nonprivate/train_acc"] = stats.correct / seen
+        postfix["acc"] = f"{diag['diagnostics_nonprivate/train_acc']:.3f}"
+    diag["diagnostics_nonprivate/batch_size"] = mean_batch if run.world == 1 else stats.batch_size
     if run.mechanism.enabled:
         diag["diagnostics_nonprivate/clip_fraction"] = stats.clipped / seen
         diag["privacy/epsilon"] = run.accountant.get_epsilon(delta=run.mechanism.delta, accountant="rdp")

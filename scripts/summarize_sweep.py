@@ -15,6 +15,7 @@ line), private, target_epsilon, noise_multiplier (mean over seeds), epsilon (mea
 the headline epsilon), epsilon_max, accountant, delta, n_seeds, seeds, then for test/acc,
 test/loss and test/auc: ``<metric>_mean``, ``_std`` (sample std, ddof=1; empty for one seed),
 ``_min``, ``_max``; then baseline/nonprivate_acc_mean and baseline/majority_acc_mean.
+Runs of classifiers only (objective=binary or multinomial); another objective is refused by name.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ CAVEAT = (
     "no single run's epsilon covers that choice."
 )
 METRICS = ("test/acc", "test/loss", "test/auc")
+#: the objectives whose runs this summary compares (their metrics are METRICS)
+CLASSIFIERS = ("binary", "multinomial")
 NONPRIVATE_LABEL = "non-private (same pipeline)"
 SKLEARN_LABEL = "sklearn non-private logistic regression"
 MAJORITY_LABEL = "majority-class rate"
@@ -60,6 +63,11 @@ def _read_run(run: Path) -> dict | None:
         warnings.warn(f"skipping {run}: unreadable file ({err})", stacklevel=2)
         return None
 
+    objective = str((config.get("objective") or {}).get("name", "binary"))
+    if objective not in CLASSIFIERS:  # e.g. objective=linear: rmse / r2 / mae, not accuracy
+        raise SystemExit(f"summarize_sweep.py: {run} was trained with objective={objective}, which is not allowed "
+                         f"here: this summary compares classifiers' test/acc, loss and auc; allowed: objective="
+                         + " or ".join(CLASSIFIERS))
     target = str((config.get("model") or {}).get("_target_", "unknown"))
     over = {}
     for item in overrides:

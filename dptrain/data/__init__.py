@@ -2,7 +2,9 @@
 
 Every source goes through the same PUBLIC-schema encoding (:mod:`dptrain.data.table`): numeric
 columns clipped to declared bounds and scaled to [0, 1], categorical columns one-hot over the
-declared list plus an ``<other>`` slot, a binary target; nothing is fitted on the rows. Without
+declared list plus an ``<other>`` slot, a binary target (or a multiclass one over the declared
+``data.classes``, or a continuous one scaled by the declared ``data.target_bounds``); nothing is
+fitted on the rows. Without
 a ``split_column`` the train/test split is a per-row keyed hash that adding or removing one row
 cannot change for any other row. Errors and logs never quote a value or a count of rows.
 
@@ -142,7 +144,8 @@ def _get(obj: Any, name: str, default: Any = None) -> Any:
     return getattr(obj, name, default)
 
 
-DECLARATION_KEYS = ("target", "positive", "numeric", "categorical", "split_column", "nonfinite", "test_fraction")
+DECLARATION_KEYS = ("target", "positive", "classes", "target_bounds", "numeric", "categorical", "split_column",
+                    "nonfinite", "test_fraction")
 
 
 def shipped_schema(key: Any) -> dict[str, Any]:
@@ -155,19 +158,45 @@ def shipped_schema(key: Any) -> dict[str, Any]:
     return yaml.safe_load(SCHEMAS[key].read_text(encoding="utf-8"))
 
 
+def _shipped_declaration(cfg: Any, key: Any) -> dict[str, Any]:
+    """A shipped schema, with the run's own choice of target: ``data.target`` another column of
+    the file, declared as ``data.classes`` (multiclass), ``data.target_bounds`` (continuous) or
+    ``data.positive`` (binary). That column is then removed from the features (a target is
+    never a feature); the shipped target column is not read."""
+    for own in ("numeric", "categorical"):
+        if _get(cfg, own):
+            raise ConfigError(f"data.{own} is not allowed with data.schema={key!r} (the shipped schema "
+                              "declares the columns); use data=table to declare your own")
+    out = {"nonfinite": "error", "test_fraction": 0.25, "positive": None, "split_column": None,
+           "classes": None, "target_bounds": None, **shipped_schema(key)}
+    target, positive = _get(cfg, "target"), _get(cfg, "positive")
+    bounds = _get(cfg, "target_bounds")
+    bounds = None if bounds is None or (_get(bounds, "lower") is None and _get(bounds, "upper") is None) else bounds
+    kind_given = _get(cfg, "classes") is not None or bounds is not None
+    if target not in (None, "") and str(target).strip() != out["target"]:
+        target = str(target).strip()
+        if positive is None and not kind_given:  # no silent guess of what the column means
+            raise ConfigError(f"data.target={target!r} is not allowed alone with data.schema={key!r}: declare the "
+                              "target's PUBLIC kind: data.classes=[...] (multiclass), data.target_bounds={lower: L, "
+                              "upper: U} (continuous) or data.positive=LABEL (binary)")
+        out["numeric"] = {c: v for c, v in out["numeric"].items() if c != target}
+        out["categorical"] = {c: v for c, v in out["categorical"].items() if c != target}
+        out.update(target=target, positive=positive)
+    elif positive is not None or kind_given:  # the shipped target declared another way
+        out["positive"] = positive
+    out.update(classes=_get(cfg, "classes"), target_bounds=bounds)
+    return out
+
+
 def declaration(cfg: Any) -> dict[str, Any]:
     """The explicit PUBLIC schema declaration of any data config (a source's dataclass, the
-    general ``DataConfig``, a DictConfig or a mapping): target, positive, numeric, categorical,
-    split_column, nonfinite, test_fraction. ``data.schema`` names a shipped schema (Adult's);
+    general ``DataConfig``, a DictConfig or a mapping): target, positive, classes,
+    target_bounds, numeric, categorical, split_column, nonfinite, test_fraction. ``data.schema``
+    names a shipped schema (Adult's), whose target a run may replace (:func:`_shipped_declaration`);
     synthetic data declares its target ``y`` and each generated column's range."""
     key = _get(cfg, "schema")
     if key is not None:
-        for own in ("numeric", "categorical"):
-            if _get(cfg, own):
-                raise ConfigError(f"data.{own} is not allowed with data.schema={key!r} (the shipped schema "
-                                  "declares the columns); use data=table to declare your own")
-        out = {"nonfinite": "error", "test_fraction": 0.25, "positive": None, "split_column": None}
-        return {**out, **shipped_schema(key)}
+        return _shipped_declaration(cfg, key)
     out = {k: _get(cfg, k) for k in DECLARATION_KEYS}
     out["nonfinite"] = out["nonfinite"] or "error"
     out["test_fraction"] = 0.25 if out["test_fraction"] is None else out["test_fraction"]

@@ -7,7 +7,10 @@ Nothing here is fitted on the rows (docs/privacy.md):
 * categorical column: one-hot over the declared category list plus one ``<other>`` slot for
   every value not in the list, missing values included;
 * target: 1 where the value (as a stripped string) equals ``data.positive``, else 0; with
-  ``positive: null`` the column must already be numeric 0/1;
+  ``positive: null`` the column must already be numeric 0/1 (a binary target); with
+  ``data.classes`` (a multiclass target) the index of the value in that PUBLIC list (int64),
+  every row's label must be one of them; with ``data.target_bounds`` (a continuous target)
+  the value clipped into the PUBLIC ``[lower, upper]`` and scaled to ``[0, 1]`` by them;
 * train/test split: the ``split_column`` ("train"/"test"), or else a per-row hash split
   (:func:`split_scores`) that no single row can move.
 
@@ -29,8 +32,11 @@ used before moved hundreds of rows of a 1,000-row table when one row was added.
 Refused (DataError): empty / header-only files, non-UTF-8 CSV, CSV rows whose field count differs
 from the header's (pandas would pad, truncate or shift them silently), duplicate column names,
 missing declared columns, non-numeric / non-finite numeric entries, nested (list / struct)
-labels, a target that is not binary or whose training rows are all in one class, a split with
-no train or no test row.
+labels, a binary target that is not 0/1 or whose training rows are all in one class, a multiclass
+target with a label not among ``data.classes`` (a missing label included; the error never says
+which label or how many rows) or with one class only among the training rows, a continuous target
+with non-numeric entries (non-finite ones follow ``data.nonfinite``), a split with no train or no
+test row.
 
 Error messages and log lines name the setting and the column, say what was found in words and
 what is allowed. They quote no value read from the file (a headerless file's "column names" are
@@ -79,7 +85,9 @@ class DataError(DPTrainError):
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """Encoded features and 0/1 labels; all tensors float32 and contiguous."""
+    """Encoded features and labels; all tensors contiguous, float32 except the labels of a
+    multiclass target (int64 indices into ``class_names``). A continuous target is scaled to
+    [0, 1] by its public ``target_bounds``."""
 
     x_train: torch.Tensor  # (N, d)
     y_train: torch.Tensor  # (N,)
@@ -90,12 +98,16 @@ class Dataset:
     # PRIVATE facts about the rows (e.g. how many values were clipped into the declared bounds, per
     # column): written only to private/data_diagnostics.json (dptrain.data.write_data_diagnostics)
     diagnostics: dict = field(default_factory=dict)
+    target_kind: str = "binary"  # binary | multiclass | continuous (dptrain.objectives.TARGET_KINDS)
+    class_names: tuple[str, ...] = ()  # multiclass: the declared classes, in label-index order
+    target_bounds: tuple[float, float] | None = None  # continuous: the declared public (lower, upper)
 
     def __post_init__(self) -> None:
         for name in ("x_train", "y_train", "x_test", "y_test"):
             t = getattr(self, name)
-            if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or not t.is_contiguous():
-                raise TypeError(f"Dataset.{name} must be a contiguous float32 tensor")
+            dtype = torch.int64 if name.startswith("y") and self.target_kind == "multiclass" else torch.float32
+            if not isinstance(t, torch.Tensor) or t.dtype != dtype or not t.is_contiguous():
+                raise TypeError(f"Dataset.{name} must be a contiguous {str(dtype).split('.')[1]} tensor")
         if self.x_train.dim() != 2 or self.x_test.dim() != 2 or self.y_train.dim() != 1 or self.y_test.dim() != 1:
             raise ValueError("Dataset: x_* must be 2-D (rows, features), y_* 1-D")
         if self.x_train.shape[0] != self.y_train.shape[0] or self.x_test.shape[0] != self.y_test.shape[0]:
@@ -118,10 +130,12 @@ class Dataset:
 
     @property
     def spec(self):
-        """The data's description for the objective and the model: feature width, target kind."""
+        """The data's description for the objective and the model: feature width, target kind,
+        the declared classes or target bounds."""
         from dptrain.objectives import DataSpec
 
-        return DataSpec(n_features=self.n_features, target_kind="binary")
+        return DataSpec(n_features=self.n_features, target_kind=self.target_kind,
+                        class_names=tuple(self.class_names), target_bounds=self.target_bounds)
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,6 +168,20 @@ class Schema:
     split_column: str | None = None
     nonfinite: str = "error"
     test_fraction: float = 0.25
+    classes: tuple[str, ...] | None = None  # a multiclass target's PUBLIC class list (data.classes)
+    target_bounds: tuple[float, float] | None = None  # a continuous target's PUBLIC bounds (data.target_bounds)
+
+    @property
+    def target_kind(self) -> str:
+        return "multiclass" if self.classes is not None else ("continuous" if self.target_bounds is not None
+                                                              else "binary")
+
+    def data_spec(self, *, extra_features: int = 0) -> Any:
+        """The :class:`dptrain.objectives.DataSpec` of this schema (no row is read)."""
+        from dptrain.objectives import DataSpec
+
+        return DataSpec(n_features=len(self.feature_names) + extra_features, target_kind=self.target_kind,
+                        class_names=tuple(self.classes or ()), target_bounds=self.target_bounds)
 
     @property
     def feature_columns(self) -> list[str]:
@@ -178,9 +206,10 @@ def _number(setting: str, value: Any) -> float:
     return float(value)
 
 
-def numeric_spec(name: str, spec: Any) -> NumericSpec:
-    """Normalise one ``data.numeric.<name>`` entry (NumericColumn, DictConfig or mapping)."""
-    setting = f"data.numeric.{name}"
+def numeric_spec(name: str, spec: Any, *, setting: str | None = None) -> NumericSpec:
+    """Normalise one ``data.numeric.<name>`` entry (NumericColumn, DictConfig or mapping);
+    ``setting`` names it in errors (default ``data.numeric.<name>``)."""
+    setting = setting or f"data.numeric.{name}"
     if spec is None or not (isinstance(spec, Mapping) or hasattr(spec, "lower")):
         raise ConfigError(f"{setting}={spec!r} is not allowed: give {{lower: ..., upper: ...}} (optionally "
                           "transform: log1p)")
@@ -215,24 +244,8 @@ def schema_from_config(cfg: Any, *, numeric: Mapping[str, Any] | None = None) ->
         positive = str(positive).strip()
     nums = [numeric_spec(str(k).strip(), v)
             for k, v in (numeric if numeric is not None else (_get(cfg, "numeric") or {})).items()]
-    cats: list[tuple[str, tuple[str, ...]]] = []
-    for col, lst in (_get(cfg, "categorical") or {}).items():
-        col = str(col).strip()
-        setting = f"data.categorical.{col}"
-        if lst is None or isinstance(lst, (str, bytes, Mapping)) or not hasattr(lst, "__iter__"):
-            raise ConfigError(f"{setting}={lst!r} is not allowed: must be a list of category labels")
-        if any(c is not None and not isinstance(c, (str, int, float)) for c in lst):
-            raise ConfigError(f"{setting}={list(lst)!r} is not allowed: every label must be a string or a number")
-        items = tuple(_label(c) for c in lst)
-        if len(items) == 0:
-            raise ConfigError(f"{setting}=[] is not allowed: a category list must not be empty")
-        if any(c is None for c in items):
-            raise ConfigError(f"{setting} is not allowed: a category label is null "
-                              "(missing values go to the other slot)")
-        if len(set(items)) != len(items):
-            raise ConfigError(f"{setting} is not allowed: the list has {len(items) - len(set(items))} "
-                              "duplicate label(s) (compared as stripped strings)")
-        cats.append((col, items))
+    cats = [(str(col).strip(), _label_list(f"data.categorical.{str(col).strip()}", lst))
+            for col, lst in (_get(cfg, "categorical") or {}).items()]
     if not nums and not cats:
         raise ConfigError("data.numeric/data.categorical='{}' is not allowed: declare at least one feature column")
     seen: dict[str, str] = {}
@@ -254,7 +267,53 @@ def schema_from_config(cfg: Any, *, numeric: Mapping[str, Any] | None = None) ->
     frac = _get(cfg, "test_fraction", 0.25)
     if split is None and not (isinstance(frac, (int, float)) and 0 < frac < 1):
         raise ConfigError(f"data.test_fraction={frac!r} is not allowed: must be in (0, 1)")
-    return Schema(target, positive, tuple(nums), tuple(cats), split, nonfinite, float(frac))
+    classes, bounds = _target_declaration(cfg, positive)
+    return Schema(target, positive, tuple(nums), tuple(cats), split, nonfinite, float(frac), classes, bounds)
+
+
+def _label_list(setting: str, lst: Any, *, what: str = "category", null_hint: str = "missing values go to the "
+                "other slot") -> tuple[str, ...]:
+    """A declared list of labels (a categorical column's categories, a target's classes) as
+    stripped strings: non-empty, no null, no duplicates. Raises ConfigError naming ``setting``."""
+    if lst is None or isinstance(lst, (str, bytes, Mapping)) or not hasattr(lst, "__iter__"):
+        raise ConfigError(f"{setting}={lst!r} is not allowed: must be a list of {what} labels")
+    if any(c is not None and not isinstance(c, (str, int, float)) for c in lst):
+        raise ConfigError(f"{setting}={list(lst)!r} is not allowed: every label must be a string or a number")
+    items = tuple(_label(c) for c in lst)
+    if len(items) == 0:
+        raise ConfigError(f"{setting}=[] is not allowed: a {what} list must not be empty")
+    if any(c is None for c in items):
+        raise ConfigError(f"{setting} is not allowed: a {what} label is null ({null_hint})")
+    if len(set(items)) != len(items):
+        raise ConfigError(f"{setting} is not allowed: the list has {len(items) - len(set(items))} "
+                          "duplicate label(s) (compared as stripped strings)")
+    return items
+
+
+def _target_declaration(cfg: Any, positive: str | None) -> tuple[tuple[str, ...] | None, tuple[float, float] | None]:
+    """(classes, target bounds) of a multiclass / continuous target, or (None, None) for a binary
+    one. At most one of data.positive, data.classes, data.target_bounds. Raises ConfigError."""
+    classes, bounds = _get(cfg, "classes"), _get(cfg, "target_bounds")
+    if bounds is not None and _get(bounds, "lower") is None and _get(bounds, "upper") is None:
+        bounds = None  # {lower: null, upper: null}, the settings' default: no continuous target
+    given = [n for n, v in (("data.positive", positive), ("data.classes", classes),
+                            ("data.target_bounds", bounds)) if v is not None]
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(given)} are not allowed together: declare ONE kind of target: "
+                          "data.positive (binary), data.classes (multiclass) or data.target_bounds (continuous)")
+    if classes is not None:
+        classes = _label_list("data.classes", classes, what="class",
+                              null_hint="missing target values are refused, not a class")
+        if len(classes) < 2:
+            raise ConfigError(f"data.classes={list(classes)!r} is not allowed: a multiclass target needs at least "
+                              "2 declared classes")
+    if bounds is not None:
+        spec = numeric_spec("target_bounds", bounds, setting="data.target_bounds")
+        if spec.transform != "none":
+            raise ConfigError(f"data.target_bounds.transform={spec.transform!r} is not allowed: the target takes "
+                              "lower and upper only")
+        bounds = (spec.lower, spec.upper)
+    return classes, bounds
 
 
 # --------------------------------------------------------------------------------------------
@@ -573,8 +632,13 @@ def _scale(v: np.ndarray, spec: NumericSpec) -> np.ndarray:
     return (v - lo) / (hi - lo)
 
 
-def _target(col: pd.Series, schema: Schema, rows: np.ndarray) -> np.ndarray:
+def _target(col: pd.Series, schema: Schema, rows: np.ndarray, numeric: Mapping[str, np.ndarray]) -> np.ndarray:
     setting = f"data.target={schema.target!r}"
+    if schema.classes is not None:
+        return _class_target(col, schema, rows)
+    if schema.target_bounds is not None:  # finite on ``rows`` (_numeric_columns), clipped and scaled
+        lo, hi = schema.target_bounds
+        return _scale(numeric[schema.target][rows], NumericSpec(schema.target, lo, hi)).astype(np.float32)
     if schema.positive is not None:
         y = (label_codes(col, [schema.positive], setting=setting) == 0)[rows]
         if not y.any():
@@ -600,10 +664,33 @@ def _target(col: pd.Series, schema: Schema, rows: np.ndarray) -> np.ndarray:
     return v.astype(np.float32)
 
 
+def _class_target(col: pd.Series, schema: Schema, rows: np.ndarray) -> np.ndarray:
+    """A multiclass target: each row's index in the declared ``data.classes`` (int64). A row
+    whose label is not declared (a missing label included) is refused: which labels, and how
+    many rows, are private, so the error names the setting and what is allowed only."""
+    codes = label_codes(col, list(schema.classes), setting=f"data.target={schema.target!r}")[rows]
+    if bool((codes < 0).any()):
+        raise DataError(
+            f"data.classes: column {schema.target!r} (data.target) has labels that are not among the declared "
+            "classes (or missing labels); allowed: every row's label one of data.classes (compared as stripped "
+            "strings, case-sensitive; numbers as numbers). Add the missing PUBLIC class to data.classes, or map / "
+            "drop those rows in your file"
+        )
+    return codes.astype(np.int64)
+
+
 def _check_two_classes(y_train: np.ndarray, schema: Schema) -> None:
-    """Refuse a target whose training rows are all in one class: no classifier can be fitted
-    (the non-private baseline would crash) and test AUC is meaningless. No count of rows per
-    class (private), not even which class it is."""
+    """Refuse a classification target whose training rows are all in one class: no classifier
+    can be fitted (the non-private baseline would crash) and test AUC is meaningless. No count
+    of rows per class (private), not even which class it is. A continuous target passes."""
+    if schema.target_kind == "continuous":
+        return
+    if schema.target_kind == "multiclass":
+        if len(y_train) and bool((y_train != y_train[0]).any()):
+            return
+        raise DataError(f"data.target={schema.target!r}: the training rows are all in one of data.classes; allowed: "
+                        "a multiclass target with at least two classes among the training rows (check data.target, "
+                        "data.classes and data.split_column)")
     nt, pos = len(y_train), int(y_train.sum())
     if 0 < pos < nt:
         return
@@ -735,6 +822,15 @@ def encode_features(df: pd.DataFrame, schema: Schema, rows: np.ndarray | None = 
     return x
 
 
+def _numeric_settings(schema: Schema) -> list[tuple[str, NumericSpec]]:
+    """(setting, spec) of every numeric column read: the numeric features and, for a continuous
+    target, the target with its declared bounds (``data.target_bounds``)."""
+    out = [(f"data.numeric.{s.name}", s) for s in schema.numeric]
+    if schema.target_bounds is not None:
+        out.append(("data.target_bounds", NumericSpec(schema.target, *schema.target_bounds)))
+    return out
+
+
 def _numeric_columns(df: pd.DataFrame, schema: Schema, origin: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """(numeric columns as float64, indices of the rows kept): NaN/inf refused, or their rows
     dropped with ``data.nonfinite=drop`` (each row on its own; the log names the columns, never
@@ -742,8 +838,9 @@ def _numeric_columns(df: pd.DataFrame, schema: Schema, origin: str) -> tuple[dic
     nums: dict[str, np.ndarray] = {}
     bad_rows = np.zeros(len(df), dtype=bool)
     dropped_in = []
-    for spec in schema.numeric:
-        v = numeric_values(df[spec.name], f"data.numeric.{spec.name}")
+    for setting, spec in _numeric_settings(schema):
+        v = numeric_values(df[spec.name], setting, LABELS_HINT if setting.startswith("data.numeric") else
+                           "(a continuous target with data.target_bounds holds numbers)")
         nonfin = ~np.isfinite(v)
         if nonfin.any():
             if schema.nonfinite == "error":
@@ -751,7 +848,7 @@ def _numeric_columns(df: pd.DataFrame, schema: Schema, origin: str) -> tuple[dic
                 kinds = "missing/NaN and infinite" if has_nan and bool(np.isinf(v).any()) else (
                     "missing/NaN" if has_nan else "infinite")
                 raise DataError(
-                    f"data.numeric.{spec.name}: column {spec.name!r} has non-finite entries ({kinds}); "
+                    f"{setting}: column {spec.name!r} has non-finite entries ({kinds}); "
                     "allowed with data.nonfinite=error: finite numbers (set data.nonfinite=drop to drop "
                     "those rows)"
                 )
@@ -786,7 +883,7 @@ def build_dataset(df: pd.DataFrame, schema: Schema, *, seed: int, source: str, o
     if len(df) == 0:
         raise DataError(f"{origin} has 0 rows (header only); allowed: at least one row")
     nums, idx = _numeric_columns(df, schema, origin)
-    y = _target(df[schema.target], schema, idx)
+    y = _target(df[schema.target], schema, idx, nums)
     x = encode_features(df, schema, idx, nums)
     is_test = _split(df, schema, idx, seed, nums)
     _check_two_classes(y[~is_test], schema)
@@ -798,6 +895,7 @@ def build_dataset(df: pd.DataFrame, schema: Schema, *, seed: int, source: str, o
         feature_names=schema.feature_names,
         source=source,
         diagnostics={"clipped": clipped_counts(schema, nums, idx)},
+        target_kind=schema.target_kind, class_names=tuple(schema.classes or ()), target_bounds=schema.target_bounds,
     )
 
 
@@ -821,16 +919,17 @@ def _missing_column(missing: list[tuple[str, str]], df: pd.DataFrame, origin: st
 
 
 def clipped_counts(schema: Schema, nums: Mapping[str, np.ndarray], rows: np.ndarray) -> dict[str, dict[str, int]]:
-    """Per numeric column, how many values of the kept ``rows`` lay below ``lower`` / above
-    ``upper`` and were clipped into the declared bounds. PRIVATE counts: they go to
-    private/data_diagnostics.json only; the log names the columns, never a count."""
+    """Per numeric column (and a continuous target, under its column's name), how many values of
+    the kept ``rows`` lay below ``lower`` / above ``upper`` and were clipped into the declared
+    bounds. PRIVATE counts: they go to private/data_diagnostics.json only; the log names the
+    columns, never a count."""
     out: dict[str, dict[str, int]] = {}
-    for spec in schema.numeric:
+    for _, spec in _numeric_settings(schema):
         v = nums[spec.name][rows]
         out[spec.name] = {"below_lower": int((v < spec.lower).sum()), "above_upper": int((v > spec.upper).sum())}
     hit = [c for c, n in out.items() if n["below_lower"] or n["above_upper"]]
     if hit:
         log.warning("values outside the declared bounds were clipped into them in numeric column(s) %s "
-                    "(data.numeric.<column>.lower/upper; how many: private/data_diagnostics.json, PRIVATE)",
-                    ", ".join(repr(c) for c in hit))
+                    "(data.numeric.<column>.lower/upper, data.target_bounds for the target; how many: "
+                    "private/data_diagnostics.json, PRIVATE)", ", ".join(repr(c) for c in hit))
     return out

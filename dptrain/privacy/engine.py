@@ -16,8 +16,9 @@ Engines:
   activations. Per-example gradient norms from ``||g_i||^2 (||a_i||^2 + 1)`` per layer and the
   clipped sum as one matrix product per layer (book-keeping; Goodfellow 2015, Li et al. 2022,
   Bu et al. 2023; docs/engine.md). Never materialises per-example gradients. A plain stack
-  (Linear, activation, ..., Linear(., 1)) runs without autograd on buffers reused from step to
-  step, with the bias gradients, 1/B and the noise folded into the same matrix products.
+  (Linear, activation, ..., Linear(., 1) + Squeeze, or a Linear(., K) head with K > 1 for
+  multi-output objectives) runs without autograd on buffers reused from step to step, with the
+  bias gradients, 1/B and the noise folded into the same matrix products.
 * :class:`OpacusEngine` ("opacus"): any model Opacus' ``GradSampleModule`` supports; per-example
   gradients are materialised by Opacus' hooks, clipping and noise are done here.
 * :class:`NonPrivateEngine`: the same pipeline with no clipping and no noise (sum / B).
@@ -446,12 +447,12 @@ class _Activation:
 
 def _buffered_plan(model: nn.Sequential) -> list[tuple[nn.Linear, _Activation | None]] | None:
     """``[(Linear, activation or None), ...]`` when the model is Linear, [activation], Linear,
-    [activation], ..., ending in a width-1 Linear [activation] and a Squeeze; else None."""
+    [activation], ..., ending in a width-1 Linear [activation] and a Squeeze, or in a Linear
+    [activation] of width K > 1 (a multi-output head, no Squeeze); else None."""
     layers = list(model)
-    if not layers or not isinstance(layers[-1], Squeeze):
-        return None
+    squeeze = bool(layers) and isinstance(layers[-1], Squeeze)
     plan: list[tuple[nn.Linear, _Activation | None]] = []
-    for m in layers[:-1]:
+    for m in layers[:-1] if squeeze else layers:
         if isinstance(m, nn.Linear):
             plan.append((m, None))
         elif isinstance(m, nn.Identity):
@@ -463,7 +464,7 @@ def _buffered_plan(model: nn.Sequential) -> list[tuple[nn.Linear, _Activation | 
                 return None
         else:  # an activation before the first Linear, two in a row, a Squeeze inside
             return None
-    if not plan or plan[-1][0].out_features != 1:
+    if not plan or (plan[-1][0].out_features != 1) == squeeze:
         return None
     return plan
 
@@ -497,7 +498,8 @@ class _Workspace:
                 self.aug.append(None)
                 self.z.append(buf(capacity, lin.out_features))
         act = plan[last][1]
-        self.last_h = buf(capacity, 1) if act is not None and not act.in_place else None
+        width = plan[last][0].out_features
+        self.last_h = buf(capacity, width) if act is not None and not act.in_place else None
         self.d = [buf(capacity, lin.out_features) for lin, _ in plan]  # output gradients g_k
         # [grad_W | grad_b] of each layer with a bias; [W | b] for the forward of layers k >= 1
         self.wt = [buf(lin.out_features, lin.in_features + 1) if lin.bias is not None else None for lin, _ in plan]
@@ -517,8 +519,10 @@ class FastLinearEngine(GradientEngine):
     Three implementations of the same arithmetic:
 
     * one Linear to one output: closed form, g_i = the objective's output gradient (for binary
-      logistic sigmoid(z_i) - y_i);
-    * a plain stack (Linear, one activation, ..., Linear(., 1), Squeeze): forward and backward
+      logistic sigmoid(z_i) - y_i); one Linear to K > 1 outputs likewise, with g_i a K-vector
+      (multinomial: softmax(z_i) - onehot(y_i)) and ||grad_i||^2 = ||g_i||^2 (||x_i||^2 + 1);
+    * a plain stack (Linear, one activation, ..., Linear(., 1), Squeeze, or ending in a
+      Linear(., K) head with K > 1 and no Squeeze): forward and backward
       written out on reusable buffers (:class:`_Workspace`), without autograd, and the step's
       ``.grad`` formed by one ``addmm`` per weight that folds in the clip factors, 1/B and the
       noise: ``grad_W = (sigma C / B) z_W + (1 / B) (c * g)^T a`` (``fused``);
@@ -539,7 +543,9 @@ class FastLinearEngine(GradientEngine):
         self.closed_form = (
             len(linears) == 1 and linears[0].out_features == 1 and isinstance(self.layers[0], nn.Linear)
             and all(isinstance(m, Squeeze) for m in self.layers[1:])
-        )
+        ) or (len(self.layers) == 1 and isinstance(self.layers[0], nn.Linear) and linears[0].out_features > 1)
+        #: the model's output is a vector (n,) (a width-1 head and a Squeeze), else (n, K)
+        self._squeeze = isinstance(self.layers[-1], Squeeze)
         self.linears = linears
         self._has_bias = [lin.bias is not None for lin in linears]
         first = linears[0]
@@ -591,6 +597,26 @@ class FastLinearEngine(GradientEngine):
             views[id(lin.bias)].mul_(beta).add_(g.sum(), alpha=sum_scale)
         return [views[id(p)] for p in self.params], stats
 
+    @torch.no_grad()
+    def _linear_head_noisy_grads(self, x: torch.Tensor, y: torch.Tensor, *, noise: torch.Tensor | None,
+                                 noise_scale: float, sum_scale: float) -> tuple[list[torch.Tensor], StepStats]:
+        """One Linear to K > 1 outputs in closed form: g_i = dL_i/dz_i, a K-vector (the
+        objective's output gradient; softmax(z_i) - onehot(y_i) for multinomial), so example i's
+        gradient is the outer product g_i (x_i, 1)^T, of squared norm ||g_i||^2 (||x_i||^2 + 1).
+        The weight gradient is one matrix product (c * g)^T x with the noise folded in."""
+        lin = self.layers[0]
+        bias = lin.bias is not None
+        z = torch.addmm(lin.bias, x, lin.weight.t()) if bias else torch.mm(x, lin.weight.t())
+        g = self.objective.output_gradient(z, y)
+        sq = self.per_example_sq_norms([x], [g], [bias])
+        stats = self.step_stats(z, y, None, sq)
+        g.mul_(self.clip_factors(sq)[:, None])
+        beta, views = self._grad_views(noise, noise_scale, x.dtype)
+        views[id(lin.weight)].addmm_(g.t(), x, beta=beta, alpha=sum_scale)
+        if bias:
+            views[id(lin.bias)].mul_(beta).add_(g.sum(0), alpha=sum_scale)
+        return [views[id(p)] for p in self.params], stats
+
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
         if self.closed_form or self.plan is not None:
             return self.noisy_grads(x, y, noise=None, noise_scale=0.0, sum_scale=1.0)
@@ -610,7 +636,9 @@ class FastLinearEngine(GradientEngine):
     def noisy_grads(self, x: torch.Tensor, y: torch.Tensor, *, noise: torch.Tensor | None,
                     noise_scale: float, sum_scale: float) -> tuple[list[torch.Tensor], StepStats]:
         if self.closed_form:
-            return self._logistic_noisy_grads(x, y, noise=noise, noise_scale=noise_scale, sum_scale=sum_scale)
+            head = self._logistic_noisy_grads if self._squeeze or self.linears[0].out_features == 1 \
+                else self._linear_head_noisy_grads
+            return head(x, y, noise=noise, noise_scale=noise_scale, sum_scale=sum_scale)
         if self.plan is None:
             return super().noisy_grads(x, y, noise=noise, noise_scale=noise_scale, sum_scale=sum_scale)
         n = x.shape[0]
@@ -654,7 +682,7 @@ class FastLinearEngine(GradientEngine):
             if k < last:
                 a_aug = ws.aug[k][:n]
                 a_aug[:, -1].fill_(1.0)  # the ones column (the last step may have scaled it by c)
-        return inputs, aug_inputs, pre, post, a.view(n)
+        return inputs, aug_inputs, pre, post, (a.view(n) if self._squeeze else a)
 
     def _buffered_backward(self, logits: torch.Tensor, y: torch.Tensor, ws: _Workspace, pre: list,
                            post: list) -> list[torch.Tensor]:
@@ -662,7 +690,7 @@ class FastLinearEngine(GradientEngine):
         n, plan, last = logits.shape[0], self.plan, len(self.plan) - 1
         out_grads: list[torch.Tensor] = [None] * len(plan)  # type: ignore[list-item]
         g = ws.d[last][:n]
-        self.objective.output_gradient(logits, y, out=g.view(n))  # d loss_i / d z_i
+        self.objective.output_gradient(logits, y, out=g.view(n) if self._squeeze else g)  # d loss_i / d z_i
         for k in range(last, -1, -1):
             act = plan[k][1]
             if act is not None:

@@ -32,20 +32,26 @@ NOT_COVERED = [
 ]
 
 
-def files_section(*, test_public: bool) -> dict[str, dict[str, str]]:
-    """Which files of a training run folder may be published and which must stay with the data."""
+def files_section(*, test_public: bool, coefficients: bool = False,
+                  checkpoint: bool = True) -> dict[str, dict[str, str]]:
+    """Which files of a training run folder may be published and which must stay with the data
+    (``coefficients``: the run wrote coefficients.csv; ``checkpoint``: it wrote private/checkpoint.pt,
+    which the subsample_aggregate and ssp estimators do not)."""
     publishable = {
         "privacy.json, privacy.txt": "this report (no private value; N is public)",
         "model.pt": "final weights + the public feature encoder (covered by the guarantee)",
         "metrics.json": "publishable metrics only: steps, epochs, epsilon"
         + (", and test/* (the test rows are declared public)" if test_public else
            " (test metrics are private here: data.test_public=false)"),
+        **({"coefficients.csv": "the coefficient table on the original scale (estimates; standard errors and "
+            "intervals with estimator=subsample_aggregate or ssp): a function of the released model(s) or noisy "
+            "statistics only (covered by the guarantee)"} if coefficients else {}),
         "FILES.txt": "this list",
         ".hydra/": "the configuration (the command line; holds no secret and no private value)",
     }
     private = {
-        "private/checkpoint.pt": "resumable state (model, optimizer, accountant; generator states only "
-        "when privacy.noise_seed_file is set)",
+        **({"private/checkpoint.pt": "resumable state (model, optimizer, accountant; generator states only "
+            "when privacy.noise_seed_file is set)"} if checkpoint else {}),
         "private/metrics.json": "every metric, incl. those on private rows (baseline, timings"
         + ("" if test_public else ", test/*") + ")",
         "private/tb/": "TensorBoard curves: diagnostics on training rows and test curves",
@@ -149,13 +155,31 @@ def _files_lines(report: dict[str, Any]) -> list[str]:
             *[f"  {name}: {why}" for name, why in files["private"].items()]]
 
 
+def _estimator_lines(report: dict[str, Any]) -> list[str]:
+    """The estimator's guarantee, when its intervals are valid, and the coefficient table."""
+    est = report.get("estimator")
+    if not est:
+        return []
+    lines = ["", f"estimator: {est['name']}", f"  guarantee: {est['guarantee']}"]
+    if est.get("validity"):
+        lines.append(f"  intervals valid when: {est['validity']}")
+    if est.get("validity_check"):
+        check = est["validity_check"]
+        lines.append(f"  this run: {'CLAIMED' if check['claimed'] else 'NOT CLAIMED'}: {check['why']}")
+    if est.get("sensitivity_rule"):
+        lines.append(f"  sensitivity: {est['sensitivity']:g} ({est['sensitivity_rule']})")
+    if est.get("table"):
+        lines += ["", est["table"]]
+    return lines
+
+
 def format_report(report: dict[str, Any]) -> str:
     """Human-readable privacy.txt."""
     lines = ["dptrain privacy report", "=" * 22]
     if not report["private"]:
         lines += [f"GUARANTEE: {report['guarantee']}", ""]
         lines += [f"{k}: {report[k]}" for k in ("data", "dataset_size", "steps", "epochs", "seed")]
-        return "\n".join(lines + _files_lines(report)) + "\n"
+        return "\n".join(lines + _estimator_lines(report) + _files_lines(report)) + "\n"
     lines += [
         f"GUARANTEE: {report['guarantee']}",
         f"epsilon = {report['epsilon']:.6g} at delta = {report['delta']:.3g} "
@@ -200,6 +224,7 @@ def format_report(report: dict[str, Any]) -> str:
         "",
         "NOT covered by this guarantee:",
         *[f"  - {item}" for item in report["not_covered"]],
+        *_estimator_lines(report),
         *_files_lines(report),
     ]
     return "\n".join(lines) + "\n"
@@ -232,6 +257,8 @@ def summary_lines(result: Any, report: dict[str, Any], *, dist_ctx: Any, run_dir
     if dist_ctx is not None:
         lines.append(f"distributed: {dist_ctx.world_size} processes ({dist_ctx.backend}); noise added once per "
                      "step on rank 0; only rank 0 wrote these outputs")
+    if report.get("estimator", {}).get("table"):
+        lines += report["estimator"]["table"].splitlines()
     lines.append(f"train loop: {m['time/train_seconds']:.1f} s for {m['train/steps']} steps; outputs in {run_dir} "
                  "(FILES.txt says which files may be published)")
     return lines

@@ -1,0 +1,246 @@
+"""Noisy sufficient statistics for linear regression (``estimator=ssp``): Wang 2018 (AdaSSP)
+for the estimate, Ferrando, Wang & Sheldon 2022 (parametric bootstrap) for the interval.
+
+With the public schema every encoded row lies in a known box: numeric features in [0, 1], each
+categorical block one-hot (one entry 1), the target scaled to [0, 1] by its public bounds. With
+``z = (1, x, y)`` the mechanism releases ``S = Z'Z`` (it holds N, the column sums, X'X, X'y and
+y'y) plus symmetric Gaussian noise: each entry on and above the diagonal gets an independent
+N(0, (s Delta)^2), mirrored below. Adding or removing one row changes S by ``z z'``, whose
+upper triangle has L2 norm at most ``||z||^2 <= Delta = 2 + (numeric columns) + (categorical
+columns)`` (:func:`sensitivity`): this is the Gaussian mechanism with L2 sensitivity Delta and
+noise multiplier s, ONE ``GaussianDpEvent(s)`` (add/remove neighbours), s calibrated to
+``privacy.target_epsilon`` by the run's accountant (:func:`calibrate`).
+
+Everything after the release is post-processing of S (no privacy spent): the OLS solve on the
+reference-coded design (the reference level's column dropped: the one-hot blocks and the
+intercept are collinear) with a spectral floor computed from the RELEASED matrix: every
+eigenvalue of the noisy Gram matrix below the noise level ``2 s Delta sqrt(p)`` (the expected
+spectral norm of the noise matrix) is lifted to it. This is AdaSSP's ridge (which adds
+``max(0, noise level - lambda_min)`` to EVERY eigenvalue) applied only in the directions the
+noise swamps (an empty category, a constant column); well-determined directions are not shrunk,
+so the estimate has no ridge bias there and none at all when N is large. Then the parametric bootstrap: the
+noisy statistics are simulated again from the estimate (fixed design ``Q``, residual variance
+from the noisy y'y, the mechanism's own noise), the estimator reapplied, and the basic
+bootstrap interval ``[t - q_hi(t* - t), t - q_lo(t* - t)]`` formed per term. It includes the
+sampling noise and the privacy noise (and the ridge's bias, to first order).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import dp_accounting
+import numpy as np
+
+from dptrain.inference.coefficients import CoefficientEncoder, coefficient_map, coefficient_offset
+from dptrain.inference.intervals import Interval
+from dptrain.privacy.events import EVENT_KINDS, Event
+
+__all__ = ["SSPFit", "calibrate", "gaussian_event", "kept_columns", "release", "sensitivity", "ssp_estimate"]
+
+
+class Gaussian:
+    """One Gaussian mechanism on all the rows (no sampling): params (noise_multiplier,)."""
+
+    params = ("noise_multiplier",)
+
+    @staticmethod
+    def dp_event(params: tuple[float, ...]) -> dp_accounting.DpEvent:
+        return dp_accounting.GaussianDpEvent(params[0])
+
+    @staticmethod
+    def spends(params: tuple[float, ...]) -> bool:
+        return True
+
+    @staticmethod
+    def unbounded(params: tuple[float, ...]) -> bool:
+        return params[0] == 0.0
+
+
+if "gaussian" not in EVENT_KINDS:
+    EVENT_KINDS.register("gaussian", Gaussian)
+
+
+def gaussian_event(noise_multiplier: float) -> Event:
+    """The event of one Gaussian mechanism with noise std = noise_multiplier x L2 sensitivity."""
+    return Event("gaussian", (float(noise_multiplier),))
+
+
+def centre(enc: CoefficientEncoder) -> np.ndarray:
+    """The PUBLIC centre ``m`` subtracted from every encoded row before the release, over
+    z = (1, x, y): 0 for the intercept, 1/2 for each numeric column (in [0, 1]) and for the target
+    (scaled to [0, 1]), 1/(L + 1) for each column of a categorical block of L declared levels plus
+    ``<other>`` (one-hot). Centring shrinks the largest row, hence the noise, about threefold; it
+    is a reparametrisation of the same regression (the slopes are unchanged, the intercept moves by
+    a known amount), so it costs nothing in the estimate."""
+    m = [0.0] + [0.5] * len(enc.numeric)
+    for _, levels in enc.categorical:
+        m += [1.0 / (len(levels) + 1)] * (len(levels) + 1)
+    return np.asarray(m + [0.5])
+
+
+def sensitivity(enc: CoefficientEncoder) -> float:
+    """Delta: the largest L2 norm of the upper triangle (diagonal included) of ``c c'`` over the
+    centred rows ``c = z - m`` (:func:`centre`), i.e. of the change of the released entries when
+    one row is added or removed: ``sqrt((||c||^4 + sum_i c_i^4) / 2)``. Both sums are largest at the
+    same corner of the box (each numeric column and the target at a bound, any level), where
+    ``c_i^2`` is 1 (intercept), 1/4 (numeric, target) and, for a block of k = L + 1 one-hot
+    columns, ``(1 - 1/k)^2`` once and ``1/k^2`` k - 1 times."""
+    sq, quart = 1.0 + 0.25 * (len(enc.numeric) + 1), 1.0 + 0.0625 * (len(enc.numeric) + 1)
+    for _, levels in enc.categorical:
+        k = len(levels) + 1
+        sq += (1 - 1 / k) ** 2 + (k - 1) / k**2
+        quart += (1 - 1 / k) ** 4 + (k - 1) / k**4
+    return float(math.sqrt((sq**2 + quart) / 2))
+
+
+def calibrate(*, target_epsilon: float, delta: float, accountant: str = "rdp", rtol: float = 1e-4) -> float:
+    """The smallest noise multiplier s whose epsilon (by ``accountant``) is <= the target."""
+    from dptrain.privacy.accounting import PrivacyAccountant
+
+    def eps(s: float) -> float:
+        acc = PrivacyAccountant()
+        acc.record(gaussian_event(s))
+        return acc.get_epsilon(delta=delta, accountant=accountant)
+
+    lo, hi = 1e-3, 1.0
+    while eps(hi) > target_epsilon:
+        lo, hi = hi, hi * 2
+        if hi > 1e7:
+            raise ValueError(f"privacy.target_epsilon={target_epsilon!r} needs a noise multiplier above 1e7")
+    while hi / lo > 1 + rtol:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if eps(mid) > target_epsilon else (lo, mid)
+    return hi
+
+
+def kept_columns(enc: CoefficientEncoder) -> np.ndarray:
+    """Indices into z = (1, x, y) of the reference-coded design: the intercept, every numeric
+    column and every categorical column but its first declared level."""
+    cols, j = [0], 1
+    for _ in enc.numeric:
+        cols.append(j)
+        j += 1
+    for _, levels in enc.categorical:
+        cols += list(range(j + 1, j + len(levels) + 1))
+        j += len(levels) + 1
+    return np.asarray(cols)
+
+
+def _symmetric_noise(rng: np.random.Generator, p: int, std: float, size: tuple[int, ...] = ()) -> np.ndarray:
+    e = rng.normal(0.0, std, size=(*size, p, p))
+    upper = np.triu(e)
+    return upper + np.swapaxes(np.triu(e, 1), -1, -2)
+
+
+def release(x: np.ndarray, y: np.ndarray, *, noise_std: float, rng: np.random.Generator,
+            centre_at: np.ndarray | None = None) -> np.ndarray:
+    """The mechanism: C'C of the rows c = (1, x, y) - ``centre_at`` (:func:`centre`; none: 0)
+    plus symmetric Gaussian noise of std ``noise_std``."""
+    z = np.concatenate([np.ones((len(x), 1)), np.asarray(x, np.float64), np.asarray(y, np.float64)[:, None]], 1)
+    if centre_at is not None:
+        z -= centre_at
+    return z.T @ z + _symmetric_noise(rng, z.shape[1], noise_std)
+
+
+def _floor(a: np.ndarray, noise_std: float) -> np.ndarray:
+    """Per matrix of ``a`` (..., p, p): its eigenvalues below the noise level ``2 noise_std
+    sqrt(p)`` (the expected spectral norm of the noise matrix) lifted to that level, the rest
+    unchanged (a ridge only in the directions the noise swamps; none when N is large)."""
+    tau = 2 * noise_std * math.sqrt(a.shape[-1])
+    mu, v = np.linalg.eigh(a)
+    return (v * np.maximum(mu, tau)[..., None, :]) @ np.swapaxes(v, -1, -2)
+
+
+def _solve(a: np.ndarray, b: np.ndarray, noise_std: float) -> np.ndarray:
+    return np.linalg.solve(_floor(a, noise_std), b[..., None])[..., 0]
+
+
+@dataclass(frozen=True)
+class SSPFit:
+    """The estimate (bias, full weight vector on the encoded features), the original-scale terms
+    and their interval, and the mechanism's numbers."""
+
+    bias: float
+    weight: np.ndarray
+    interval: Interval
+    noise_multiplier: float
+    sensitivity: float
+
+
+def _bootstrap(a: np.ndarray, b: np.ndarray, yy: float, theta: np.ndarray, *, noise_std: float,
+               draws: int, rng: np.random.Generator) -> np.ndarray:
+    """``draws`` parametric-bootstrap replicates of theta (reference-coded, scaled space)."""
+    p = len(theta)
+    q = _floor(a, noise_std)
+    n_hat = max(a[0, 0], p + 2.0)
+    resid = max((yy - 2 * theta @ b + theta @ a @ theta) / (n_hat - p), 1e-12)
+    chol = np.linalg.cholesky(resid * q)
+    a_star = q + _symmetric_noise(rng, p, noise_std, (draws,))
+    b_star = q @ theta + rng.standard_normal((draws, p)) @ chol.T + rng.normal(0.0, noise_std, (draws, p))
+    return _solve(a_star, b_star, noise_std)
+
+
+def ssp_estimate(x: np.ndarray, y: np.ndarray, enc: CoefficientEncoder, *, noise_multiplier: float,
+                 level: float = 0.95, draws: int = 2000, rng: np.random.Generator) -> SSPFit:
+    """Release the noisy statistics of the rows (x encoded, y scaled to [0, 1]), solve, and
+    bootstrap the interval of every original-scale term (module docstring). ``rng`` must be
+    SECRET (the run's randomness): it draws the privacy noise."""
+    delta_s = sensitivity(enc)
+    std = noise_multiplier * delta_s
+    m = centre(enc)
+    s = release(x, y, noise_std=std, rng=rng, centre_at=m)
+    cols, ycol = kept_columns(enc), s.shape[0] - 1
+    a, b, yy = s[np.ix_(cols, cols)], s[cols, ycol], s[ycol, ycol]
+    # the regression of the centred target on (1, centred kept columns): same slopes as on the
+    # raw columns; the raw intercept is the centred one + m_y - sum_j slope_j m_j
+    shift = np.zeros((len(cols), len(cols)))
+    shift[0] = -m[cols]
+    uncentre = np.eye(len(cols)) + shift
+    offset = np.zeros(len(cols))
+    offset[0] = m[ycol]
+    theta_c = _solve(a, b, std)
+    theta = uncentre @ theta_c + offset
+    boot = _bootstrap(a, b, yy, theta_c, noise_std=std, draws=draws, rng=rng) @ uncentre.T + offset
+    full = np.zeros(s.shape[0] - 1)  # (bias, weights) with the reference levels' weights 0
+    full[cols] = theta
+    cmap = coefficient_map(enc)
+
+    def terms(t: np.ndarray) -> np.ndarray:
+        v = np.zeros((*t.shape[:-1], s.shape[0] - 1))
+        v[..., cols] = t
+        return v @ cmap.T
+
+    est, dev = terms(theta) + coefficient_offset(enc), terms(boot) - terms(theta)
+    alpha = 1 - level
+    lo_q, hi_q = np.quantile(dev, [alpha / 2, 1 - alpha / 2], axis=0)
+    interval = Interval(est, dev.std(axis=0, ddof=1), est - hi_q, est - lo_q, level)
+    return SSPFit(float(full[0]), full[1:], interval, float(noise_multiplier), delta_s)
+
+
+def ssp_config_check(enc: CoefficientEncoder) -> None:
+    """ssp needs a continuous target with public bounds (its sensitivity assumes y in [0, 1])."""
+    from dptrain.validation import ConfigError
+
+    if enc.kind != "linear" or enc.target_scale is None:
+        raise ConfigError("estimator=ssp is not allowed without data.target_bounds: its sensitivity needs the "
+                          "target clipped into PUBLIC bounds; allowed: declare data.target_bounds=[lower, upper]")
+
+
+def describe(fit: SSPFit, *, epsilon: float, delta: float, accountant: str) -> dict[str, Any]:
+    """The estimator's part of the privacy report."""
+    return {
+        "mechanism": "Gaussian mechanism on the sufficient statistics Z'Z of z = (1, x, y) (one release)",
+        "sensitivity": fit.sensitivity,
+        "sensitivity_rule": "L2 sensitivity of the upper triangle of Z'Z under add/remove of one row: "
+        "||z||^2 <= 1 (intercept) + 1 per numeric column + 1 per categorical column + 1 (target), with numeric "
+        "features and the target scaled to [0, 1] by their PUBLIC bounds and one-hot categories",
+        "noise_multiplier": fit.noise_multiplier,
+        "noise_std": fit.noise_multiplier * fit.sensitivity,
+        "event": f"GaussianDpEvent({fit.noise_multiplier:.6g}), once",
+        "guarantee": f"({epsilon:.4g}, {delta:.3g})-DP, example-level, add/remove-one-record neighbours, for the "
+        "released noisy statistics and everything computed from them: the coefficients, their bootstrap "
+        f"intervals and model.pt (accountant: {accountant}; the bootstrap reuses the released statistics only)",
+    }

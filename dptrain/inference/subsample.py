@@ -1,0 +1,111 @@
+"""Subsample-and-aggregate (``estimator=subsample_aggregate``): DP-SGD on K disjoint parts.
+
+The rows are split into K parts by a keyed hash of each row's own encoded content (its features
+and target, as float32 words): a row's part depends on that row alone, never on the other rows,
+their number or their order, so adding or removing one row changes one part and moves no other
+row (the same construction as the train/test split, :func:`dptrain.data.table.split_scores`).
+
+The key is derived from the PUBLIC ``seed`` (BLAKE2b, personalisation ``dptrain-parts``,
+independent of the split's key). It need not be secret: parallel composition holds for ANY
+partition in which each row's part is a function of that row alone, whoever knows the
+function. A public key makes the partition reproducible and auditable.
+
+Each part is trained with the SAME mechanism (:func:`part_mechanism`), built from PUBLIC numbers
+only: N_part = floor(N / K) and the expected batch B_part = max(1, round(q N_part)) with the
+run's q = B / N, so each part runs the same number of steps at (about) the same q as a full run;
+sigma is given or calibrated for that mechanism. The realised part sizes are private: they are
+used only by each part's Poisson sampler (each row joins a step with probability q_part), never
+logged, reported or used for a number that is released. Each row is in exactly one part, so by
+parallel composition the K part models together (and every function of them: the averaged
+model, the table, its intervals) are (epsilon, delta)-DP with ONE part's epsilon; the accountant
+records one part's events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from dptrain.privacy.mechanism import DPSGDMechanism
+
+__all__ = ["part_index", "part_key", "part_mechanism", "part_randomness", "fit_parts"]
+
+log = logging.getLogger(__name__)
+
+
+def part_key(seed: int) -> bytes:
+    """The 16-byte key of the partition, from the PUBLIC seed (module docstring)."""
+    return hashlib.blake2b(str(int(seed)).encode(), digest_size=16, person=b"dptrain-parts").digest()
+
+
+def part_index(x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, *, parts: int, seed: int) -> np.ndarray:
+    """The part (0..K-1) of every row: a keyed hash of the row's own float32 words (features,
+    then target), SplitMix64 rounds keyed by :func:`part_key`; uniform over the K parts."""
+    from dptrain.data.table import _mix, _word
+
+    xa = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
+    ya = np.asarray(y, dtype=np.float32).reshape(len(y), -1)
+    words = (np.concatenate([xa, ya], axis=1) + np.float32(0.0)).view(np.uint32).astype(np.uint64)  # -0.0 -> 0.0
+    key = part_key(seed)
+
+    def keyed(h: np.ndarray, name: bytes) -> np.ndarray:
+        return _mix(_mix(h ^ np.uint64(_word(key, name + b"/1"))) ^ np.uint64(_word(key, name + b"/2")))
+
+    h = np.full(len(xa), _word(key, b"start"), dtype=np.uint64)
+    for j in range(words.shape[1]):
+        h = _mix(h ^ keyed(words[:, j], b"column %d" % j))
+    u = (keyed(h, b"end") >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    return np.minimum((u * parts).astype(np.int64), parts - 1)
+
+
+def part_mechanism(privacy: Any, *, epochs: float, batch_size: int, dataset_size: int, parts: int,
+                   delta: float) -> DPSGDMechanism:
+    """The mechanism every part runs, from PUBLIC numbers only (module docstring)."""
+    n_part = dataset_size // parts
+    b_part = max(1, round(batch_size / dataset_size * n_part))
+    return DPSGDMechanism.from_settings(privacy, epochs=epochs, expected_batch_size=b_part, dataset_size=n_part,
+                                        delta=delta)
+
+
+def part_randomness(randomness: Any, k: int) -> Any:
+    """Part k's secret streams: fresh from the OS CSPRNG, or (opt-in reproducible noise) derived
+    from the run's seed file and label plus the part's index; independent across parts."""
+    from dptrain.privacy.randomness import Randomness, _label_int
+
+    if randomness is None or not randomness.reproducible:
+        return Randomness.fresh()
+    return dataclasses.replace(randomness, _label=_label_int(f"{randomness._label}/part {k}"))
+
+
+def _part_config(cfg: Any) -> Any:
+    """The part runs' settings: no baseline, no checkpoint, no progress bar, evaluation at the end."""
+    trainer = dataclasses.replace(cfg.trainer, baseline=False, checkpoint_every=0, progress=False,
+                                  eval_every=10**9)
+    return dataclasses.replace(cfg, trainer=trainer)
+
+
+def fit_parts(cfg: Any, data: Any, *, mechanism: DPSGDMechanism, randomness: Any = None) -> list[Any]:
+    """Train one model per part with :func:`dptrain.train.fit` (dptrain's DP-SGD) under the same
+    ``mechanism``; returns the K :class:`dptrain.train.TrainResult` (part order)."""
+    from dptrain.train import LaunchConfig, fit
+
+    k_parts = cfg.estimator.parts
+    where = part_index(data.x_train, data.y_train, parts=k_parts, seed=cfg.seed)
+    part_cfg = _part_config(cfg)
+    results = []
+    for k in range(k_parts):
+        rows = torch.from_numpy(np.flatnonzero(where == k))
+        part = dataclasses.replace(data, x_train=data.x_train.index_select(0, rows).contiguous(),
+                                   y_train=data.y_train.index_select(0, rows).contiguous(), diagnostics={})
+        results.append(fit(part_cfg, part, mechanism=mechanism,
+                           launch=LaunchConfig(randomness=part_randomness(randomness, k))))
+        log.info("subsample_aggregate: part %d of %d trained", k + 1, k_parts)
+    histories = {tuple(r.accountant.history) for r in results}
+    if len(histories) != 1:  # every part runs the same planned steps of the same mechanism
+        raise RuntimeError("subsample_aggregate: the parts' privacy histories differ")
+    return results
