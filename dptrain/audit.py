@@ -209,7 +209,7 @@ def _train_with_canaries(conf: Config, canaries: Canaries, *, public_n: int, del
     from dptrain.tracking import Tracker, private_dir
     from dptrain.train import LaunchConfig, fit, mechanism_for
 
-    mechanism = mechanism_for(conf, dataset_size=public_n, delta=delta)
+    mechanism = mechanism_for(conf, dataset_size=public_n, delta=delta, curves=False)  # audits the model alone
     if conf.audit.mutation == "no_noise":
         log.warning("%s", BROKEN_WARNING)
         mechanism = mechanism.without_noise()

@@ -13,9 +13,9 @@ epsilon as an uninterrupted one (not the same parameters). With a seed file, the
 restored and the resumed run also ends with the same parameters.
 
 It also holds the *privacy fingerprint* of the run (sigma, C, q, B, N, delta, planned steps,
-accountant): a resumed run whose settings differ in any of these is refused, naming the field,
-because the accountant's history would no longer describe the mechanism that produced the
-parameters.
+accountant, and the dp/ curve's sigma_c, L and schedule): a resumed run whose settings differ
+in any of these is refused, naming the field, because the accountant's history would no longer
+describe the mechanism that produced the parameters.
 
 The publishable model file (``<run>/model.pt``, :func:`save_model` / :func:`load_model`) is
 separate: the final weights, the model's config, the objective and the PUBLIC feature encoder,
@@ -50,6 +50,7 @@ SUBDIR = "private"  # checkpoints are private files (dptrain.tracking.PRIVATE_DI
 PRIVACY_FIELDS = (
     "enabled", "noise_multiplier", "max_grad_norm", "sample_rate", "expected_batch_size",
     "dataset_size", "delta", "planned_steps", "accountant", "world_size", "randomness",
+    "curve_noise_multiplier", "curve_loss_bound", "curve_log_every",  # the dp/ curve (None: no curve)
 )
 
 
@@ -183,7 +184,9 @@ def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], path: Path
         raise CheckpointError(
             f"checkpoint {path} was written under other privacy settings, so its accountant history "
             "would not describe this run; refusing to resume. Differences: " + "; ".join(diffs)
-            + ". Start a new run folder (or trainer.resume=null) to train from scratch."
+            + ". Start a new run folder (or trainer.resume=null) to train from scratch"
+            + (" (the dp/ curve's fields follow trainer.dp_curves, trainer.log_every, trainer.curve_loss_bound and "
+               "trainer.curve_budget_share)." if any(d.startswith("curve_") for d in diffs) else ".")
         )
 
 

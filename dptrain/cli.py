@@ -43,6 +43,7 @@ TASKS.register("train", "dptrain.train:run_task")
 TASKS.register("audit", "dptrain.audit:run_task")
 TASKS.register("release", "dptrain.release.run:run_task")
 TASKS.register("predict", "dptrain.predict:run_task")
+TASKS.register("tune", "dptrain.tune:run_task")
 
 
 def _fail(err: Exception) -> None:

@@ -481,7 +481,8 @@ class TrainerConfig:
     engine: str = setting("auto", help="how clipped per-example gradients are computed: auto = the fast engine "
                           "when the model allows, else Opacus", allowed="auto | fast | opacus, or a registered name")
     eval_every: int = setting(50, help="steps between test-set evaluations", allowed="an integer > 0")
-    log_every: int = setting(10, help="steps between TensorBoard scalars", allowed="an integer > 0")
+    log_every: int = setting(10, help="steps between TensorBoard scalars (with trainer.dp_curves, also between "
+                             "releases of the dp/ curve, each paid for in epsilon)", allowed="an integer > 0")
     baseline: bool = setting(True, help="also fit a NON-private sklearn baseline on the same features (its "
                              "numbers stay in private/)", allowed="true | false")
     progress: bool = setting(True, help="show a progress bar", allowed="true | false")
@@ -492,9 +493,33 @@ class TrainerConfig:
                                  allowed="null (a fresh run) | auto | the path of a checkpoint or run folder")
     distributed: bool = setting(False, help="one job across torchrun processes (torchrun ... -m dptrain ... "
                                 "trainer.distributed=true)", allowed="true | false")
+    dp_curves: bool = setting(True, help="log dp/train_loss on the logged steps: the training loss released with "
+                              "Gaussian noise, its privacy cost included in epsilon (docs/privacy.md, 'DP curves'); "
+                              "no effect without privacy, in task=audit or on subsample_aggregate's parts",
+                              allowed="true | false")
+    curve_loss_bound: float | None = setting(None, help="L of the dp/ curve: each example's loss is clipped into "
+                                             "[0, L] (the curve's sensitivity); null: the objective's default "
+                                             "(binary 2, multinomial log(K) + 1, linear 0.5)",
+                                             allowed="a finite number > 0 | null")
+    curve_budget_share: float = setting(0.05, help="the share of the run's epsilon the dp/ curve may take (with "
+                                        "privacy.target_epsilon the gradients get the rest; with an explicit "
+                                        "noise_multiplier it comes on top)", allowed="a number in (0, 0.5]")
 
 
 MAX_STEPS = 10_000_000  # steps = round(epochs * N / B): the training loop and the accountants
+
+
+def check_curves(cfg: Any) -> None:
+    """A private run with the dp/ curve needs a loss bound: ``trainer.curve_loss_bound`` or the
+    objective's default (a plugin objective may declare none)."""
+    from dptrain.objectives import build_objective
+    from dptrain.privacy.curves import resolve_loss_bound
+
+    t = cfg.trainer
+    if cfg.privacy.enabled and t.dp_curves and t.curve_loss_bound is None:
+        objective = build_objective(cfg.objective)
+        if getattr(objective, "curve_loss_bound", None) is None:
+            resolve_loss_bound(t, objective, None)  # raises, naming the setting
 
 
 def check_trainer(t: TrainerConfig) -> None:
@@ -507,8 +532,13 @@ def check_trainer(t: TrainerConfig) -> None:
     integer("trainer.log_every", t.log_every, 1, "must be an integer > 0")
     integer("trainer.threads", t.threads, 0, "must be an integer >= 0 (0 = torch default)")
     integer("trainer.checkpoint_every", t.checkpoint_every, 0, "must be an integer >= 0 (0: only at the end)")
-    for name in ("baseline", "progress", "distributed"):
+    for name in ("baseline", "progress", "distributed", "dp_curves"):
         flag(f"trainer.{name}", getattr(t, name))
+    if t.curve_loss_bound is not None:
+        real("trainer.curve_loss_bound", t.curve_loss_bound, "must be a finite number > 0 (each example's loss is "
+             "clipped into [0, L] in the dp/ curve) or null (the objective's default)", lo=0, lo_open=True)
+    real("trainer.curve_budget_share", t.curve_budget_share, "must be a number in (0, 0.5] (the share of epsilon "
+         "the dp/ curve may take; trainer.dp_curves=false releases no curve)", lo=0, hi=0.5, lo_open=True)
     if t.resume is not None and not str(t.resume).strip():
         raise bad("trainer.resume", t.resume, "must be null, auto, or the path of a checkpoint or run folder")
     if t.engine == "nonprivate":
@@ -602,7 +632,7 @@ class TrainRunConfig:
     """task=train: a DP-SGD (or non-private) training run."""
 
     task: str = setting("train", help="what the run does (a config group)", allowed="train | audit | release | "
-                        "predict")
+                        "predict | tune")
     seed: int = setting(0, help=SEED_HELP, allowed="an integer >= 0")
     plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)
     overwrite: bool = setting(False, help=OVERWRITE_HELP, allowed="true | false")
@@ -626,8 +656,42 @@ class AuditRunConfig(TrainRunConfig):
     """task=audit: the training run plus the audit's canaries."""
 
     task: str = setting("audit", help="what the run does (a config group)", allowed="train | audit | release | "
-                        "predict")
+                        "predict | tune")
     audit: AuditConfig = setting(help="the one-run audit", factory=AuditConfig)
+
+
+@dataclass
+class TuneConfig:
+    """task=tune: a private hyperparameter search (:mod:`dptrain.tune`, docs/tuning.md)."""
+
+    space: dict[str, Any] = setting(help="the searched settings and their values, nested like the config: "
+                                    "{optim: {lr: [0.5, 1, 2]}, privacy: {max_grad_norm: [0.5, 1]}}; each candidate "
+                                    "draws one value per setting uniformly (secret randomness)",
+                                    allowed="lists of values of searchable settings (optim.*, model.*, "
+                                    "privacy.max_grad_norm, trainer.threads)", factory=dict)
+    candidates: str = setting("truncated_negative_binomial", help="the law of the number of candidates K "
+                              "(Papernot & Steinke 2022); K stays secret", allowed="truncated_negative_binomial | "
+                              "poisson")
+    mean: float = setting(10.0, help="the expected number of candidates E[K]", allowed="a number >= 1")
+    shape: float = setting(1.0, help="truncated_negative_binomial's shape: 0 logarithmic, 1 geometric; larger: more "
+                           "concentrated around the mean, and more privacy spent on the selection",
+                           allowed="a number >= 0")
+    validation_fraction: float = setting(0.2, help="the share of the training rows (keyed hash of each row) that "
+                                         "scores the candidates; the rest trains them", allowed="a number in (0, 0.5]")
+    score_noise: float = setting(20.0, help="sd of the Gaussian noise added to the validation score's sum over "
+                                 "rows (each row adds at most 1): the score's accuracy is this / validation rows",
+                                 allowed="a number > 0")
+    max_expected_candidates: int = setting(100, help="a guard: tune.mean above it is refused (a typo could train "
+                                           "thousands of models)", allowed="an integer >= 1")
+
+
+@dataclass
+class TuneRunConfig(TrainRunConfig):
+    """task=tune: a private search over training settings; ONE model released."""
+
+    task: str = setting("tune", help="what the run does (a config group)", allowed="train | audit | release | "
+                        "predict | tune")
+    tune: TuneConfig = setting(help="the private search", factory=TuneConfig)
 
 
 @dataclass
@@ -644,7 +708,7 @@ class ReleaseRunConfig:
     """task=release: small-cell regression releases (docs/release.md)."""
 
     task: str = setting("release", help="what the run does (a config group)", allowed="train | audit | release | "
-                        "predict")
+                        "predict | tune")
     seed: int = setting(0, help="seeds the simulator (data=atlas); NEVER the release's noise", allowed="an integer "
                         ">= 0")
     plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)
@@ -662,7 +726,7 @@ def _task_schemas() -> dict[str, type]:
     from dptrain.predict import PredictRunConfig
 
     return {"train": TrainRunConfig, "audit": AuditRunConfig, "release": ReleaseRunConfig,
-            "predict": PredictRunConfig}
+            "predict": PredictRunConfig, "tune": TuneRunConfig}
 
 
 # ------------------------------------------------------------------------------ known keys
@@ -791,9 +855,15 @@ def validate(cfg: Any) -> None:
     check_objective(cfg.objective)
     check_privacy(cfg.privacy)
     check_trainer(cfg.trainer)
+    if cfg.task == "train":
+        check_curves(cfg)
     flag("logger.tensorboard", cfg.logger.tensorboard)
     if cfg.task == "audit":
         check_audit(cfg)
+    if cfg.task == "tune":
+        from dptrain.tune import check_tune
+
+        check_tune(cfg)
 
 
 def default_delta(n: int) -> float:

@@ -16,7 +16,10 @@ otherwise. It says:
   the setting to declare), and keeps the public facts about the target it needs later (the
   class names, the target's public bounds);
 * ``prediction_columns(outputs)``: what ``task=predict`` writes per row;
-* ``summary_line(metrics)``: the baseline line of the end-of-run console summary, or None.
+* ``summary_line(metrics)``: the baseline line of the end-of-run console summary, or None;
+* ``curve_loss_bound(spec)``: the default loss bound L of the dp/ training-loss curve (each
+  example's loss is clipped into [0, L] there; dptrain.privacy.curves). Optional: without it a
+  private run with ``trainer.dp_curves=true`` needs ``trainer.curve_loss_bound``.
 
 Three objectives ship: ``binary`` (one logit, 0/1 labels), ``multinomial`` (softmax over the K
 classes declared in ``data.classes``; labels are int64 class indices) and ``linear`` (squared
@@ -99,6 +102,11 @@ class BinaryLogistic:
     def per_example_loss(self, outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(outputs, y, reduction="none")
 
+    def curve_loss_bound(self, spec: DataSpec) -> float:
+        """2: about three times log 2, the loss of an uninformed prediction (a logit of -1.85 on a
+        positive example costs 2)."""
+        return 2.0
+
     def output_gradient(self, outputs: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """d BCE(z, y) / dz = sigmoid(z) - y (written into ``out`` when given)."""
         return torch.sigmoid(outputs, out=out).sub_(y) if out is not None else torch.sigmoid(outputs).sub_(y)
@@ -178,6 +186,10 @@ class Multinomial:
 
     def per_example_loss(self, outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(outputs, y, reduction="none")
+
+    def curve_loss_bound(self, spec: DataSpec) -> float:
+        """log(K) + 1: the loss of a uniform prediction over the K declared classes, plus 1."""
+        return math.log(spec.n_classes) + 1.0
 
     def output_gradient(self, outputs: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """d CE(z, y) / dz = softmax(z) - onehot(y), one row per example (written into ``out``)."""
@@ -264,6 +276,10 @@ class LinearRegression:
 
     def per_example_loss(self, outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return 0.5 * (outputs - y).square()
+
+    def curve_loss_bound(self, spec: DataSpec) -> float:
+        """0.5: the loss of a prediction in [0, 1] (the scaled target's range) is at most 0.5."""
+        return 0.5
 
     def output_gradient(self, outputs: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """d 0.5 (z - y)^2 / dz = z - y (written into ``out`` when given)."""

@@ -193,7 +193,7 @@ class PredictRunConfig:
     """task=predict: the trained run folder (``run``, holding model.pt) and the new rows."""
 
     task: str = setting("predict", help="what the run does (a config group)",
-                        allowed="train | audit | release | predict")
+                        allowed="train | audit | release | predict | tune")
     seed: int = setting(0, help="unused by predict (scoring draws no randomness)", allowed="an integer >= 0")
     plugins: list[str] = setting(help="modules imported first: the module of a custom model or objective",
                                  allowed="a list of importable module names", factory=list)

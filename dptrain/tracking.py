@@ -11,7 +11,9 @@ Run folder layout (contract, see docs/privacy.md "Who sees what"):
 
 TensorBoard tag conventions (contract):
   ``test/*``                    metrics on the held-out test split (the numbers to quote)
-  ``privacy/epsilon``           epsilon spent so far, headline accountant
+  ``privacy/epsilon``           epsilon spent so far (RDP, every release so far included)
+  ``dp/*``                      released with noise, their privacy cost in epsilon: covered by the
+                                guarantee (dp/train_loss, dptrain.privacy.curves)
   ``diagnostics_nonprivate/*``  computed on PRIVATE training rows: NOT covered by the guarantee
 """
 

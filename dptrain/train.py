@@ -26,6 +26,8 @@ from dptrain.config import Config, ConfigError
 from dptrain.data import Dataset
 from dptrain.objectives import DataSpec, build_objective
 from dptrain.privacy.accounting import PrivacyAccountant
+from dptrain.privacy.curves import TAG as CURVE_TAG
+from dptrain.privacy.curves import CurveConfig
 from dptrain.privacy.engine import GradientEngine, PoissonSampler
 from dptrain.privacy.mechanism import DPSGDMechanism
 from dptrain.privacy.randomness import Randomness
@@ -151,11 +153,27 @@ def build_model(cfg: Config, *, spec: DataSpec, objective: Any) -> nn.Module:
     return model
 
 
-def mechanism_for(cfg: Config, *, dataset_size: int, delta: float) -> DPSGDMechanism:
-    """The run's mechanism from its settings and the PUBLIC N (sigma given or calibrated)."""
+def mechanism_for(cfg: Config, *, dataset_size: int, delta: float, curves: bool = True) -> DPSGDMechanism:
+    """The run's mechanism from its settings and the PUBLIC N (sigma given or calibrated), with
+    the dp/ training-loss curve when the run is private and ``trainer.dp_curves`` is on (and
+    ``curves``: the audit passes False, dptrain.privacy.curves)."""
     return DPSGDMechanism.from_settings(cfg.privacy, epochs=cfg.trainer.epochs,
                                         expected_batch_size=cfg.trainer.batch_size, dataset_size=dataset_size,
-                                        delta=delta)
+                                        delta=delta, curves=curve_config(cfg) if curves else None)
+
+
+def curve_config(cfg: Config) -> CurveConfig | None:
+    """What the run asks of its dp/ curve (None: no curve): ``trainer.log_every``,
+    ``trainer.curve_budget_share`` and the loss bound L (``trainer.curve_loss_bound`` or the
+    objective's default for the PUBLIC data description)."""
+    from dptrain.privacy.curves import resolve_loss_bound
+
+    t = cfg.trainer
+    if not (cfg.privacy.enabled and t.dp_curves):
+        return None
+    bound, source = resolve_loss_bound(t, build_objective(cfg.objective), data_spec_from_config(cfg.data))
+    return CurveConfig(log_every=t.log_every, budget_share=float(t.curve_budget_share), loss_bound=bound,
+                       loss_bound_source=source)
 
 
 @dataclass
@@ -236,17 +254,19 @@ def _resume(run: _Run) -> None:
         raise CheckpointError(f"checkpoint {path} is inconsistent: step {run.done} but the accountant recorded "
                               f"{run.accountant.steps} steps; refusing to resume")
     log.info("resumed from %s at step %d of %d (accountant history restored: %s; sampler and noise: %s)",
-             path, run.done, run.mechanism.planned_steps, run.accountant.history,
+             path, run.done, run.mechanism.planned_steps,
+             ", ".join(f"{c} x {e.kind}{e.params}" for e, c in run.accountant.totals),
              "restored" if run.randomness.reproducible else "fresh streams from the OS CSPRNG")
 
 
 def planned_steps_within_budget(cfg: Config, accountant: PrivacyAccountant, *, done: int,
                                 mechanism: DPSGDMechanism) -> tuple[int, str]:
     """(steps to run to, stop reason) under ``privacy.max_epsilon``: the last step count whose
-    epsilon (headline accountant, over the WHOLE history, resumed part included) stays within
-    the budget. Computed before training: epsilon depends on the mechanism only, never on the
-    data. A resumed history that already exceeds the budget is refused (its model has that
-    epsilon whatever happens next)."""
+    epsilon (headline accountant, over the WHOLE history, resumed part included, and the dp/
+    curve's releases: every log_every-th step and the last) stays within the budget. Computed
+    before training: epsilon depends on the mechanism only, never on the data. A resumed
+    history that already exceeds the budget is refused (its model has that epsilon whatever
+    happens next)."""
     p, planned = cfg.privacy, mechanism.planned_steps
     if not p.enabled or p.max_epsilon is None:
         return planned, "completed the planned steps"
@@ -258,9 +278,10 @@ def planned_steps_within_budget(cfg: Config, accountant: PrivacyAccountant, *, d
                 f"already spent {p.accountant} epsilon {spent:.6g} in {done} steps, so its model has that epsilon; "
                 f"allowed: privacy.max_epsilon >= {spent:.6g}, or a new run folder to train from scratch"
             )
-    allowed = done + accountant.max_steps_within(max_epsilon=p.max_epsilon, event=mechanism.event,
-                                                 delta=mechanism.delta, accountant=p.accountant,
-                                                 limit=max(planned - done, 0))
+    # the steps done+1 .. done+k, the last of them (k) releasing the dp/ curve when there is one
+    allowed = done + accountant.max_steps_within(max_epsilon=p.max_epsilon, delta=mechanism.delta,
+                                                 accountant=p.accountant, limit=max(planned - done, 0),
+                                                 events_for=lambda k: mechanism.history_between(done, done + k))
     if allowed >= planned:
         return planned, "completed the planned steps"
     reason = (f"privacy.max_epsilon={p.max_epsilon:g} reached: stopped after step {allowed} of {planned} "
@@ -313,15 +334,18 @@ def _loop(run: _Run, data: Dataset, tracker: Tracker) -> float:
                desc="dp-sgd" if run.mechanism.enabled else "sgd", dynamic_ncols=True)
     for step in range(run.done + 1, run.steps + 1):
         log_now = step % t.log_every == 0 or step == run.steps
-        run.engine.collect_stats = log_now  # diagnostics only on logged steps: off the hot path
+        curve_now = run.mechanism.curve_due(step, last=run.steps)  # the dp/ curve: the same steps
+        run.engine.collect_stats = log_now or curve_now  # diagnostics only on logged steps: off the hot path
         t0 = time.perf_counter()
         idx = run.sampler.sample()
         stats = run.engine(run.x.index_select(0, idx), run.y.index_select(0, idx))
         run.optimizer.step()
         run.train_seconds += time.perf_counter() - t0
         if run.mechanism.enabled:
-            run.accountant.record(run.mechanism.event)
+            run.accountant.record(run.mechanism.event_at(step, last=run.steps))
         sizes, window = sizes + stats.batch_size, window + 1
+        if curve_now and run.main:
+            tracker.scalars({CURVE_TAG: release_curve(run, stats, step)}, step=step)
         if log_now:
             _log_step(run, tracker, bar, step, stats, sizes / window)
             sizes, window = 0, 0
@@ -332,6 +356,15 @@ def _loop(run: _Run, data: Dataset, tracker: Tracker) -> float:
         bar.update(1)
     bar.close()
     return time.perf_counter() - start
+
+
+def release_curve(run: _Run, stats: Any, step: int) -> float:
+    """The dp/ curve's value at ``step``: the mechanism's noisy, bounded loss mean, its one normal
+    draw from the run's SECRET randomness, a stream "curve-noise" of its own keyed by the step.
+    So the gradient noise and the sampler are unchanged, a resumed seed-file run redraws the same
+    values, and two runs sharing a seed file that stop at different steps (privacy.max_epsilon is
+    not in the label) never add one draw to two different sums."""
+    return run.mechanism.release_curve(stats.bounded_loss_sum, run.randomness.numpy("curve-noise", step))
 
 
 def _log_step(run: _Run, tracker: Tracker, bar: Any, step: int, stats: Any, mean_batch: float) -> None:
@@ -398,6 +431,7 @@ def _record(run: _Run, final_step: int) -> dict[str, Any]:
     dist, p = run.launch.dist, run.cfg.privacy
     return {
         **run.mechanism.report_fields(), "engine": run.engine.name, "steps": final_step,
+        "dp_curves": run.mechanism.curve_report(releases=run.accountant.count(run.mechanism.curve_event)),
         "epochs": final_step * run.mechanism.sample_rate,
         "delta_source": "config" if p.delta is not None else "default: largest power of ten <= 1/(10 N)",
         "max_epsilon": p.max_epsilon if p.enabled else None, "stopped_early": final_step < run.mechanism.planned_steps,

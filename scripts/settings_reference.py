@@ -188,6 +188,8 @@ def render() -> str:
                            "task=train, with the same keys and defaults, plus audit)", (), only=("audit",))
     lines += _task_section("release", "small-cell regression releases (docs/release.md)", ("table", "atlas"))
     lines += _task_section("predict", "score new rows with a trained run's model.pt", ())
+    lines += _task_section("tune", "a private hyperparameter search, one epsilon for all of it (docs/tuning.md; every "
+                           "section of task=train, with the same keys and defaults, plus tune)", (), only=("tune",))
     return "\n".join(lines).rstrip() + "\n"
 
 

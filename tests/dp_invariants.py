@@ -309,15 +309,35 @@ def check_sampler(make_sampler: Callable[..., Any] = PoissonSampler, *, num_rows
 # ----------------------------------------------------------------------------- accounting of a run
 
 
+def curve_steps(steps: int, log_every: int, start: int = 0) -> int:
+    """How many of the steps start + 1 .. steps release the dp/ curve (every ``log_every``-th
+    and the last one), counted one by one."""
+    return sum(1 for s in range(start + 1, steps + 1) if s % log_every == 0 or s == steps)
+
+
 def reference_epsilons(*, noise_multiplier: float, sample_rate: float, steps: int, delta: float,
-                       accountants: Sequence[str] = ("rdp", "pld")) -> dict[str, float]:
-    """Epsilon straight from dp-accounting (RDP: its default orders; PLD: interval 1e-4)."""
-    event = dp_accounting.PoissonSampledDpEvent(sample_rate, dp_accounting.GaussianDpEvent(noise_multiplier))
+                       accountants: Sequence[str] = ("rdp", "pld"), curve_noise_multiplier: float | None = None,
+                       curve_releases: int = 0) -> dict[str, float]:
+    """Epsilon straight from dp-accounting (RDP: its default orders; PLD: interval 1e-4).
+
+    With ``curve_releases`` K > 0 of the ``steps`` also releasing the dp/ curve (noise multiplier
+    sigma_c) on their Poisson batch: each such step is ONE Gaussian mechanism on the pair
+    (gradient sum, loss sum), of noise multiplier (sigma^-2 + sigma_c^-2)^(-1/2), Poisson-sampled
+    at q; the other steps are the gradient's alone."""
+    def event(sigma: float) -> dp_accounting.DpEvent:
+        return dp_accounting.PoissonSampledDpEvent(sample_rate, dp_accounting.GaussianDpEvent(sigma))
+
+    parts = [(event(noise_multiplier), steps - curve_releases)]
+    if curve_releases:
+        joint = 1.0 / math.sqrt(noise_multiplier**-2 + curve_noise_multiplier**-2)
+        parts.append((event(joint), curve_releases))
     out = {}
     for name in accountants:
         acc = (dp_accounting.rdp.RdpAccountant() if name == "rdp"
                else dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4))
-        acc.compose(event, steps)
+        for ev, count in parts:
+            if count:
+                acc.compose(ev, count)
         out[name] = float(acc.get_epsilon(delta))
     return out
 
@@ -330,24 +350,34 @@ def check_run_accounting(train: Callable[[Callable[[GradientEngine], None]], Any
     ``train(on_engine)`` runs one training (e.g. ``dptrain.train.fit``) and returns its result
     (``.accountant``, ``.privacy``). The mechanism is OBSERVED, not read from the config: the
     engine handed to ``on_engine`` and the calls made to it (T = number of steps), the
-    PoissonSampler whose ``sample`` fed them. After the run:
+    PoissonSampler whose ``sample`` fed them, and the dp/ curve's releases (K calls of
+    ``DPSGDMechanism.release_curve``). After the run:
 
     * the engine's actual noise, on empty batches, has SD sigma_e C / B with sigma_e its own
       ``noise_multiplier`` (so that attribute is the noise that was really added);
+    * the curve's actual noise has SD sigma_c L / B with sigma_c its mechanism's;
     * the sampler used still draws Binomial(N, q) batches (:func:`check_sampler_law`);
-    * the reported RDP and PLD epsilons equal dp-accounting's for (sigma_e, q, T, delta),
-      and the report's sigma, q and steps are those observed.
+    * the reported RDP and PLD epsilons equal dp-accounting's for (sigma_e, q, T, delta) and
+      the K curve releases at sigma_c (:func:`reference_epsilons`), and the report's sigma, q,
+      steps and number of curve releases are those observed.
 
     ``accountants``: which reported epsilons to compare (PLD costs ~0.5 s a side).
     """
+    from dptrain.privacy.mechanism import DPSGDMechanism
+
     engines: list[GradientEngine] = []
     samplers: dict[int, Any] = {}
     sizes: list[int] = []
-    orig_sample = PoissonSampler.sample
+    releases: list[Any] = []
+    orig_sample, orig_release = PoissonSampler.sample, DPSGDMechanism.release_curve
 
     def recording_sample(self: PoissonSampler) -> torch.Tensor:
         samplers[id(self)] = self
         return orig_sample(self)
+
+    def recording_release(self: Any, bounded_loss_sum: float, rng: Any) -> float:
+        releases.append(self)
+        return orig_release(self, bounded_loss_sum, rng)
 
     with contextlib.ExitStack() as stack:
         def on_engine(engine: GradientEngine) -> None:
@@ -362,26 +392,30 @@ def check_run_accounting(train: Callable[[Callable[[GradientEngine], None]], Any
             stack.enter_context(mock.patch.object(cls, "__call__", recording_call))
 
         stack.enter_context(mock.patch.object(PoissonSampler, "sample", recording_sample))
+        stack.enter_context(mock.patch.object(DPSGDMechanism, "release_curve", recording_release))
         result = train(on_engine)
 
     assert len(engines) == 1, f"on_engine was called {len(engines)} times"
     assert len(samplers) == 1, f"{len(samplers)} PoissonSamplers were used"
     engine, sampler = engines[0], next(iter(samplers.values()))
-    T = len(sizes)
+    T, K = len(sizes), len(releases)
     sigma, q, n = engine.noise_multiplier, sampler.sample_rate, sampler.num_rows
-    out: dict[str, Any] = {"steps": T, "sigma": sigma, "q": q, "N": n, "history": result.accountant.history}
+    out: dict[str, Any] = {"steps": T, "curve_releases": K, "sigma": sigma, "q": q, "N": n,
+                           "history": result.accountant.totals}
+    sigma_c = _check_curve_noise(releases, out) if K else None
 
     out["reported"], out["reference"] = {}, {}
     for name in accountants:  # RDP first: cheap, and it fails before PLD is computed
         reported = result.accountant.get_epsilon(delta=delta, accountant=name)
         reference = reference_epsilons(noise_multiplier=sigma, sample_rate=q, steps=T, delta=delta,
-                                       accountants=(name,))[name]
+                                       accountants=(name,), curve_noise_multiplier=sigma_c,
+                                       curve_releases=K)[name]
         rel = abs(reported - reference) / reference
         out["reported"][name], out["reference"][name], out[f"{name}_rel_err"] = reported, reference, rel
         assert rel <= rtol, (
             f"reported {name} epsilon {reported:.6g} != {reference:.6g} of the mechanism run "
-            f"(sigma={sigma:g} from the engine, q={q:g} from the sampler, T={T} engine calls); "
-            f"accountant history {result.accountant.history}")
+            f"(sigma={sigma:g} from the engine, q={q:g} from the sampler, T={T} engine calls, K={K} curve "
+            f"releases at sigma_c={sigma_c}); accountant history {result.accountant.totals}")
 
     # the engine's noise_multiplier is the noise it really adds (measured on zero gradients)
     C, B = engine.max_grad_norm, engine.expected_batch_size
@@ -404,4 +438,25 @@ def check_run_accounting(train: Callable[[Callable[[GradientEngine], None]], Any
     assert priv["sample_rate"] == q, f"report says q={priv['sample_rate']}, sampler ran {q}"
     assert priv["steps"] == T, f"report says {priv['steps']} steps, the engine was called {T} times"
     assert priv["dataset_size"] == n, f"report says N={priv['dataset_size']}, sampler drew from {n} rows"
+    curves = priv.get("dp_curves")
+    assert (curves["releases"] if curves else 0) == K, f"report says {curves} dp/ curve releases, {K} were made"
     return out
+
+
+def _check_curve_noise(releases: list[Any], out: dict[str, Any], draws: int = 4000) -> float:
+    """The dp/ curve's releases all came from one mechanism whose noise (measured on a zero sum
+    with fresh streams) has SD sigma_c L / B; returns that sigma_c."""
+    from dptrain.privacy.mechanism import DPSGDMechanism
+
+    mechanisms = {id(m): m for m in releases}
+    assert len(mechanisms) == 1, f"the dp/ curve was released by {len(mechanisms)} mechanisms"
+    m = releases[0]
+    sigma_c, bound, b = m.curve.noise_multiplier, m.curve.loss_bound, m.expected_batch_size
+    rng = np.random.default_rng(11)
+    z = np.array([DPSGDMechanism.release_curve(m, 0.0, rng) for _ in range(draws)])
+    ratio, p = _var_test(z, sigma_c * bound / b)
+    out.update(curve_sigma=sigma_c, curve_sigma_hat=float(np.sqrt(np.mean(z * z))) * b / bound,
+               curve_noise_var_ratio=ratio, curve_noise_var_p=p)
+    assert p > ALPHA, (f"the dp/ curve adds noise of multiplier {out['curve_sigma_hat']:.4g}, not its "
+                       f"noise_multiplier {sigma_c:g} (variance ratio {ratio:.4f}, chi-square p = {p:.3g})")
+    return sigma_c

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from dp_invariants import curve_steps, reference_epsilons
 from hydra import compose, initialize_config_module
 
 import dptrain.checkpoint as ckpt
 from dptrain import cli
-from dptrain.privacy.accounting import rdp_epsilon
 
 REPO = Path(__file__).resolve().parents[1]
 # the MLP on synthetic rows: long enough (~1,000 steps) to be killed mid-run, small enough for CI
@@ -75,6 +75,18 @@ def _kill_after_checkpoint(run_dir: Path, overrides: list[str], rng: random.Rand
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
     return int(ckpt.load_checkpoint(path)["step"])  # never truncated: it must load
+
+
+def _run_epsilon(rep: dict, steps: int, *, sigma: float | None = None, sigma_c: float | None = None) -> float:
+    """RDP epsilon (dp-accounting) of the first ``steps`` steps of a run with the report's q and
+    delta, when ``steps`` is its last: every 10th step and that last one also released the dp/
+    curve (sigma_c: the report's)."""
+    curve = rep["dp_curves"]
+    return reference_epsilons(
+        noise_multiplier=rep["noise_multiplier"] if sigma is None else sigma, sample_rate=rep["sample_rate"],
+        steps=steps, delta=rep["delta"], accountants=("rdp",),
+        curve_noise_multiplier=curve["noise_multiplier"] if sigma_c is None else sigma_c,
+        curve_releases=curve_steps(steps, curve["log_every"]))["rdp"]
 
 
 def _key(tmp_path: Path) -> Path:
@@ -282,16 +294,17 @@ def test_leftover_of_a_killed_write_is_removed_by_the_next_write(tmp_path):
 
 def test_budget_stops_at_the_last_step_within_it(tmp_path):
     run_dir = tmp_path / "b"
-    budget = 0.8
+    budget = 2.6  # (0.8 stopped before the first step: one RDP step at sigma 1, q 0.045 costs 1.5)
     _run_inprocess(run_dir, [*SMALL, "privacy.noise_multiplier=1.0", f"privacy.max_epsilon={budget}"])
     rep = json.loads((run_dir / "privacy.json").read_text())
-    q, sigma, delta, k = rep["sample_rate"], rep["noise_multiplier"], rep["delta"], rep["steps"]
+    k = rep["steps"]
     assert rep["stopped_early"] and k < rep["planned_steps"]
-    assert "privacy.max_epsilon=0.8" in rep["stop_reason"]
+    assert k > 20 and "privacy.max_epsilon=2.6" in rep["stop_reason"]
     assert rep["epsilon"] <= budget
-    # independent check of the stopping point: k steps fit, k + 1 do not
-    assert rdp_epsilon(sample_rate=q, noise_multiplier=sigma, steps=k, delta=delta) <= budget
-    assert rdp_epsilon(sample_rate=q, noise_multiplier=sigma, steps=k + 1, delta=delta) > budget
+    # independent check of the stopping point, the dp/ curve's releases included (the last step
+    # releases one too): k steps fit, k + 1 do not
+    assert rep["epsilon"] == pytest.approx(_run_epsilon(rep, k), rel=1e-9)
+    assert _run_epsilon(rep, k) <= budget < _run_epsilon(rep, k + 1)
     assert "privacy budget" in (run_dir / "privacy.txt").read_text() or "max_epsilon" in (
         run_dir / "privacy.txt").read_text()
     metrics = json.loads((run_dir / "metrics.json").read_text())  # publishable: steps are data-independent
@@ -306,16 +319,19 @@ def test_budget_holds_across_resume(tmp_path, monkeypatch):
     _crash_after_checkpoint(monkeypatch, run_dir, [*SMALL, "privacy.noise_multiplier=1.0"], at_step=10)
     fp = ckpt.load_checkpoint(ckpt.checkpoint_path_in(run_dir))["fingerprint"]
     assert fp["planned_steps"] > 25
-    # a budget that allows exactly 20 steps in all: 10 before the crash, 10 after
-    budget = rdp_epsilon(sample_rate=fp["sample_rate"], noise_multiplier=1.0, steps=20, delta=fp["delta"]) * (1 + 1e-9)
+    # a budget that allows exactly 20 steps in all: 10 before the crash, 10 after (steps 10 and
+    # 20 release the dp/ curve: the run's history, the crashed part's included)
+    as_report = {"sample_rate": fp["sample_rate"], "delta": fp["delta"],
+                 "dp_curves": {"log_every": fp["curve_log_every"]}}
+    budget = _run_epsilon(as_report, 20, sigma=1.0, sigma_c=fp["curve_noise_multiplier"]) * (1 + 1e-9)
     _run_inprocess(run_dir, [*SMALL, "privacy.noise_multiplier=1.0", f"privacy.max_epsilon={budget!r}",
                              "trainer.resume=auto"])
     rep = json.loads((run_dir / "privacy.json").read_text())
     assert rep["resumed_from_step"] == 10
     assert rep["steps"] == 20
     assert rep["epsilon"] <= budget and rep["stopped_early"]
-    q, sigma, delta = rep["sample_rate"], rep["noise_multiplier"], rep["delta"]
-    assert rdp_epsilon(sample_rate=q, noise_multiplier=sigma, steps=rep["steps"] + 1, delta=delta) > budget
+    assert rep["dp_curves"]["releases"] == 2
+    assert _run_epsilon(rep, rep["steps"] + 1) > budget
 
 
 

@@ -140,10 +140,17 @@ def test_end_to_end_private_run(tmp_path):
     assert privacy["neighbours"] == "add/remove" and privacy["sampling"] == "poisson"
     assert privacy["accountant"] == "rdp" and privacy["noise_multiplier"] == 1.1
     assert privacy["delta"] == 1e-5 and privacy["seed"] == 0 and privacy["not_covered"]
-    # headline epsilon agrees with an independent dp-accounting RDP computation
+    # headline epsilon agrees with an independent dp-accounting RDP computation: the T steps, K of
+    # which (every 10th and the last) also released the dp/ curve on their batch (one Gaussian of
+    # noise multiplier (sigma^-2 + sigma_c^-2)^(-1/2): docs/privacy.md, "DP curves")
+    q, sigma, T = privacy["sample_rate"], privacy["noise_multiplier"], privacy["steps"]
+    K = sum(1 for s in range(1, T + 1) if s % 10 == 0 or s == T)
+    sigma_c = privacy["dp_curves"]["noise_multiplier"]
+    assert privacy["dp_curves"]["releases"] == K
     ref = dp_accounting.rdp.RdpAccountant()
-    ref.compose(dp_accounting.PoissonSampledDpEvent(privacy["sample_rate"],
-                dp_accounting.GaussianDpEvent(privacy["noise_multiplier"])), privacy["steps"])
+    ref.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), T - K)
+    ref.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(
+        1 / np.sqrt(sigma**-2 + sigma_c**-2))), K)
     assert privacy["epsilon"] == pytest.approx(ref.get_epsilon(privacy["delta"]), rel=1e-3)
     assert privacy["epsilons"]["pld"] < privacy["epsilons"]["rdp"] == privacy["epsilon"]
     assert metrics["test/acc"] > metrics["baseline/majority_acc"] + 0.1  # learns the synthetic model
@@ -155,6 +162,7 @@ def test_end_to_end_private_run(tmp_path):
     assert [v for _, v in eps_curve] == sorted(v for _, v in eps_curve)
     assert eps_curve[-1][1] == pytest.approx(privacy["epsilons"]["rdp"], rel=1e-5)
     assert "diagnostics_nonprivate/train_loss" in scalars
+    assert [s for s, _ in scalars["dp/train_loss"]] == [s for s in range(1, T + 1) if s % 10 == 0 or s == T]
     assert not any(t.startswith("train/") for t in scalars)  # private-data metrics are marked
 
 

@@ -162,6 +162,13 @@ BAD_SETTINGS = {
                            lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "integer > 0"),
     "trainer.log_every": (st.one_of(JUNK, NONFINITE, BOOLS, st.integers(max_value=0), st.just(1.5)),
                           lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "integer > 0"),
+    "trainer.curve_budget_share": (
+        st.one_of(JUNK, NONFINITE, HUGE, NEGATIVE, BOOLS, st.just(0.0), st.just(None), st.floats(0.5001, 1e300)),
+        lambda v: _finite(v) and 0 < v <= 0.5, "(0, 0.5]"),
+    "trainer.curve_loss_bound": (st.one_of(JUNK, NONFINITE, NEGATIVE, BOOLS, st.just(0.0)),
+                                 lambda v: v is None or (_finite(v) and v > 0), "> 0"),
+    "trainer.dp_curves": (st.one_of(JUNK, st.just(None), st.just(1), st.just("true")),
+                          lambda v: isinstance(v, bool), "true or false"),
     "trainer.threads": (st.one_of(JUNK, NONFINITE, BOOLS, st.integers(max_value=-1), st.just(1.5)),
                         lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, ">= 0"),
     "seed": (st.one_of(JUNK, NONFINITE, BOOLS, st.integers(max_value=-1), st.just(1.5), st.just(None)),

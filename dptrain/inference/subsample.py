@@ -33,25 +33,27 @@ import torch
 
 from dptrain.privacy.mechanism import DPSGDMechanism
 
-__all__ = ["part_index", "part_key", "part_mechanism", "part_randomness", "fit_parts"]
+__all__ = ["part_index", "part_key", "row_uniform", "part_mechanism", "part_randomness", "fit_parts"]
 
 log = logging.getLogger(__name__)
 
 
-def part_key(seed: int) -> bytes:
+def part_key(seed: int, person: bytes = b"dptrain-parts") -> bytes:
     """The 16-byte key of the partition, from the PUBLIC seed (module docstring)."""
-    return hashlib.blake2b(str(int(seed)).encode(), digest_size=16, person=b"dptrain-parts").digest()
+    return hashlib.blake2b(str(int(seed)).encode(), digest_size=16, person=person).digest()
 
 
-def part_index(x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, *, parts: int, seed: int) -> np.ndarray:
-    """The part (0..K-1) of every row: a keyed hash of the row's own float32 words (features,
-    then target), SplitMix64 rounds keyed by :func:`part_key`; uniform over the K parts."""
+def row_uniform(x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, *, seed: int,
+                person: bytes = b"dptrain-parts") -> np.ndarray:
+    """A number in [0, 1) per row: a keyed hash of the row's own float32 words (features, then
+    target), SplitMix64 rounds keyed by :func:`part_key` (``person`` separates the uses: parts,
+    the validation part of task=tune); uniform over rows with distinct content."""
     from dptrain.data.table import _mix, _word
 
     xa = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
     ya = np.asarray(y, dtype=np.float32).reshape(len(y), -1)
     words = (np.concatenate([xa, ya], axis=1) + np.float32(0.0)).view(np.uint32).astype(np.uint64)  # -0.0 -> 0.0
-    key = part_key(seed)
+    key = part_key(seed, person)
 
     def keyed(h: np.ndarray, name: bytes) -> np.ndarray:
         return _mix(_mix(h ^ np.uint64(_word(key, name + b"/1"))) ^ np.uint64(_word(key, name + b"/2")))
@@ -59,13 +61,19 @@ def part_index(x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, *, pa
     h = np.full(len(xa), _word(key, b"start"), dtype=np.uint64)
     for j in range(words.shape[1]):
         h = _mix(h ^ keyed(words[:, j], b"column %d" % j))
-    u = (keyed(h, b"end") >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    return (keyed(h, b"end") >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def part_index(x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, *, parts: int, seed: int) -> np.ndarray:
+    """The part (0..K-1) of every row: :func:`row_uniform` scaled to the K parts."""
+    u = row_uniform(x, y, seed=seed)
     return np.minimum((u * parts).astype(np.int64), parts - 1)
 
 
 def part_mechanism(privacy: Any, *, epochs: float, batch_size: int, dataset_size: int, parts: int,
                    delta: float) -> DPSGDMechanism:
-    """The mechanism every part runs, from PUBLIC numbers only (module docstring)."""
+    """The mechanism every part runs, from PUBLIC numbers only (module docstring); without a dp/
+    curve (the parts' curves would be logged nowhere)."""
     n_part = dataset_size // parts
     b_part = max(1, round(batch_size / dataset_size * n_part))
     return DPSGDMechanism.from_settings(privacy, epochs=epochs, expected_batch_size=b_part, dataset_size=n_part,
@@ -83,9 +91,11 @@ def part_randomness(randomness: Any, k: int) -> Any:
 
 
 def _part_config(cfg: Any) -> Any:
-    """The part runs' settings: no baseline, no checkpoint, no progress bar, evaluation at the end."""
+    """The part runs' settings: no baseline, no checkpoint, no progress bar, evaluation at the end,
+    no dp/ curve (a part's curve would be logged nowhere; :func:`part_mechanism` plans none, so
+    every part records the same history)."""
     trainer = dataclasses.replace(cfg.trainer, baseline=False, checkpoint_every=0, progress=False,
-                                  eval_every=10**9)
+                                  eval_every=10**9, dp_curves=False)
     return dataclasses.replace(cfg, trainer=trainer)
 
 

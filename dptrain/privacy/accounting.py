@@ -33,7 +33,8 @@ from dptrain.privacy.events import EVENT_KINDS, Event, event_from_list, poisson_
 from dptrain.registry import Registry
 
 __all__ = ["ACCOUNTANTS", "RDP_ORDERS", "AccountingError", "PrivacyAccountant", "rdp_floor", "rdp_to_epsilon",
-           "calibrate_noise_multiplier", "compute_epsilon", "pld_epsilon", "rdp_epsilon"]
+           "calibrate_noise_multiplier", "compact", "compute_epsilon", "history_epsilon", "pld_epsilon",
+           "rdp_epsilon"]
 
 class _DropExcludedOrderWarnings(logging.Filter):
     """dp-accounting logs one warning per fractional order whose series does not converge (large q,
@@ -180,10 +181,22 @@ def _pld_composed(history: History) -> _pld.PLDAccountant:
     return acc
 
 
+def compact(history: History) -> History:
+    """The same composition with each distinct event once (its counts added; first-occurrence
+    order). Both accountants compose a multiset: RDP adds per-event divergences and PLD convolves,
+    both commutative, and adaptive composition's bound does not depend on the order. A history
+    whose events alternate (DP-SGD steps and the steps that also release a dp/ curve) stays two
+    entries long for the accountants."""
+    totals: dict[Event, int] = {}
+    for event, count in history:
+        totals[event] = totals.get(event, 0) + count
+    return tuple(totals.items())
+
+
 def _epsilon(history: History, delta: float, accountant: str) -> float:
     """Epsilon of a validated history by the named accountant: 0 when no step touched data,
     infinite when one had no noise."""
-    active = tuple((e, c) for e, c in history if c > 0 and EVENT_KINDS.get(e.kind).spends(e.params))
+    active = tuple((e, c) for e, c in compact(history) if c > 0 and EVENT_KINDS.get(e.kind).spends(e.params))
     if not active:
         return 0.0
     if any(EVENT_KINDS.get(e.kind).unbounded(e.params) for e, _ in active):
@@ -241,6 +254,14 @@ def compute_epsilon(
     """Epsilon of ``steps`` identical DP-SGD steps by the registered ``accountant``."""
     return _epsilon(_one_run(*_segment(noise_multiplier, sample_rate, steps)), _check_delta(delta),
                     _check_accountant(accountant))
+
+
+def history_epsilon(history: History, *, delta: float, accountant: str = "rdp") -> float:
+    """Epsilon of a history of (event, count) pairs (e.g. a planned run) by ``accountant``."""
+    for event, count in history:
+        event_from_list(event.as_list())
+        _check_steps(count, "count")
+    return _epsilon(tuple(history), _check_delta(delta), _check_accountant(accountant))
 
 
 def _solve(g: Callable[[float], float], lo: float, hi: float, tol: float) -> float:
@@ -363,10 +384,12 @@ def _bracket(g: Callable[[float], float], hi: float, step: float) -> tuple[float
 
 class PrivacyAccountant:
     """Records history only: (event, count) pairs in order, consecutive identical events merged.
-    Epsilon is composed from the whole history on demand by any registered accountant."""
+    Epsilon is composed from the whole history on demand by any registered accountant (from the
+    count of each distinct event, kept as events are recorded: see :func:`compact`)."""
 
     def __init__(self) -> None:
         self._events: list[tuple[Event, int]] = []
+        self._totals: dict[Event, int] = {}
 
     def record(self, event: Event, num_steps: int = 1) -> None:
         """Records ``num_steps`` steps of ``event``; 0 steps is a no-op."""
@@ -379,6 +402,7 @@ class PrivacyAccountant:
             self._events[-1] = (event, self._events[-1][1] + n)
         else:
             self._events.append((event, n))
+        self._totals[event] = self._totals.get(event, 0) + n
 
     def step(self, *, noise_multiplier: float, sample_rate: float, num_steps: int = 1) -> None:
         """Records ``num_steps`` DP-SGD steps at (noise_multiplier, sample_rate)."""
@@ -391,9 +415,19 @@ class PrivacyAccountant:
         return tuple(self._events)
 
     @property
+    def totals(self) -> History:
+        """Each distinct event once with its total count (first-occurrence order): what the
+        accountants compose."""
+        return tuple(self._totals.items())
+
+    def count(self, event: Event) -> int:
+        """How many steps of ``event`` were recorded."""
+        return self._totals.get(event, 0)
+
+    @property
     def steps(self) -> int:
         """Total number of recorded steps."""
-        return sum(c for _, c in self._events)
+        return sum(self._totals.values())
 
     @property
     def history(self) -> tuple[Segment, ...]:
@@ -403,7 +437,7 @@ class PrivacyAccountant:
 
     def get_epsilon(self, *, delta: float, accountant: str = "rdp") -> float:
         """Epsilon of the composition of all recorded events at ``delta``."""
-        return _epsilon(self.events, _check_delta(delta), _check_accountant(accountant))
+        return _epsilon(self.totals, _check_delta(delta), _check_accountant(accountant))
 
     def state_dict(self) -> dict:
         """Serialisable state: ``{"events": [[kind, [params...], count], ...]}``."""
@@ -429,20 +463,25 @@ class PrivacyAccountant:
                 restored.step(noise_multiplier=seg[0], sample_rate=seg[1], num_steps=seg[2])
         else:
             raise _bad("state", state, "must be a dict with an 'events' list")
-        self._events = restored._events
+        self._events, self._totals = restored._events, restored._totals
 
-    def max_steps_within(self, *, max_epsilon: float, event: Event, delta: float, accountant: str = "rdp",
-                         limit: int) -> int:
-        """The largest k in [0, limit] such that this history plus k more steps of ``event``
-        has epsilon <= max_epsilon (a privacy budget). Epsilon grows with every step, so a
-        binary search over k is exact."""
+    def max_steps_within(self, *, max_epsilon: float, event: Event | None = None, delta: float,
+                         accountant: str = "rdp", limit: int,
+                         events_for: Callable[[int], History] | None = None) -> int:
+        """The largest k in [0, limit] such that this history plus k more steps has epsilon
+        <= max_epsilon (a privacy budget). The k steps are ``event`` k times or, with
+        ``events_for``, the history ``events_for(k)`` (e.g. a run whose logged steps, the last
+        one included, also release a dp/ curve). Epsilon must grow with k (it does when
+        ``events_for(k + 1)`` holds ``events_for(k)`` plus one more step), so a binary search
+        over k is exact."""
         delta, accountant = _check_delta(delta), _check_accountant(accountant)
+        if events_for is None:
+            if event is None:
+                raise _bad("event", event, "give the event of one step, or events_for")
+            events_for = lambda k: ((event, k),)  # noqa: E731
 
         def eps_after(k: int) -> float:
-            trial = PrivacyAccountant()
-            trial._events = list(self._events)
-            trial.record(event, k)
-            return trial.get_epsilon(delta=delta, accountant=accountant)
+            return _epsilon(self.totals + tuple(events_for(k)), delta, accountant)
 
         if eps_after(0) > max_epsilon:
             return 0

@@ -89,12 +89,15 @@ class PoissonSampler:
 
 @dataclass(frozen=True)
 class StepStats:
-    """Diagnostics of one step, computed on PRIVATE training rows: not covered by the guarantee."""
+    """Diagnostics of one step, computed on PRIVATE training rows: not covered by the guarantee.
+    ``bounded_loss_sum`` (sum_i min(loss_i, L), with the engine's ``curve_loss_bound`` L) is the
+    input of the dp/ curve, which adds its noise (dptrain.privacy.curves); NaN when not computed."""
 
     batch_size: int
     loss_sum: float
     correct: int
     clipped: int  # examples whose gradient norm exceeded C
+    bounded_loss_sum: float = float("nan")
 
 
 def _row_sq_norms(m: torch.Tensor) -> torch.Tensor:
@@ -154,6 +157,9 @@ class GradientEngine:
         #: compute the non-private diagnostics (loss, accuracy, clipped count) of each step;
         #: the training loop switches it on only for the steps it logs.
         self.collect_stats = True
+        #: L of the dp/ curve: with it, the stats of a step hold sum_i min(loss_i, L) (set by the
+        #: mechanism that releases the curve, dptrain.privacy.curves; None: not computed)
+        self.curve_loss_bound: float | None = None
         #: a :class:`dptrain.distributed.DistContext` when one job runs across processes
         self.dist = None
         #: draw the next step's standard-normal vector in a background thread while this step
@@ -238,7 +244,7 @@ class GradientEngine:
             return self._fused_call(x, y)
         if x.shape[0] == 0:
             sums = [torch.zeros_like(p) for p in self.params]
-            stats = StepStats(0, 0.0, 0, 0)
+            stats = StepStats(0, 0.0, 0, 0, 0.0)
         else:
             sums, stats = self.clipped_sum(x, y)
         if self.dist is not None:
@@ -283,10 +289,11 @@ class GradientEngine:
         flat.mul_(1.0 / self.expected_batch_size)
         for p, chunk in zip(self.params, flat.split(self._sizes)):
             p.grad = chunk.view_as(p).clone()
-        if self.collect_stats:  # job-wide diagnostics on logged steps (non-private)
-            t = torch.tensor([stats.batch_size, stats.loss_sum, stats.correct, stats.clipped], dtype=torch.float64)
+        if self.collect_stats:  # job-wide diagnostics on logged steps (non-private) and the dp/ curve's sum
+            t = torch.tensor([stats.batch_size, stats.loss_sum, stats.correct, stats.clipped, stats.bounded_loss_sum],
+                             dtype=torch.float64)
             self.dist.all_reduce_sum(t)
-            return StepStats(int(t[0]), float(t[1]), int(t[2]), int(t[3]))
+            return StepStats(int(t[0]), float(t[1]), int(t[2]), int(t[3]), float(t[4]))
         return stats
 
     def step_stats(self, logits: torch.Tensor, y: torch.Tensor, losses: torch.Tensor | None = None,
@@ -300,7 +307,12 @@ class GradientEngine:
             losses = self.objective.per_example_loss(logits, y) if losses is None else losses
             correct = self.objective.correct(logits, y)
             clipped = 0 if sq_norms is None else self.count_clipped(sq_norms)
-            return StepStats(n, float(losses.sum()), correct, clipped)
+            bounded = float("nan")
+            if self.curve_loss_bound is not None:
+                from dptrain.privacy.curves import bounded_loss_sum
+
+                bounded = bounded_loss_sum(losses, self.curve_loss_bound)
+            return StepStats(n, float(losses.sum()), correct, clipped, bounded)
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
         """Sum over the batch of per-example gradients clipped to C, one tensor per parameter."""

@@ -148,6 +148,9 @@ class Randomness:
 #: say where to write, how often to log or checkpoint, how many threads compute the same
 #: arithmetic, or (max_epsilon) where to stop, which publishes a prefix of the same run, an
 #: iterate its guarantee already covers. Runs differing only in these share streams harmlessly.
+#: Except log_every when the run releases the dp/ curve: then it sets how many curve values are
+#: released, hence sigma_c (and, with a target epsilon, sigma), and two runs releasing the same
+#: sums with one draw at two noise multipliers would reveal the sums; so it stays in the label.
 _LABEL_EXCLUDE = (("trainer", "resume"), ("trainer", "progress"), ("trainer", "threads"),
                   ("trainer", "checkpoint_every"), ("trainer", "eval_every"), ("trainer", "log_every"),
                   ("logger",), ("privacy", "noise_seed_file"), ("privacy", "max_epsilon"))
@@ -163,11 +166,15 @@ def settings_digest(settings: dict) -> str:
         out = {}
         for k, v in node.items():
             key = (*path, str(k))
-            if key in _LABEL_EXCLUDE or (len(key) == 1 and key[0] == "hydra"):
+            if key in exclude or (len(key) == 1 and key[0] == "hydra"):
                 continue
             out[str(k)] = strip(v, key) if isinstance(v, dict) else v
         return out
 
+    trainer, privacy = settings.get("trainer"), settings.get("privacy")
+    curves = (isinstance(trainer, dict) and isinstance(privacy, dict) and privacy.get("enabled", True) is not False
+              and trainer.get("dp_curves", False) is not False)
+    exclude = tuple(k for k in _LABEL_EXCLUDE if not (curves and k == ("trainer", "log_every")))
     canon = json.dumps(strip(settings), sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(canon.encode("utf-8")).hexdigest()
 

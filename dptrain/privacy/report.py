@@ -26,9 +26,9 @@ NOT_COVERED = [
     "the log (private/dptrain.log), timings and error messages: for the data holder only. They never quote "
     "private values or counts of private rows, but a refusal of bad data (e.g. non-numeric entries, a "
     "single-class target) depends on the rows: a refused run publishes nothing",
-    "floating-point side channels: the Gaussian noise is drawn in floating point (torch normal_), not from a "
-    "discretised Gaussian; the noise generator is torch's MT19937 (a statistical generator) seeded with "
-    "19,968 bits from the source described under 'randomness'",
+    "floating-point side channels: the Gaussian noise is drawn in floating point (torch normal_; the dp/ "
+    "curve's in float64 from numpy's PCG64), not from a discretised Gaussian; the noise generator is torch's "
+    "MT19937 (a statistical generator) seeded with 19,968 bits from the source described under 'randomness'",
 ]
 
 
@@ -54,7 +54,8 @@ def files_section(*, test_public: bool, coefficients: bool = False,
             "when privacy.noise_seed_file is set)"} if checkpoint else {}),
         "private/metrics.json": "every metric, incl. those on private rows (baseline, timings"
         + ("" if test_public else ", test/*") + ")",
-        "private/tb/": "TensorBoard curves: diagnostics on training rows and test curves",
+        "private/tb/": "TensorBoard curves: diagnostics on training rows and test curves (its dp/* curves alone "
+        "are covered by the guarantee)",
         "private/dptrain.log": "the log",
     }
     return {"publishable": publishable, "private": private}
@@ -140,9 +141,27 @@ def build_report(
         "clipping": "flat per-example L2 clipping over all parameters",
         "noise": "Gaussian N(0, sigma^2 C^2) added once per step to the clipped sum, divided by the "
         "expected batch size",
+        "dp_curves": mechanism.get("dp_curves"),
         **base,
         "not_covered": list(NOT_COVERED),
     }
+
+
+def _curve_lines(report: dict[str, Any]) -> list[str]:
+    """What privacy.txt says about the dp/ curves (covered by the epsilons above)."""
+    c = report.get("dp_curves")
+    if not c:
+        return ["COVERED curves: none (this run released no dp/ curve: trainer.dp_curves=false; task=audit, "
+                "estimator=subsample_aggregate or ssp and the Python API release none)"]
+    return [
+        f"COVERED curves: {', '.join(c['tags'])} in private/tb, {c['releases']} values (every {c['log_every']} "
+        "steps and the last), included in every epsilon above:",
+        f"  {c['statistic']}",
+        f"  L = {c['loss_bound']:g} ({c['loss_bound_source']}), curve noise multiplier sigma_c = "
+        f"{c['noise_multiplier']:.6g} (noise sd on the value {c['noise_std']:.3g}), budget share "
+        f"{c['budget_share']:g}",
+        f"  accounting: {c['accounting']} (here {c['joint_noise_multiplier']:.6g})",
+    ]
 
 
 def _files_lines(report: dict[str, Any]) -> list[str]:
@@ -171,6 +190,23 @@ def _estimator_lines(report: dict[str, Any]) -> list[str]:
     if est.get("table"):
         lines += ["", est["table"]]
     return lines
+
+
+def _tuning_lines(report: dict[str, Any]) -> list[str]:
+    """task=tune: the search the guarantee covers and the selected candidate."""
+    t = report.get("tuning")
+    if not t:
+        return []
+    law = f"{t['candidates_law']}, mean {t['candidates_mean']:g}" + (
+        f", shape {t['candidates_shape']:g}" if t.get("candidates_shape") is not None else "")
+    return ["", "private search (task=tune):", f"  method: {t['method']}",
+            f"  number of candidates: random ({law}); the number drawn is SECRET",
+            f"  space: {t['space']}",
+            f"  selected: {t['selected']} (noisy {t['score']} {t['selected_score_dp']:.4f}; score noise sd "
+            f"{t['score_noise']:g} on the sum over {t['validation_rows']} validation rows)",
+            f"  fit rows: {t['fit_rows']}; validation rows: {t['validation_rows']} (keyed hash of each row, fraction "
+            f"{t['validation_fraction']:g})",
+            f"  event: {t['event']}", f"  accounting: {t['accounting']}", f"  secret: {t['secret']}"]
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -222,8 +258,11 @@ def format_report(report: dict[str, Any]) -> str:
         f"seed = {report['seed']} ({report['seed_role']})",
         "versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
         "",
+        *_curve_lines(report),
+        "",
         "NOT covered by this guarantee:",
         *[f"  - {item}" for item in report["not_covered"]],
+        *_tuning_lines(report),
         *_estimator_lines(report),
         *_files_lines(report),
     ]

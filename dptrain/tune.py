@@ -1,0 +1,535 @@
+"""task=tune: private hyperparameter search with a random number of candidates (docs/tuning.md).
+
+Papernot & Steinke (2022, "Hyperparameter tuning with Renyi differential privacy"): draw the
+number of candidates K from a known law (truncated negative binomial with shape eta >= 0, whose
+special cases are the logarithmic (eta = 0) and geometric (eta = 1) laws, or Poisson), run the
+base mechanism K times and release ONLY the best candidate. If the base mechanism is
+(lambda, eps(lambda))-RDP at every order, the whole search is RDP with the bound of their
+Theorem 2 (Theorem 6 for Poisson), which dp-accounting implements for
+``RepeatAndSelectDpEvent(base, mean, shape)``.
+
+The base mechanism here, run once per candidate:
+
+1. draw one value per searched setting uniformly from its list (``tune.space``; SECRET
+   randomness: the draws are data-independent, but the list of all draws would reveal K);
+2. train DP-SGD on the FIT part of the training rows with the search's one noise multiplier
+   sigma (every candidate has the same q = B / N_fit and the same steps: settings that change the
+   mechanism, such as epochs or the batch size, are not searchable, so the base event is one);
+3. score the model on the VALIDATION part: the sum over its rows of a per-row score in [0, 1]
+   (1 if correct for a classifier; 1 - min((z - y)^2, 1) on the [0, 1]-scaled target for
+   regression) plus Gaussian noise N(0, ``tune.score_noise``^2) (sensitivity 1), divided by the
+   validation part's size.
+
+Its event is ``ComposedDpEvent([SelfComposed(PoissonSampled(q, Gaussian(sigma)), T),
+Gaussian(score_noise)])``: composing the two parts is conservative (the fit and validation parts
+are disjoint, so each row takes part in only one of them). The validation part is a keyed hash
+of each row's own content (``tune.validation_fraction`` of the rows; key from the public seed,
+personalisation ``dptrain-valid``), so adding or removing one row moves no other.
+
+sigma is the smallest whose epsilon of the WHOLE search (RDP accountant, dp-accounting) is
+within ``privacy.target_epsilon``. K, the other candidates' settings and scores, and their
+models are private (``private/candidates.jsonl``): publishing K would undo the analysis, which
+assumes an adversary who sees only the selected candidate.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dp_accounting
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from dptrain.errors import DPTrainError
+from dptrain.validation import bad
+
+__all__ = ["LAWS", "CandidateLaw", "base_event", "calibrate_search", "flatten_space", "run_task", "search_epsilon",
+           "search_event", "validation_mask"]
+
+log = logging.getLogger(__name__)
+
+#: the laws of the number of candidates (``tune.candidates``)
+LAWS = ("truncated_negative_binomial", "poisson")
+#: settings a candidate may NOT vary: they change the mechanism (q, steps, sigma, delta), the data
+#: or the task, so the candidates would not share one base event
+FIXED_PREFIXES = ("privacy.", "trainer.epochs", "trainer.batch_size", "trainer.resume", "trainer.engine", "data.",
+                  "task", "seed", "tune.", "estimator.", "logger.", "objective.", "plugins", "overwrite")
+SEARCHABLE_HINT = ("optim.* (lr, momentum, weight_decay...), privacy.max_grad_norm (C does not change the "
+                   "privacy of a step), model.* (hidden, activation...), trainer.threads")
+
+
+# ------------------------------------------------------------------------------ the law of K
+
+
+def _tnb_mean(shape: float, gamma: float) -> float:
+    """Mean of the truncated negative binomial TNB(shape, gamma) (logarithmic at shape 0)."""
+    if shape == 0:
+        return (1 - gamma) / (gamma * math.log(1 / gamma))
+    return shape * (1 - gamma) / (gamma * (1 - gamma**shape))
+
+
+@dataclass(frozen=True)
+class CandidateLaw:
+    """The law of the number of candidates K: ``truncated_negative_binomial`` (K >= 1; shape 0
+    logarithmic, 1 geometric) or ``poisson`` (K >= 0; K = 0 releases no model), with mean ``mean``."""
+
+    distribution: str
+    mean: float
+    shape: float = 1.0
+
+    @property
+    def dp_shape(self) -> float:
+        """dp-accounting's ``shape``: infinity means Poisson."""
+        return math.inf if self.distribution == "poisson" else float(self.shape)
+
+    def gamma(self) -> float:
+        """The TNB parameter gamma in (0, 1) with E[K] = mean (solved numerically)."""
+        from scipy.optimize import brentq
+
+        if self.mean <= 1.0:
+            return 1.0
+        return float(brentq(lambda g: _tnb_mean(self.shape, g) - self.mean, 1e-15, 1 - 1e-12, xtol=1e-15,
+                            rtol=1e-13))
+
+    def pmf(self, k: int) -> float:
+        """P(K = k)."""
+        if self.distribution == "poisson":
+            return math.exp(k * math.log(self.mean) - self.mean - math.lgamma(k + 1))
+        if k < 1:
+            return 0.0
+        g = self.gamma()
+        if g >= 1.0:
+            return 1.0 if k == 1 else 0.0
+        if self.shape == 0:
+            return (1 - g) ** k / (k * math.log(1 / g))
+        eta = self.shape
+        return math.exp(math.lgamma(k + eta) - math.lgamma(eta) - math.lgamma(k + 1) + eta * math.log(g)
+                        + k * math.log1p(-g)) / (1 - g**eta)
+
+    def sample(self, rng: np.random.Generator) -> int:
+        """One K drawn with ``rng`` (the run's SECRET stream)."""
+        if self.distribution == "poisson":
+            return int(rng.poisson(self.mean))
+        g = self.gamma()
+        if g >= 1.0:
+            return 1
+        if self.shape == 0:
+            return int(rng.logseries(1 - g))
+        while True:  # negative binomial conditioned on K >= 1
+            k = int(rng.negative_binomial(self.shape, g))
+            if k >= 1:
+                return k
+
+
+# ------------------------------------------------------------------------------ accounting
+
+
+def base_event(*, sample_rate: float, noise_multiplier: float, steps: int, score_noise: float) -> Any:
+    """One candidate: T DP-SGD steps, then the noisy validation score (composed: conservative)."""
+    train = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(sample_rate, dp_accounting.GaussianDpEvent(noise_multiplier)), steps)
+    return dp_accounting.ComposedDpEvent([train, dp_accounting.GaussianDpEvent(score_noise)])
+
+
+def search_event(law: CandidateLaw, **base: Any) -> Any:
+    """The whole search: the base event repeated a random number of times, the best released."""
+    return dp_accounting.dp_event.RepeatAndSelectDpEvent(base_event(**base), law.mean, law.dp_shape)
+
+
+def search_epsilon(law: CandidateLaw, *, delta: float, **base: Any) -> float:
+    """Epsilon of the whole search by dp-accounting's RDP accountant at dptrain's RDP orders."""
+    from dptrain.privacy.accounting import RDP_ORDERS
+
+    acc = dp_accounting.rdp.RdpAccountant(list(RDP_ORDERS))
+    acc.compose(search_event(law, **base))
+    return float(acc.get_epsilon(delta))
+
+
+def calibrate_search(law: CandidateLaw, *, target_epsilon: float, delta: float, sample_rate: float, steps: int,
+                     score_noise: float, rtol: float = 1e-3) -> float:
+    """The smallest DP-SGD noise multiplier (to relative tolerance ``rtol``) whose WHOLE search is
+    within ``target_epsilon``; refuses a target that the selection and the score alone exceed."""
+
+    def eps(sigma: float) -> float:
+        return search_epsilon(law, delta=delta, sample_rate=sample_rate, noise_multiplier=sigma, steps=steps,
+                              score_noise=score_noise)
+
+    hi = 1.0
+    while eps(hi) > target_epsilon:
+        hi *= 4
+        if hi > 1e5:
+            floor = eps(1e7)
+            raise bad("privacy.target_epsilon", target_epsilon,
+                      f"is below what the search costs without any training noise ({floor:.4g}: the noisy score "
+                      f"(tune.score_noise={score_noise:g}) selected among a random number of candidates "
+                      f"(mean {law.mean:g})); allowed: a larger privacy.target_epsilon, a smaller tune.mean or a "
+                      "larger tune.score_noise")
+    lo = hi / 4
+    while eps(lo) <= target_epsilon and lo > 1e-3:
+        hi, lo = lo, lo / 4
+    while hi / lo > 1 + rtol:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if eps(mid) <= target_epsilon else (mid, hi)
+    return hi
+
+
+# ------------------------------------------------------------------------------ settings
+
+
+def flatten_space(space: Any, prefix: str = "") -> dict[str, list[Any]]:
+    """``tune.space`` (nested mappings whose leaves are lists) as {dotted setting: values}."""
+    out: dict[str, list[Any]] = {}
+    for key, value in (space or {}).items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten_space(value, prefix=name + "."))
+        elif isinstance(value, (list, tuple)):
+            out[name] = list(value)
+        else:
+            raise bad(f"tune.space.{name}", value, "must be a list of values to choose from, e.g. [0.1, 0.5, 1.0]")
+    return out
+
+
+def check_tune(cfg: Any) -> None:
+    """task=tune's own settings, before any row is read (the candidates' values are checked by
+    :func:`candidate_configs`)."""
+    from dptrain.validation import integer, one_of, real
+
+    t = cfg.tune
+    one_of("tune.candidates", t.candidates, LAWS)
+    real("tune.mean", t.mean, "must be a number >= 1 (the expected number of candidates)", lo=1.0)
+    if t.candidates == "truncated_negative_binomial":
+        real("tune.shape", t.shape, "must be a number >= 0 (0: logarithmic, 1: geometric)", lo=0.0)
+    real("tune.validation_fraction", t.validation_fraction, "must be in (0, 0.5]", lo=0.0, hi=0.5, lo_open=True)
+    real("tune.score_noise", t.score_noise, "must be a number > 0 (noise sd on the score's sum)", lo=0.0,
+         lo_open=True)
+    integer("tune.max_expected_candidates", t.max_expected_candidates, 1)
+    if t.mean > t.max_expected_candidates:
+        raise bad("tune.mean", t.mean, f"must be <= tune.max_expected_candidates={t.max_expected_candidates} (a "
+                  "guard against a typo that would train thousands of models; raise it to search more)")
+    p = cfg.privacy
+    if not p.enabled:
+        raise bad("privacy.enabled", False, "task=tune is a private search: needs privacy.enabled=true (a "
+                  "non-private search is a plain sweep: python -m dptrain -m optim.lr=...)")
+    if p.target_epsilon is None:
+        raise bad("privacy.target_epsilon", None, "task=tune needs the TOTAL epsilon of the search, selection and "
+                  "released model as privacy.target_epsilon=E (sigma is calibrated for the whole search; a fixed "
+                  "privacy.noise_multiplier is not allowed)")
+    if p.max_epsilon is not None:
+        raise bad("privacy.max_epsilon", p.max_epsilon, "must be null for task=tune (every candidate runs the same "
+                  "planned steps: the search's accounting needs one base mechanism)")
+    if cfg.trainer.resume is not None:
+        raise bad("trainer.resume", cfg.trainer.resume, "must be null for task=tune (a search is one fresh run)")
+    if cfg.estimator.name != "dpsgd":
+        raise bad("estimator", cfg.estimator.name, "task=tune tunes DP-SGD training: needs estimator=dpsgd")
+    space = flatten_space(t.space)
+    if not space:
+        raise bad("tune.space", t.space, "is empty: nothing to search; allowed: lists of values per setting, e.g. "
+                  "tune=lr_clip or '++tune.space={optim: {lr: [0.5, 1, 2]}, privacy: {max_grad_norm: [0.5, 1]}}'")
+    for key, values in space.items():
+        if key == "privacy.max_grad_norm":
+            pass
+        elif any(key == f or key.startswith(f) for f in FIXED_PREFIXES):
+            raise bad(f"tune.space.{key}", values, "is not searchable: it changes the privacy mechanism, the data "
+                      f"or the task, so the candidates would not share one base event; searchable: {SEARCHABLE_HINT}")
+        if len(values) == 0:
+            raise bad(f"tune.space.{key}", values, "must list at least one value")
+
+
+def candidate_configs(cfg: Any) -> dict[str, list[Any]]:
+    """Every value of every searched setting, each checked like a command-line value (the
+    setting exists, the value is allowed) BEFORE any row is read; returns the flat space."""
+    from dptrain.config import check_known_keys, validate
+
+    space = flatten_space(OmegaConf.to_container(cfg.tune.space, resolve=True))
+    for key, values in space.items():
+        if OmegaConf.select(cfg, key, default="__missing__") == "__missing__" and not key.startswith("model."):
+            raise bad(f"tune.space.{key}", values, "names no setting of this run (docs/settings.md lists them)")
+        for value in values:
+            trial = _with(cfg, key, value)
+            try:
+                check_known_keys(trial)
+                validate(OmegaConf.to_object(trial))
+            except DPTrainError as e:
+                raise bad(f"tune.space.{key}", values, f"value {value!r} is not allowed: {e}") from None
+    return space
+
+
+def _with(cfg: Any, key: str, value: Any) -> Any:
+    trial = copy.deepcopy(cfg)
+    with _open(trial):
+        OmegaConf.update(trial, key, value, merge=False, force_add=key.startswith("model."))
+    return trial
+
+
+class _open:
+    """Lift the struct flag of a composed config while one value is replaced."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+
+    def __enter__(self) -> None:
+        OmegaConf.set_struct(self.cfg, False)
+
+    def __exit__(self, *exc: Any) -> None:
+        OmegaConf.set_struct(self.cfg, True)
+
+
+# ------------------------------------------------------------------------------ data
+
+
+def validation_mask(x: torch.Tensor, y: torch.Tensor, *, fraction: float, seed: int) -> np.ndarray:
+    """True for the rows of the validation part: a keyed hash of each row's own content (the
+    construction of dptrain.inference.subsample.part_index, personalisation ``dptrain-valid``)."""
+    from dptrain.inference.subsample import row_uniform
+
+    return row_uniform(x, y, seed=seed, person=b"dptrain-valid") < fraction
+
+
+def _split(data: Any, mask: np.ndarray) -> tuple[Any, tuple[torch.Tensor, torch.Tensor]]:
+    fit_rows = torch.from_numpy(np.flatnonzero(~mask))
+    val_rows = torch.from_numpy(np.flatnonzero(mask))
+    fit_data = dataclasses.replace(data, x_train=data.x_train.index_select(0, fit_rows).contiguous(),
+                                   y_train=data.y_train.index_select(0, fit_rows).contiguous(), diagnostics={})
+    return fit_data, (data.x_train.index_select(0, val_rows), data.y_train.index_select(0, val_rows))
+
+
+@torch.no_grad()
+def row_scores(objective: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per validation row, a score in [0, 1]: correct (classifiers) or 1 - min((z - y)^2, 1)
+    on the [0, 1]-scaled target (regression)."""
+    out = model(x)
+    if objective.name == "linear":
+        return 1.0 - (out.reshape(-1) - y).square().clamp(max=1.0)
+    if out.dim() == 2 and out.shape[1] > 1:
+        return (out.argmax(1) == y).double()
+    return ((out.reshape(-1) > 0).to(y.dtype) == y).double()
+
+
+# ------------------------------------------------------------------------------ the task
+
+
+def _digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Search:
+    """The search's public numbers: the law, the split's sizes, the shared mechanism and its epsilon."""
+
+    law: CandidateLaw
+    space: dict[str, list[Any]]
+    n_fit: int
+    n_val: int
+    sample_rate: float
+    steps: int
+    sigma: float
+    score_noise: float
+    delta: float
+    epsilon: float
+
+
+def plan_search(conf: Any, space: dict[str, list[Any]], *, n_fit: int, n_val: int, delta: float) -> Search:
+    """sigma calibrated for the whole search from public numbers only (module docstring)."""
+    from dptrain.privacy.mechanism import planned_steps
+
+    t = conf.tune
+    if n_val == 0 or conf.trainer.batch_size > n_fit:
+        raise bad("tune.validation_fraction", t.validation_fraction,
+                  f"leaves {n_val} validation rows and {n_fit} fit rows for trainer.batch_size="
+                  f"{conf.trainer.batch_size}; allowed: a fraction that leaves both parts non-empty and B <= N_fit")
+    law = CandidateLaw(t.candidates, float(t.mean), float(t.shape))
+    q = conf.trainer.batch_size / n_fit
+    steps = planned_steps(epochs=conf.trainer.epochs, sample_rate=q)
+    base = {"sample_rate": q, "steps": steps, "score_noise": float(t.score_noise)}
+    sigma = calibrate_search(law, target_epsilon=conf.privacy.target_epsilon, delta=delta,
+                             rtol=conf.privacy.calibration_rtol, **base)
+    eps = search_epsilon(law, delta=delta, noise_multiplier=sigma, **base)
+    log.info("tune: N_fit=%d, N_val=%d (public), q=%.6g, steps=%d, sigma=%.6g calibrated for the whole search "
+             "(epsilon %.6g <= %g, delta %g, RDP); candidates ~ %s(mean %g%s)", n_fit, n_val, q, steps, sigma,
+             eps, conf.privacy.target_epsilon, delta, t.candidates, t.mean,
+             f", shape {t.shape:g}" if t.candidates != "poisson" else "")
+    return Search(law, space, n_fit, n_val, q, steps, sigma, float(t.score_noise), delta, eps)
+
+
+def run_task(cfg: Any, *, run_dir: Path) -> float:
+    """task=tune: settings and every candidate value checked, THEN the data read, the search run,
+    and ONE run folder written for the selected candidate. Returns its noisy validation score."""
+    from dptrain.config import validate, validate_against_size
+    from dptrain.data import load_dataset
+    from dptrain.objectives import build_objective
+    from dptrain.outputs import randomness_for
+    from dptrain.train import build_model, data_spec_from_config
+
+    conf = OmegaConf.to_object(cfg)
+    validate(conf)
+    check_tune(conf)
+    space = candidate_configs(cfg)
+    randomness = randomness_for(conf, cfg, run_dir=run_dir)
+    build_model(conf, spec=data_spec_from_config(conf.data), objective=build_objective(conf.objective))
+    data = load_dataset(conf.data, seed=conf.seed)
+    delta = validate_against_size(conf, data.n_train)
+    mask = validation_mask(data.x_train, data.y_train, fraction=conf.tune.validation_fraction, seed=conf.seed)
+    fit_data, validation = _split(data, mask)
+    search = plan_search(conf, space, n_fit=fit_data.n_train, n_val=len(validation[1]), delta=delta)
+    best, records = _run_candidates(cfg, conf, search, fit_data, validation, randomness)
+    return _write(conf, cfg, run_dir=run_dir, data=data, best=best, records=records, search=search)
+
+
+def _run_candidates(cfg: Any, conf: Any, search: Search, fit_data: Any, validation: tuple, randomness: Any,
+                    ) -> tuple[dict | None, list[dict]]:
+    """K candidates (K from the law, secret): each trained, scored with noise; the best kept."""
+    from dptrain.objectives import build_objective
+    from dptrain.privacy.mechanism import DPSGDMechanism
+    from dptrain.train import LaunchConfig, fit
+
+    objective = build_objective(conf.objective)
+    secret = randomness.numpy("tune-search")
+    k = search.law.sample(secret)
+    score_noise = randomness.torch("tune-score")
+    best: dict[str, Any] | None = None
+    records = []
+    for i in range(k):
+        draws = {key: values[int(secret.integers(len(values)))] for key, values in search.space.items()}
+        trial = cfg
+        for key, value in draws.items():
+            trial = _with(trial, key, value)
+        conf_i = OmegaConf.to_object(trial)
+        conf_i.trainer = dataclasses.replace(conf_i.trainer, progress=False, checkpoint_every=0, eval_every=10**9,
+                                             baseline=False)
+        mech = DPSGDMechanism(enabled=True, noise_multiplier=search.sigma,
+                              max_grad_norm=float(conf_i.privacy.max_grad_norm),
+                              expected_batch_size=conf.trainer.batch_size, dataset_size=search.n_fit,
+                              planned_steps=search.steps, delta=search.delta, accountant="rdp",
+                              noise_multiplier_source="calibrated (task=tune: the whole search)",
+                              target_epsilon=conf.privacy.target_epsilon)
+        result = fit(conf_i, fit_data, mechanism=mech, launch=LaunchConfig(randomness=_candidate_randomness(
+            randomness, i)))
+        total = float(row_scores(objective, result.model, *validation).sum())
+        noise = float(torch.randn((), dtype=torch.float64, generator=score_noise)) * search.score_noise
+        score = (total + noise) / search.n_val
+        records.append({"candidate": i, "settings": draws, "score_dp": score, "model_sha256": _digest(result.model),
+                        "nonprivate_validation_score": total / search.n_val})
+        if best is None or score > best["score"]:
+            best = {"score": score, "index": i, "settings": draws, "result": result, "cfg": trial}
+    return best, records
+
+
+def _candidate_randomness(randomness: Any, i: int) -> Any:
+    """Candidate i's secret streams: fresh, or (reproducible noise) derived with the candidate's index."""
+    from dptrain.privacy.randomness import Randomness, _label_int
+
+    if not randomness.reproducible:
+        return Randomness.fresh()
+    return dataclasses.replace(randomness, _label=_label_int(f"{randomness._label}/candidate {i}"))
+
+
+TUNE_NOT_COVERED = [
+    "the wall-clock time of the search and the log (private/dptrain.log): they grow with the number of candidates "
+    "K, which must stay secret (publishing K would undo the analysis): keep them with the data",
+]
+
+
+def _tuning_section(conf: Any, search: Search, best: dict | None) -> dict[str, Any]:
+    """The report's ``tuning`` section: what was searched, how, and what was selected."""
+    t = conf.tune
+    return {
+        "method": "private hyperparameter search with a random number of candidates (Papernot & Steinke 2022): "
+                  "each candidate trains DP-SGD on the fit part and is scored on the validation part with Gaussian "
+                  "noise; ONLY the best candidate (highest noisy score) is released",
+        "candidates_law": t.candidates, "candidates_mean": t.mean,
+        "candidates_shape": None if t.candidates == "poisson" else t.shape,
+        "space": search.space, "selected": None if best is None else best["settings"],
+        "selected_score_dp": None if best is None else best["score"],
+        "score": "validation accuracy" if conf.objective.name != "linear" else
+                 "validation 1 - min(squared error, 1) on the [0, 1]-scaled target",
+        "score_noise": t.score_noise, "validation_fraction": t.validation_fraction,
+        "fit_rows": search.n_fit, "validation_rows": search.n_val,
+        "event": (f"RepeatAndSelectDpEvent(ComposedDpEvent([SelfComposedDpEvent(PoissonSampledDpEvent("
+                  f"{search.sample_rate:.6g}, GaussianDpEvent({search.sigma:.6g})), {search.steps}), "
+                  f"GaussianDpEvent({t.score_noise:g})]), mean={t.mean:g}, shape={search.law.dp_shape:g})"),
+        "accounting": "dp-accounting RdpAccountant (Papernot & Steinke Theorem 2; Theorem 6 for Poisson); the PLD "
+                      "accountant has no repeat-and-select bound, so only RDP is reported",
+        "secret": "the number of candidates, the other candidates' settings, scores and models "
+                  "(private/candidates.jsonl)",
+    }
+
+
+def _report(conf: Any, data: Any, search: Search, best: dict) -> dict[str, Any]:
+    """privacy.json of a search: the selected candidate's mechanism, the search's epsilon."""
+    from dptrain.privacy.report import NOT_COVERED, build_report, files_section
+
+    result, eps = best["result"], search.epsilon
+    record = {**result.privacy, "steps": search.steps, "epochs": search.steps * search.sample_rate,
+              "delta_source": "config" if conf.privacy.delta is not None else "default: largest power of ten <= "
+              "1/(10 N)"}
+    report = build_report(mechanism=record, epsilons={"rdp": eps}, accountant="rdp", seed=conf.seed,
+                          data_source=data.source, test_public=bool(conf.data.test_public))
+    report.update(guarantee=_guarantee(search), tuning=_tuning_section(conf, search, best),
+                  target_epsilon=conf.privacy.target_epsilon,
+                  accountant_notes={"rdp": "Renyi DP of the repeat-and-select search (Papernot & Steinke 2022) over "
+                                    "one candidate's composed RDP (its Poisson-subsampled Gaussian steps and the "
+                                    "Gaussian score), dp-accounting RdpAccountant, improved conversion; PLD: no "
+                                    "repeat-and-select bound, not reported"},
+                  noise_multiplier_source="calibrated for the whole search (task=tune)",
+                  not_covered=[*TUNE_NOT_COVERED, *NOT_COVERED[1:]])
+    files = files_section(test_public=bool(conf.data.test_public), checkpoint=False)
+    files["private"]["private/candidates.jsonl"] = ("every candidate's settings, noisy and non-private validation "
+                                                    "scores and model digest: reveals the number of candidates")
+    report["files"] = files
+    return report
+
+
+def _guarantee(search: Search) -> str:
+    return (f"({search.epsilon:.4g}, {search.delta:.3g})-DP, example-level, add/remove-one-record neighbours, for "
+            "the WHOLE search: every candidate's training and noisy score, the selection and the released model "
+            "(RDP accountant, dp-accounting RepeatAndSelectDpEvent)")
+
+
+def _write(conf: Any, cfg: Any, *, run_dir: Path, data: Any, best: dict | None, records: list[dict],
+           search: Search) -> float:
+    """One run folder: the selected model and ONE report covering the search (module docstring)."""
+    from dptrain.checkpoint import MODEL_FILENAME, save_model
+    from dptrain.outputs import publishable_metrics
+    from dptrain.privacy.report import format_report
+    from dptrain.tracking import atomic_write_text, private_dir, write_json, write_manifest
+
+    atomic_write_text(run_dir / ".hydra" / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    if best is None:  # Poisson drew K = 0: nothing trained, nothing to release (part of the analysed law)
+        report = {"private": True, "guarantee": _guarantee(search), "epsilon": search.epsilon,
+                  "delta": search.delta, "accountant": "rdp", "epsilons": {"rdp": search.epsilon},
+                  "tuning": _tuning_section(conf, search, None), "released": "no model: the law drew no candidate"}
+        write_json(run_dir / "privacy.json", report)
+        atomic_write_text(run_dir / "privacy.txt", json.dumps(report, indent=2) + "\n")
+        return float("nan")
+    report = _report(conf, data, search, best)
+    m = best["result"].metrics
+    public = publishable_metrics(conf, {k: v for k, v in m.items() if not k.startswith(("time/", "baseline/"))},
+                                 report)
+    public["tune/selected_score_dp"] = best["score"]
+    write_json(private_dir(run_dir) / "metrics.json", {**m, **public})
+    write_json(run_dir / "metrics.json", public)
+    atomic_write_text(private_dir(run_dir) / "candidates.jsonl",
+                      "".join(json.dumps({**r, "selected": r["candidate"] == best["index"]}) + "\n" for r in records))
+    save_model(run_dir / MODEL_FILENAME, model=best["result"].model,
+               model_config=OmegaConf.to_container(best["cfg"].model, resolve=True),
+               feature_names=list(data.feature_names), schema=conf.data, objective=conf.objective.name, report=report)
+    write_json(run_dir / "privacy.json", report)
+    atomic_write_text(run_dir / "privacy.txt", format_report(report))
+    files = report["files"]
+    write_manifest(run_dir, publishable=files["publishable"], private=files["private"], guarantee=report["guarantee"])
+    log.info("tune: selected %s (noisy validation score %.4f); epsilon %.6g for the whole search; outputs in %s",
+             best["settings"], best["score"], search.epsilon, run_dir)
+    return float(best["score"])
