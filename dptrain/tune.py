@@ -47,7 +47,7 @@ from typing import Any
 import dp_accounting
 import numpy as np
 import torch
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from dptrain.errors import DPTrainError
 from dptrain.validation import bad
@@ -266,22 +266,9 @@ def candidate_configs(cfg: Any) -> dict[str, list[Any]]:
 
 def _with(cfg: Any, key: str, value: Any) -> Any:
     trial = copy.deepcopy(cfg)
-    with _open(trial):
+    with open_dict(trial):
         OmegaConf.update(trial, key, value, merge=False, force_add=key.startswith("model."))
     return trial
-
-
-class _open:
-    """Lift the struct flag of a composed config while one value is replaced."""
-
-    def __init__(self, cfg: Any) -> None:
-        self.cfg = cfg
-
-    def __enter__(self) -> None:
-        OmegaConf.set_struct(self.cfg, False)
-
-    def __exit__(self, *exc: Any) -> None:
-        OmegaConf.set_struct(self.cfg, True)
 
 
 # ------------------------------------------------------------------------------ data
@@ -415,8 +402,8 @@ def _run_candidates(cfg: Any, conf: Any, search: Search, fit_data: Any, validati
                               planned_steps=search.steps, delta=search.delta, accountant="rdp",
                               noise_multiplier_source="calibrated (task=tune: the whole search)",
                               target_epsilon=conf.privacy.target_epsilon)
-        result = fit(conf_i, fit_data, mechanism=mech, launch=LaunchConfig(randomness=_candidate_randomness(
-            randomness, i)))
+        result = fit(conf_i, fit_data, mechanism=mech, launch=LaunchConfig(randomness=randomness.child(
+            f"candidate {i}")))
         total = float(row_scores(objective, result.model, *validation).sum())
         noise = float(torch.randn((), dtype=torch.float64, generator=score_noise)) * search.score_noise
         score = (total + noise) / search.n_val
@@ -427,18 +414,11 @@ def _run_candidates(cfg: Any, conf: Any, search: Search, fit_data: Any, validati
     return best, records
 
 
-def _candidate_randomness(randomness: Any, i: int) -> Any:
-    """Candidate i's secret streams: fresh, or (reproducible noise) derived with the candidate's index."""
-    from dptrain.privacy.randomness import Randomness, _label_int
-
-    if not randomness.reproducible:
-        return Randomness.fresh()
-    return dataclasses.replace(randomness, _label=_label_int(f"{randomness._label}/candidate {i}"))
-
-
 TUNE_NOT_COVERED = [
     "the wall-clock time of the search and the log (private/dptrain.log): they grow with the number of candidates "
     "K, which must stay secret (publishing K would undo the analysis): keep them with the data",
+    "the sizes of the fit and validation parts (privacy.json: fit_rows, validation_rows): treated as public, "
+    "like N, although each row's side is decided by a keyed hash of its content",
 ]
 
 

@@ -83,11 +83,9 @@ def part_mechanism(privacy: Any, *, epochs: float, batch_size: int, dataset_size
 def part_randomness(randomness: Any, k: int) -> Any:
     """Part k's secret streams: fresh from the OS CSPRNG, or (opt-in reproducible noise) derived
     from the run's seed file and label plus the part's index; independent across parts."""
-    from dptrain.privacy.randomness import Randomness, _label_int
+    from dptrain.privacy.randomness import Randomness
 
-    if randomness is None or not randomness.reproducible:
-        return Randomness.fresh()
-    return dataclasses.replace(randomness, _label=_label_int(f"{randomness._label}/part {k}"))
+    return Randomness.fresh() if randomness is None else randomness.child(f"part {k}")
 
 
 def _part_config(cfg: Any) -> Any:

@@ -32,7 +32,7 @@ import os
 import re
 import secrets
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -128,6 +128,14 @@ class Randomness:
     def torch(self, name: str, index: int = 0) -> torch.Generator:
         """A torch CPU generator for ``name`` and ``index`` with a fully seeded MT19937 state."""
         return seeded_mt19937(self._sequence(name, index).generate_state(_MT_WORDS, dtype=np.uint32))
+
+    def child(self, label: str) -> Randomness:
+        """Independent secret streams for one sub-run (a part, a candidate): fresh from the OS
+        CSPRNG, or (opt-in reproducible noise) derived from this run's seed file and label plus
+        ``label``."""
+        if not self.reproducible:
+            return Randomness.fresh()
+        return replace(self, _label=_label_int(f"{self._label}/{label}"))
 
     @property
     def reproducible(self) -> bool:
