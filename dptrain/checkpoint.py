@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from dptrain.errors import DPTrainError
@@ -135,6 +134,8 @@ class Checkpoint:
     sampler_state: dict | None = None
     samplers: list | None = None
     noise_state: torch.Tensor | None = None
+    #: the device type ("cpu", "cuda") whose generators the stored stream states belong to
+    streams_device: str | None = None
 
 
 def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
@@ -147,7 +148,7 @@ def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
         "optimizer": c.optimizer.state_dict(),
         "accountant": c.accountant_state,
         "rng": {"sampler": c.sampler_state, "samplers": c.samplers, "noise": c.noise_state,
-                "torch_global": torch.get_rng_state()},
+                "torch_global": torch.get_rng_state(), "streams_device": c.streams_device},
         "fingerprint": dict(c.fingerprint),
         "train_seconds": float(c.train_seconds),
     }, path)
@@ -192,11 +193,24 @@ def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], path: Path
 
 def restore(
     state: dict[str, Any], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-    sample_rng: np.random.Generator, noise_gen: torch.Generator, path: Path, rank: int = 0,
+    sampler: Any, noise_gen: torch.Generator, path: Path, rank: int = 0,
 ) -> None:
     """Load model, optimizer and torch's global generator from ``state`` (in place), and the
     secret streams' states where the checkpoint holds them (reproducible-noise runs only;
-    otherwise the fresh streams the caller built are kept)."""
+    otherwise the fresh streams the caller built are kept).
+
+    Model and optimizer states load onto the device the model is on now, whatever device wrote
+    them (a run checkpointed on a GPU resumes on a CPU and back). Stored stream states belong to
+    one kind of generator (numpy and MT19937 on the CPU, Philox on a GPU): restoring them on
+    another device type is refused, since the streams would not continue."""
+    rng = state["rng"]
+    stored = rng.get("streams_device") or "cpu"  # older checkpoints: CPU streams
+    here = torch.device(noise_gen.device).type
+    if (rng.get("noise") is not None or rng.get("sampler") is not None or rng.get("samplers")) and stored != here:
+        raise CheckpointError(
+            f"checkpoint {path} holds the secret streams of a run on {stored} (reproducible noise, "
+            f"privacy.noise_seed_file) and this run computes on {here}: those streams cannot continue on another "
+            f"kind of device; allowed: resume with trainer.device={stored}, or start a new run folder")
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as err:
@@ -205,10 +219,10 @@ def restore(
             f"checkpoint {path} holds a different model architecture than model=... of this run ({first})"
         ) from None
     optimizer.load_state_dict(state["optimizer"])
-    per_rank = state["rng"].get("samplers")
-    sampler = per_rank[rank] if per_rank else state["rng"].get("sampler")
-    if sampler is not None:
-        sample_rng.bit_generator.state = sampler
+    per_rank = rng.get("samplers")
+    sampler_state = per_rank[rank] if per_rank else rng.get("sampler")
+    if sampler_state is not None:
+        sampler.set_state(sampler_state)
     if state["rng"].get("noise") is not None:
         noise_gen.set_state(state["rng"]["noise"])
     torch.set_rng_state(state["rng"]["torch_global"])

@@ -131,7 +131,8 @@ class TableDataConfig:
 
     name: str = setting("table", help="the data source; pick it with data=table (a config group)", allowed="table")
     path: str | None = setting(None, help="the file to read (required)",
-                               allowed="a .csv, .csv.gz/.bz2/.xz, .parquet, .pq or .dta file")
+                               allowed="a .csv, .csv.gz/.bz2/.xz, .parquet, .pq or .dta file, or a folder of "
+                               "Parquet files")
     format: str = setting("auto", help="file format; auto: from the file name's suffix",
                           allowed="auto | csv | parquet | dta")
     delimiter: str = setting(",", help="CSV field separator", allowed="one character other than a quote, a line "
@@ -160,6 +161,11 @@ class TableDataConfig:
     test_fraction: float = setting(0.25, help="share of rows in the test part of the per-row hash split (about, not "
                                    "exactly)", allowed="a number in (0, 1)")
     test_public: bool = setting(False, help=TEST_PUBLIC_HELP, allowed="true | false")
+    sharding: str = setting("auto", help="trainer.distributed=true on a partitioned Parquet data set (a folder of "
+                            "Parquet files, or a file with several row groups): each process reads only its own "
+                            "row groups (docs/distributed.md); auto: when the data set has at least 2 row groups; "
+                            "row_groups: always (refused when it cannot); off: every process reads the whole table",
+                            allowed="auto | row_groups | off")
 
 
 @dataclass
@@ -222,6 +228,7 @@ class DataConfig:
     split_column: str | None = None  # column holding "train"/"test"; else a per-row hash split
     test_fraction: float = 0.25
     test_public: bool = False
+    sharding: str = "auto"  # table only: auto | row_groups | off (dptrain.data.shards)
     n_rows: int = 20000  # synthetic only
     n_features: int = 10  # synthetic only
     generator: str = "atlas"  # atlas only: atlas | figure2
@@ -286,6 +293,7 @@ def check_data(d: Any) -> None:
     real("data.test_fraction", getattr(d, "test_fraction", 0.25), "must be a number in (0, 1)", lo=0, hi=1,
          lo_open=True, hi_open=True)
     flag("data.test_public", d.test_public)
+    one_of("data.sharding", getattr(d, "sharding", "auto"), ("auto", "row_groups", "off"))
     if not isinstance(getattr(d, "numeric", {}), Mapping) or not isinstance(getattr(d, "categorical", {}), Mapping):
         raise bad("data.numeric/data.categorical", (d.numeric, d.categorical),
                   "must map column names to {lower: ..., upper: ...} / to lists of category labels")
@@ -492,7 +500,10 @@ class TrainerConfig:
     resume: str | None = setting(None, help="continue a run from its checkpoint (auto: this run folder's, if any)",
                                  allowed="null (a fresh run) | auto | the path of a checkpoint or run folder")
     distributed: bool = setting(False, help="one job across torchrun processes (torchrun ... -m dptrain ... "
-                                "trainer.distributed=true)", allowed="true | false")
+                                "trainer.distributed=true); gloo on the CPU, NCCL on GPUs", allowed="true | false")
+    device: str = setting("auto", help="where the model, the rows, the Poisson sampler and the noise live: auto = "
+                          "the first CUDA device when torch sees one (cuda:LOCAL_RANK in a distributed run), else "
+                          "the CPU (docs/devices.md)", allowed="auto | cpu | cuda | cuda:N")
     dp_curves: bool = setting(True, help="log dp/train_loss on the logged steps: the training loss released with "
                               "Gaussian noise, its privacy cost included in epsilon (docs/privacy.md, 'DP curves'); "
                               "no effect without privacy, in task=audit or on subsample_aggregate's parts",
@@ -541,6 +552,9 @@ def check_trainer(t: TrainerConfig) -> None:
          "the dp/ curve may take; trainer.dp_curves=false releases no curve)", lo=0, hi=0.5, lo_open=True)
     if t.resume is not None and not str(t.resume).strip():
         raise bad("trainer.resume", t.resume, "must be null, auto, or the path of a checkpoint or run folder")
+    from dptrain.device import resolve_device
+
+    resolve_device(t.device, distributed=t.distributed)  # a device that does not exist here: refused now
     if t.engine == "nonprivate":
         raise bad("trainer.engine", t.engine, "train without privacy with privacy.enabled=false; allowed engines: "
                   f"auto, {', '.join(ENGINES.names())}")

@@ -1,8 +1,9 @@
 """One DP-SGD job across processes with torch.distributed (``trainer.distributed=true``).
 
 Launch with torchrun (``torchrun --nproc_per_node=2 -m dptrain experiment=mlp
-trainer.distributed=true``). dptrain trains on CPU, so the process group uses gloo (NCCL needs
-the tensors on GPUs, which dptrain's engines do not place there yet).
+trainer.distributed=true``). On the CPU the process group uses gloo; on GPUs
+(``trainer.device=auto|cuda`` on a machine with CUDA) each process takes ``cuda:LOCAL_RANK`` and
+the group uses NCCL, the reduction running on the GPUs.
 
 How the mechanism stays exactly the single-process one (docs/privacy.md):
 
@@ -55,6 +56,13 @@ class DistContext:
         dist.all_gather_object(out, obj)
         return out
 
+    def gather_rows(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Every rank's ``tensors`` (on CPU) concatenated along dim 0 in rank order, on every rank:
+        a sharded read's test outputs and labels (dptrain.data.shards), which each rank holds
+        only for its own rows."""
+        parts = self.all_gather_objects(tuple(t.detach().cpu() for t in tensors))
+        return tuple(torch.cat([p[i] for p in parts]) for i in range(len(tensors)))
+
     def broadcast_parameters(self, module: torch.nn.Module) -> None:
         """Start every rank from rank 0's initial parameters."""
         with torch.no_grad():
@@ -77,15 +85,24 @@ def env_rank() -> int:
         return 0
 
 
-def init_from_env(timeout_s: float = 300.0) -> DistContext:
-    """Join the process group that torchrun set up (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+def backend_for(device: torch.device | str) -> str:
+    """The process-group backend for tensors on ``device``: NCCL on CUDA devices, gloo on the CPU."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def init_from_env(timeout_s: float = 300.0, device: torch.device | str = "cpu") -> DistContext:
+    """Join the process group that torchrun set up (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
+    with the backend for ``device`` (:func:`backend_for`; on a GPU this process' device is made
+    the current one first, as NCCL's collectives use it)."""
     if not launched_by_torchrun():
         raise DistributedError(
             "trainer.distributed=true is not allowed here: the process was not started by torchrun "
             "(RANK / WORLD_SIZE are not set). Launch with: torchrun --nproc_per_node=2 -m dptrain "
             "experiment=mlp trainer.distributed=true"
         )
-    backend = "gloo"  # the engines keep tensors on CPU
+    backend = backend_for(device)
+    if backend == "nccl":
+        torch.cuda.set_device(torch.device(device))
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
     return DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(), backend=backend)

@@ -26,20 +26,41 @@ only; it says nothing about the rows scored.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pandas as pd
-import torch
-from omegaconf import OmegaConf
-
-from dptrain.checkpoint import MODEL_FILENAME, load_model, model_path_in
-from dptrain.data.table import DataError, Schema, encode_features, numeric_values
 from dptrain.errors import DPTrainError
 from dptrain.validation import ConfigError, bad, flag, one_of, setting
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+    import torch
+
+    from dptrain.checkpoint import load_model
+    from dptrain.data.table import Schema
+
+# numpy, pandas, torch, dptrain.checkpoint and dptrain.data.table are imported where they are
+# used: dptrain.config registers PredictRunConfig (below) for every command line, and so
+# `import dptrain.cli` stays free of them (a refused setting is reported in about a second).
+#: names this module has always offered (``from dptrain.predict import load_model``), imported on
+#: first access (PEP 562): name -> (module, attribute; None for the module itself)
+_LAZY = {"load_model": ("dptrain.checkpoint", "load_model"), "MODEL_FILENAME": ("dptrain.checkpoint", "MODEL_FILENAME"),
+         "model_path_in": ("dptrain.checkpoint", "model_path_in"), "DataError": ("dptrain.data.table", "DataError"),
+         "Schema": ("dptrain.data.table", "Schema"), "encode_features": ("dptrain.data.table", "encode_features"),
+         "numeric_values": ("dptrain.data.table", "numeric_values"), "np": ("numpy", None), "pd": ("pandas", None),
+         "torch": ("torch", None)}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module_name, attr = _LAZY[name]
+    module = importlib.import_module(module_name)
+    return module if attr is None else getattr(module, attr)
 
 __all__ = ["PredictDataConfig", "PredictRunConfig", "TrainedModel", "load_model", "run_task", "validate_predict"]
 
@@ -53,6 +74,10 @@ PREDICTIONS = "predictions.csv"
 
 def _frame(rows: Any, origin: str) -> pd.DataFrame:
     """``rows`` as a DataFrame with stripped column names (as the file readers strip them)."""
+    import pandas as pd
+
+    from dptrain.data.table import DataError
+
     if isinstance(rows, pd.DataFrame):
         df = rows
     elif isinstance(rows, dict):
@@ -68,6 +93,8 @@ def _frame(rows: Any, origin: str) -> pd.DataFrame:
 
 def check_columns(columns: list[str], schema: Schema, origin: str) -> None:
     """Refuse, naming every one, the declared feature columns that ``columns`` lack."""
+    from dptrain.data.table import DataError
+
     have = set(columns)
     missing = [(f"data.numeric.{s.name}", s.name) for s in schema.numeric if s.name not in have]
     missing += [(f"data.categorical.{c}", c) for c, _ in schema.categorical if c not in have]
@@ -99,6 +126,8 @@ class TrainedModel:
     @property
     def classes_(self) -> np.ndarray:
         """The classes in ``predict_proba``'s column order: 0, 1 (binary) or the declared names."""
+        import numpy as np
+
         if self.schema.classes is not None:
             return np.array(self.schema.classes, dtype=object)
         return np.array([0, 1])
@@ -110,6 +139,10 @@ class TrainedModel:
     def encode(self, rows: Any, *, origin: str = "the rows") -> np.ndarray:
         """The rows encoded with the model's public schema (float32, one row per input row).
         Missing declared columns and non-finite numeric entries are refused by name."""
+        import numpy as np
+
+        from dptrain.data.table import DataError, encode_features, numeric_values
+
         df = _frame(rows, origin)
         check_columns(list(df.columns), self.schema, origin)
         numeric = {}
@@ -121,14 +154,18 @@ class TrainedModel:
             numeric[spec.name] = v
         return encode_features(df, self.schema, None, numeric)
 
-    @torch.no_grad()
     def decision_function(self, rows: Any) -> np.ndarray:
         """The model's output per row (float64): for objective=binary the logit of label 1, for
         multinomial the K class scores (n, K), for linear the prediction on the [0, 1] scale."""
-        x = torch.from_numpy(self.encode(rows))
-        return self.module(x).double().numpy()
+        import torch
+
+        with torch.no_grad():
+            x = torch.from_numpy(self.encode(rows))
+            return self.module(x).double().numpy()
 
     def _columns(self, rows: Any) -> dict[str, Any]:
+        import torch
+
         if not hasattr(self.objective, "prediction_columns"):
             raise DPTrainError(f"this model's objective {getattr(self.objective, 'name', '?')!r} defines no "
                                "prediction_columns: use decision_function")
@@ -137,6 +174,8 @@ class TrainedModel:
     def predict_proba(self, rows: Any) -> np.ndarray:
         """Classifiers: (n, 2) P(label 0), P(label 1) (binary) or (n, K) one probability per
         declared class (multinomial), in ``classes_`` order."""
+        import numpy as np
+
         name = getattr(self.objective, "name", None)
         if name not in ("binary", "multinomial"):
             raise DPTrainError(f"predict_proba needs objective=binary or multinomial; this model's objective is "
@@ -150,6 +189,8 @@ class TrainedModel:
         """Per row: binary the 0/1 label (1: logit > 0, as the training metrics count);
         multinomial the declared name of the most probable class; linear the prediction in the
         target's original units."""
+        import numpy as np
+
         cols = self._columns(rows)
         return np.asarray(cols["prediction"] if "prediction" in cols else cols["label"])
 
@@ -158,6 +199,8 @@ class TrainedModel:
         """One row per input row: the ``keep`` columns as given, then the objective's columns
         (binary: ``score``, ``probability`` of label 1, ``label`` 0/1; multinomial: ``p_<class>``
         per declared class, ``label``; linear: ``prediction`` in original units)."""
+        import pandas as pd
+
         df = _frame(rows, origin)
         cols = self._columns(df)
         out = pd.DataFrame({c: df[c].to_numpy() for c in keep})
@@ -210,6 +253,8 @@ class PredictRunConfig:
 def validate_predict(cfg: Any) -> None:
     """Value checks of a predict run, before any row is read: the run folder holds a model.pt,
     the rows' file is named."""
+    from dptrain.checkpoint import MODEL_FILENAME, model_path_in
+
     run = cfg.run
     if not isinstance(run, str) or not run.strip():
         raise bad("run", run, "give the training run folder whose model.pt scores the rows: run=outputs/DATE/TIME")
@@ -233,6 +278,8 @@ def validate_predict(cfg: Any) -> None:
 def file_columns(path: str, fmt: str, delimiter: str = ",") -> list[str]:
     """The column names of a table file from its header alone (no row is read); any problem
     reading it is left to :func:`dptrain.data.table.read_table`, which names it."""
+    import pandas as pd
+
     from dptrain.data.table import detect_format, read_table
 
     p = Path(path)
@@ -283,6 +330,9 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     """task=predict: settings checked, model loaded, header checked, THEN the rows read, scored
     and written (module docstring). Returns 0.0 (a sweeper's objective has no meaning here; the
     number of rows scored is a count of private rows and is not returned)."""
+    from omegaconf import OmegaConf
+
+    from dptrain.checkpoint import load_model
     from dptrain.config import validate
     from dptrain.data.table import read_table
     from dptrain.tracking import atomic_write_text

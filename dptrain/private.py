@@ -190,13 +190,15 @@ class PrivateTraining:
                  randomness: Any = None, names: dict[str, str] | None = None, config: DPConfig | None = None,
                  **settings: Any) -> None:
         from dptrain.privacy.accounting import PrivacyAccountant
-        from dptrain.privacy.engine import PoissonSampler
+        from dptrain.privacy.engine import make_sampler
         from dptrain.privacy.model_check import check_model
         from dptrain.privacy.randomness import Randomness
 
         self.config = dp_config(config, **settings)
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
-        self.x, self.y = _tensor(x, "x", dtype), _tensor(y, "y", dtype)
+        #: the model's device: the rows, the sampler's stream and the noise generator go there
+        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        self.x, self.y = _tensor(x, "x", dtype).to(self.device), _tensor(y, "y", dtype).to(self.device)
         n = int(self.x.shape[0])
         if self.y.shape[0] != n:
             raise DPTrainError("x and y must have the same number of rows")
@@ -210,9 +212,10 @@ class PrivateTraining:
         self.mechanism = _mechanism(self.config, n=n, delta=delta)
         self.model, self.optimizer = model, optimizer
         self.engine = self.mechanism.build_engine(model, engine=self.config.engine, objective=self.objective,
-                                                  generator=self.randomness.torch("gaussian-noise"))
-        self.sampler = PoissonSampler(num_rows=n, sample_rate=self.mechanism.sample_rate,
-                                      rng=self.randomness.numpy("poisson-sampler", 0))
+                                                  generator=self.randomness.torch("gaussian-noise",
+                                                                                  device=self.device))
+        self.sampler = make_sampler(num_rows=n, sample_rate=self.mechanism.sample_rate, randomness=self.randomness,
+                                    index=0, device=self.device)
         self.accountant = PrivacyAccountant()
         self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -293,6 +296,7 @@ def training_report(run: PrivateTraining, *, data_source: str, seed: int | None)
         f"stopped by the caller after step {steps} of {m.planned_steps}",
         "resumed_from_step": 0, "resumed_from": None, "checkpoint": None,
         "randomness": run.randomness.describe(), "randomness_mode": run.randomness.mode, "distributed": None,
+        "device": str(run.device),
     }
     names = list(dict.fromkeys([*REPORTED, run.config.accountant]))
     epsilons = {name: run.accountant.get_epsilon(delta=m.delta, accountant=name) for name in names}

@@ -28,7 +28,7 @@ from dptrain.objectives import DataSpec, build_objective
 from dptrain.privacy.accounting import PrivacyAccountant
 from dptrain.privacy.curves import TAG as CURVE_TAG
 from dptrain.privacy.curves import CurveConfig
-from dptrain.privacy.engine import GradientEngine, PoissonSampler
+from dptrain.privacy.engine import GradientEngine, make_sampler
 from dptrain.privacy.mechanism import DPSGDMechanism
 from dptrain.privacy.randomness import Randomness
 from dptrain.tracking import Tracker
@@ -65,7 +65,7 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     and the run folder written (dptrain.outputs). Returns the primary test metric (a sweeper's
     objective). Bad input raises a DPTrainError before anything is written."""
     from dptrain.config import validate, validate_against_size
-    from dptrain.data import load_dataset
+    from dptrain.data.shards import load_training_data
     from dptrain.inference.run import run_estimator
     from dptrain.inference.settings import check_estimator, check_estimator_size
     from dptrain.outputs import randomness_for, write_training_outputs
@@ -76,10 +76,10 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     check_estimator(conf)
     randomness = randomness_for(conf, cfg, run_dir=run_dir)
     build_model(conf, spec=data_spec_from_config(conf.data), objective=build_objective(conf.objective))
-    data = load_dataset(conf.data, seed=conf.seed)
+    dist_ctx, run_dir = _join_processes(conf, run_dir)  # before the data: a sharded read sums N over the ranks
+    data = load_training_data(conf, dist=dist_ctx)  # this rank's shard of a partitioned Parquet set, or all rows
     delta = validate_against_size(conf, data.n_train)
     check_estimator_size(conf, data.n_train)
-    dist_ctx, run_dir = _join_processes(conf, run_dir)
     main = dist_ctx is None or dist_ctx.is_main
     tracker = Tracker(run_dir / "private" if main else run_dir, tensorboard=conf.logger.tensorboard and main)
     try:
@@ -108,7 +108,7 @@ def _join_processes(conf: Config, run_dir: Path) -> tuple[Any, Path]:
         return None, run_dir
     from dptrain.distributed import init_from_env
 
-    ctx = init_from_env()
+    ctx = init_from_env(device=run_device(conf))
     log.info("distributed: rank %d of %d (backend %s)", ctx.rank, ctx.world_size, ctx.backend)
     return ctx, Path(ctx.all_gather_objects(str(run_dir))[0])
 
@@ -146,8 +146,9 @@ def build_model(cfg: Config, *, spec: DataSpec, objective: Any) -> nn.Module:
     objective.check_data(spec)
     width = objective.output_width(spec)
     extra = {} if width == 1 else {"out_features": width}
-    model = instantiate(OmegaConf.create(cfg.model) if isinstance(cfg.model, dict) else cfg.model,
-                        in_features=spec.n_features, **extra)
+    with torch.device("cpu"):  # built on the CPU from the public seed (the same weights on every device), then moved
+        model = instantiate(OmegaConf.create(cfg.model) if isinstance(cfg.model, dict) else cfg.model,
+                            in_features=spec.n_features, **extra)
     if cfg.privacy.enabled:
         check_model(model, in_features=spec.n_features)
     return model
@@ -187,11 +188,13 @@ class _Run:
     optimizer: torch.optim.Optimizer
     engine: GradientEngine
     accountant: PrivacyAccountant
-    sampler: PoissonSampler
+    sampler: Any  # PoissonSampler (CPU) or DevicePoissonSampler (GPU)
     x: torch.Tensor
     y: torch.Tensor
     launch: LaunchConfig
     randomness: Randomness
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    x_test: torch.Tensor | None = None  # the held-out rows' features on the run's device
     rank: int = 0
     world: int = 1
     done: int = 0
@@ -208,29 +211,43 @@ class _Run:
         return self.mechanism.fingerprint(world_size=self.world, randomness=self.randomness.mode)
 
 
+def run_device(cfg: Config, *, distributed: bool | None = None) -> torch.device:
+    """The run's device from ``trainer.device`` (:mod:`dptrain.device`); raises before any row
+    is read when it does not exist here."""
+    from dptrain.device import resolve_device
+
+    t = cfg.trainer
+    distributed = t.distributed if distributed is None else distributed
+    return resolve_device(getattr(t, "device", "cpu"), distributed=distributed)
+
+
 def _set_up(cfg: Config, data: Dataset, mechanism: DPSGDMechanism, launch: LaunchConfig) -> _Run:
     """Threads, the initial weights (from the public ``seed``), the secret streams, the model,
-    optimiser, engine (built BY the mechanism), accountant and this rank's sampler."""
+    optimiser, engine (built BY the mechanism), accountant and this rank's sampler, everything
+    on the run's device (``trainer.device``)."""
     if cfg.trainer.threads > 0:
         torch.set_num_threads(cfg.trainer.threads)
     torch.manual_seed(cfg.seed)  # model initialisation only: public, data-independent
     dist = launch.dist
     rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
+    device = run_device(cfg, distributed=dist is not None)
     randomness = launch.randomness if launch.randomness is not None else Randomness.fresh()
     objective = build_objective(cfg.objective)
-    model = build_model(cfg, spec=data.spec, objective=objective)
+    model = build_model(cfg, spec=data.spec, objective=objective).to(device)
     optim_factory = instantiate(OmegaConf.create(cfg.optim) if isinstance(cfg.optim, dict) else cfg.optim)
     optimizer = optim_factory(params=[p for p in model.parameters() if p.requires_grad])
-    engine = mechanism.build_engine(model, engine=cfg.trainer.engine, generator=randomness.torch("gaussian-noise"),
-                                    objective=objective)
-    # this rank's shard (all rows when not distributed): rows rank, rank + W, rank + 2W, ...
-    x, y = (data.x_train, data.y_train) if world == 1 else (
+    engine = mechanism.build_engine(model, engine=cfg.trainer.engine, objective=objective,
+                                    generator=randomness.torch("gaussian-noise", device=device))
+    # this rank's shard (all rows when not distributed): rows rank, rank + W, rank + 2W, ...; a
+    # sharded read (data.shard) holds only this rank's rows already (dptrain.data.shards)
+    x, y = (data.x_train, data.y_train) if world == 1 or data.shard is not None else (
         data.x_train[rank::world].contiguous(), data.y_train[rank::world].contiguous())
-    sampler = PoissonSampler(num_rows=x.shape[0], sample_rate=mechanism.sample_rate,
-                             rng=randomness.numpy("poisson-sampler", rank))
+    x, y = x.to(device), y.to(device)
+    sampler = make_sampler(num_rows=x.shape[0], sample_rate=mechanism.sample_rate, randomness=randomness,
+                           index=rank, device=device)
     return _Run(cfg=cfg, mechanism=mechanism, objective=objective, model=model, optimizer=optimizer, engine=engine,
                 accountant=PrivacyAccountant(), sampler=sampler, x=x, y=y, launch=launch, randomness=randomness,
-                rank=rank, world=world)
+                rank=rank, world=world, device=device, x_test=data.x_test.to(device))
 
 
 def _resume(run: _Run) -> None:
@@ -246,7 +263,7 @@ def _resume(run: _Run) -> None:
         return
     state = load_checkpoint(path)
     check_fingerprint(state["fingerprint"], run.fingerprint(), path)
-    restore(state, model=run.model, optimizer=run.optimizer, sample_rng=run.sampler.rng,
+    restore(state, model=run.model, optimizer=run.optimizer, sampler=run.sampler,
             noise_gen=run.engine.generator, path=path, rank=run.rank)
     run.accountant.load_state_dict(state["accountant"])
     run.done, run.train_seconds, run.resume_path = int(state["step"]), float(state["train_seconds"]), path
@@ -349,7 +366,7 @@ def _loop(run: _Run, data: Dataset, tracker: Tracker) -> float:
         if log_now:
             _log_step(run, tracker, bar, step, stats, sizes / window)
             sizes, window = 0, 0
-        if step % t.eval_every == 0 and step != run.steps and run.main:
+        if step % t.eval_every == 0 and step != run.steps and (run.main or data.shard is not None):
             tracker.scalars({f"test/{k}": v for k, v in evaluate(run, data).items()}, step=step)
         if t.checkpoint_every > 0 and step % t.checkpoint_every == 0 and step != run.steps:
             _checkpoint(run, step)
@@ -391,19 +408,26 @@ def _checkpoint(run: _Run, step: int) -> None:
     if run.launch.run_dir is None:
         return
     keep, dist = run.randomness.reproducible, run.launch.dist
-    samplers = dist.all_gather_objects(run.sampler.rng.bit_generator.state) if dist is not None and keep else None
+    samplers = dist.all_gather_objects(run.sampler.get_state()) if dist is not None and keep else None
     if run.main:
         save_checkpoint(checkpoint_path_in(run.launch.run_dir), Checkpoint(
             step=step, model=run.model, optimizer=run.optimizer, accountant_state=run.accountant.state_dict(),
             fingerprint=run.fingerprint(), train_seconds=run.train_seconds,
-            sampler_state=run.sampler.rng.bit_generator.state if keep else None, samplers=samplers,
-            noise_state=run.engine.noise_generator_state() if keep else None))
+            sampler_state=run.sampler.get_state() if keep else None, samplers=samplers,
+            noise_state=run.engine.noise_generator_state() if keep else None,
+            streams_device=run.device.type if keep else None))
 
 
 @torch.no_grad()
 def evaluate(run: _Run, data: Dataset) -> dict[str, float]:
-    """The objective's metrics on the held-out rows."""
-    return run.objective.metrics(run.model(data.x_test), data.y_test)
+    """The objective's metrics on the held-out rows: outputs computed on the run's device, the
+    metrics on the CPU; a sharded read's test rows are every rank's, gathered (a collective, so
+    every rank calls it)."""
+    x = run.x_test if run.x_test is not None else data.x_test
+    outputs, y = run.model(x).cpu(), data.y_test
+    if data.shard is not None:
+        outputs, y = run.launch.dist.gather_rows(outputs, y)
+    return run.objective.metrics(outputs, y)
 
 
 def _summarise(run: _Run, data: Dataset, tracker: Tracker, loop_seconds: float) -> TrainResult:
@@ -414,7 +438,7 @@ def _summarise(run: _Run, data: Dataset, tracker: Tracker, loop_seconds: float) 
     tracker.scalars({f"test/{k}": v for k, v in test.items()}, step=final_step)
     metrics: dict[str, float] = {f"test/{k}": v for k, v in test.items()}
     metrics.update({f"baseline/{k}": v for k, v in run.objective.baseline(
-        data, seed=run.cfg.seed, fit=run.cfg.trainer.baseline and run.main).items()})
+        _baseline_data(run, data), seed=run.cfg.seed, fit=run.cfg.trainer.baseline and run.main).items()})
     q = run.mechanism.sample_rate
     metrics.update({
         "train/steps": final_step, "train/planned_steps": run.mechanism.planned_steps,
@@ -422,8 +446,25 @@ def _summarise(run: _Run, data: Dataset, tracker: Tracker, loop_seconds: float) 
         "time/train_seconds": run.train_seconds, "time/loop_seconds": loop_seconds,
         "time/steps_per_second": final_step / run.train_seconds if run.train_seconds > 0 else float("nan"),
     })
-    return TrainResult(model=run.model, metrics=metrics, privacy=_record(run, final_step),
+    record = _record(run, final_step)
+    if data.shard is not None:
+        from dptrain.data.shards import SHARDED_NOTE
+
+        record["distributed"]["sharding"] = SHARDED_NOTE
+    # what follows a fit (the model file, coefficient tables, a tuning score, predictions) works on
+    # the CPU copy: the released weights do not depend on where they were computed
+    return TrainResult(model=run.model.to("cpu"), metrics=metrics, privacy=record,
                        accountant=run.accountant, mechanism=run.mechanism)
+
+
+def _baseline_data(run: _Run, data: Dataset) -> Any:
+    """What the baselines read: the data, or a sharded read's test labels gathered from every
+    rank (dptrain.data.shards.baseline_data)."""
+    if data.shard is None:
+        return data
+    from dptrain.data.shards import baseline_data
+
+    return baseline_data(data, run.launch.dist)
 
 
 def _record(run: _Run, final_step: int) -> dict[str, Any]:
@@ -438,7 +479,10 @@ def _record(run: _Run, final_step: int) -> dict[str, Any]:
         "stop_reason": run.stop_reason, "resumed_from_step": run.done,
         "resumed_from": str(run.resume_path) if run.resume_path is not None else None,
         "checkpoint": str(run.launch.run_dir / "private" / "checkpoint.pt") if run.launch.run_dir else None,
-        "randomness": run.randomness.describe(), "randomness_mode": run.randomness.mode,
+        "randomness": run.randomness.describe() + (
+            " On the GPU both streams are torch's Philox generator, its 64-bit key and 62-bit counter offset set "
+            "from that secret" if run.device.type == "cuda" else ""), "randomness_mode": run.randomness.mode,
+        "device": _describe_device(run.device),
         "distributed": None if dist is None else {
             "world_size": run.world, "backend": dist.backend,
             "sharding": "disjoint shards (row i on rank i mod W), each Poisson-sampled at the job's q "
@@ -447,6 +491,12 @@ def _record(run: _Run, final_step: int) -> dict[str, Any]:
             "rank 0; divided by the global expected batch size",
         },
     }
+
+
+def _describe_device(device: torch.device) -> str:
+    from dptrain.device import describe
+
+    return describe(device)
 
 
 def final_epsilons(result: TrainResult, *, delta: float, headline: str = "rdp") -> dict[str, float]:

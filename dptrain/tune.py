@@ -229,6 +229,9 @@ def check_tune(cfg: Any) -> None:
                   "planned steps: the search's accounting needs one base mechanism)")
     if cfg.trainer.resume is not None:
         raise bad("trainer.resume", cfg.trainer.resume, "must be null for task=tune (a search is one fresh run)")
+    if cfg.trainer.distributed:
+        raise bad("trainer.distributed", True, "must be false for task=tune (the search trains its candidates in "
+                  "one process, on every row: a sharded read cannot hold them); allowed: trainer.distributed=false")
     if cfg.estimator.name != "dpsgd":
         raise bad("estimator", cfg.estimator.name, "task=tune tunes DP-SGD training: needs estimator=dpsgd")
     space = flatten_space(t.space)

@@ -273,6 +273,7 @@ def test_hparams_trial_is_logged(tmp_path):
     assert scalars["hparams/epsilon"][-1][1] == pytest.approx(privacy["epsilon"])
 
 
+@pytest.mark.slow  # several whole runs in subprocesses (25-45 s): CI runs it with -m slow
 def test_joblib_launched_sweep_preset(tmp_path):
     """sweep=eps_grid with the joblib launcher: one folder per job, one thread each."""
     res = _cli(["-m", "experiment=logit", "sweep=eps_grid", *SMALL, "trainer.epochs=0.5", "trainer.baseline=false",

@@ -75,6 +75,7 @@ def test_distributed_without_torchrun_is_refused(tmp_path):
     assert not (tmp_path / "privacy.json").exists()
 
 
+@pytest.mark.slow  # several whole runs in subprocesses (25-45 s): CI runs it with -m slow
 def test_two_process_resume_continues_every_ranks_stream(tmp_path):
     """With reproducible noise (a secret seed file), a budget stops a 2-process run early;
     resuming it without the budget must end exactly where an uninterrupted 2-process run ends

@@ -219,7 +219,8 @@ def load_dataset(cfg: Any, *, seed: int) -> Dataset:
     moves another; :func:`dptrain.data.table.split_scores`) and seeds the synthetic generator.
 
     * ``adult``: the shipped file (SHA-256 checked), split by ``split_column`` (``split``);
-    * ``table``: ``cfg.path`` in ``cfg.format``;
+    * ``table``: ``cfg.path`` in ``cfg.format`` (a folder: its Parquet files, in path order;
+      a distributed run's shard of it: :func:`dptrain.data.shards.load_training_data`);
     * ``synthetic``: :func:`dptrain.data.synthetic.make_synthetic` (``n_rows``, ``n_features``).
 
     Raises ConfigError (bad schema / settings) or DataError (the data does not fit)."""
@@ -237,9 +238,14 @@ def load_dataset(cfg: Any, *, seed: int) -> Dataset:
                               "data=table needs the path of a CSV, Parquet or .dta file")
         schema = schema_from_config(cfg)
         fmt = _get(cfg, "format", "auto") or "auto"
-        df = read_table(path, fmt=fmt, columns=schema.columns,  # checks existence first
-                        delimiter=_get(cfg, "delimiter", ",") or ",")
-        kind = detect_format(path, fmt)
+        if Path(path).is_dir():  # a partitioned Parquet data set, read whole (dptrain.data.shards)
+            from dptrain.data.shards import read_folder
+
+            df, kind = read_folder(path, schema, fmt), "parquet"
+        else:
+            df = read_table(path, fmt=fmt, columns=schema.columns,  # checks existence first
+                            delimiter=_get(cfg, "delimiter", ",") or ",")
+            kind = detect_format(path, fmt)
         source = f"user table {str(path)!r} ({kind}); attribution/licence: as given by the data owner"
         return build_dataset(df, schema, seed=seed, source=source, origin=f"data.path={str(path)!r}")
     if name == "synthetic":

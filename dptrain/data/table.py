@@ -57,7 +57,7 @@ import logging
 import lzma
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +101,12 @@ class Dataset:
     target_kind: str = "binary"  # binary | multiclass | continuous (dptrain.objectives.TARGET_KINDS)
     class_names: tuple[str, ...] = ()  # multiclass: the declared classes, in label-index order
     target_bounds: tuple[float, float] | None = None  # continuous: the declared public (lower, upper)
+    # A sharded read (dptrain.data.shards: trainer.distributed=true on a partitioned Parquet data
+    # set): (rank, world size) when the tensors hold only THIS rank's rows, else None; then
+    # global_n_train / global_n_test are the job-wide counts (the sum over the ranks' shards).
+    shard: tuple[int, int] | None = None
+    global_n_train: int | None = None
+    global_n_test: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("x_train", "y_train", "x_test", "y_test"):
@@ -118,11 +124,14 @@ class Dataset:
 
     @property
     def n_train(self) -> int:
-        return int(self.x_train.shape[0])
+        """N, the job's number of training rows (the mechanism's q = B/N): on a sharded read the
+        sum over every rank's shard, not this rank's ``x_train`` rows."""
+        return int(self.x_train.shape[0]) if self.global_n_train is None else int(self.global_n_train)
 
     @property
     def n_test(self) -> int:
-        return int(self.x_test.shape[0])
+        """The job's number of test rows (on a sharded read: over every rank's shard)."""
+        return int(self.x_test.shape[0]) if self.global_n_test is None else int(self.global_n_test)
 
     @property
     def n_features(self) -> int:
@@ -639,15 +648,8 @@ def _target(col: pd.Series, schema: Schema, rows: np.ndarray, numeric: Mapping[s
     if schema.target_bounds is not None:  # finite on ``rows`` (_numeric_columns), clipped and scaled
         lo, hi = schema.target_bounds
         return _scale(numeric[schema.target][rows], NumericSpec(schema.target, lo, hi)).astype(np.float32)
-    if schema.positive is not None:
-        y = (label_codes(col, [schema.positive], setting=setting) == 0)[rows]
-        if not y.any():
-            raise DataError(
-                f"data.positive={schema.positive!r}: no row of column {schema.target!r} has "
-                "this label; allowed: the exact label of the positive class (compared as stripped "
-                "strings, case-sensitive)"
-            )
-        return y.astype(np.float32)
+    if schema.positive is not None:  # whether ANY row has the label: check_rows (over every row)
+        return (label_codes(col, [schema.positive], setting=setting) == 0)[rows].astype(np.float32)
     v = numeric_values(col.iloc[rows], f"{setting} (data.positive=null)",
                        "0/1 for a binary target; for a target of text labels name the positive class with "
                        "data.positive=LABEL (rows with that label get 1, every other row 0)")
@@ -679,21 +681,17 @@ def _class_target(col: pd.Series, schema: Schema, rows: np.ndarray) -> np.ndarra
     return codes.astype(np.int64)
 
 
-def _check_two_classes(y_train: np.ndarray, schema: Schema) -> None:
-    """Refuse a classification target whose training rows are all in one class: no classifier
-    can be fitted (the non-private baseline would crash) and test AUC is meaningless. No count
-    of rows per class (private), not even which class it is. A continuous target passes."""
-    if schema.target_kind == "continuous":
+def _check_two_classes(seen: Collection[Any], schema: Schema) -> None:
+    """Refuse a classification target whose training rows are all in one class (``seen``: the
+    distinct labels among the training rows): no classifier can be fitted (the non-private
+    baseline would crash) and test AUC is meaningless. No count of rows per class (private), not
+    even which class it is. A continuous target passes."""
+    if schema.target_kind == "continuous" or len(seen) >= 2:
         return
     if schema.target_kind == "multiclass":
-        if len(y_train) and bool((y_train != y_train[0]).any()):
-            return
         raise DataError(f"data.target={schema.target!r}: the training rows are all in one of data.classes; allowed: "
                         "a multiclass target with at least two classes among the training rows (check data.target, "
                         "data.classes and data.split_column)")
-    nt, pos = len(y_train), int(y_train.sum())
-    if 0 < pos < nt:
-        return
     rule = (f"label 1 where it equals data.positive={schema.positive!r}" if schema.positive is not None
             else "data.positive=null: numeric 0/1")
     raise DataError(
@@ -774,21 +772,23 @@ def _split(df: pd.DataFrame, schema: Schema, idx: np.ndarray, seed: int,
                 f"data.split_column={col!r}: some entries are neither 'train' nor 'test' "
                 "(or are missing); allowed: train / test in every row"
             )
-        is_test = codes == 1
-        for part, rows in (("train", ~is_test), ("test", is_test)):
-            if not rows.any():
-                raise DataError(f"data.split_column={col!r}: no '{part}' rows; "
-                                "allowed: at least one train and one test row")
-        return is_test
-    is_test = split_scores(df, schema, seed=seed, rows=idx, numeric=numeric) < schema.test_fraction
-    for part, rows in (("train", ~is_test), ("test", is_test)):
-        if not rows.any():
-            raise DataError(
-                f"data.test_fraction={schema.test_fraction!r}: the per-row hash split (data.split_column=null) "
-                f"put no row in the {part} part; allowed: a table with more distinct rows, a test_fraction "
-                "further from 0 and 1, or data.split_column naming a column of train/test values"
-            )
-    return is_test
+        return codes == 1
+    return split_scores(df, schema, seed=seed, rows=idx, numeric=numeric) < schema.test_fraction
+
+
+def _check_sides(any_train: bool, any_test: bool, schema: Schema) -> None:
+    """Refuse a split (over every row) with no train or no test row."""
+    for part, found in (("train", any_train), ("test", any_test)):
+        if found:
+            continue
+        if schema.split_column is not None:
+            raise DataError(f"data.split_column={schema.split_column!r}: no '{part}' rows; "
+                            "allowed: at least one train and one test row")
+        raise DataError(
+            f"data.test_fraction={schema.test_fraction!r}: the per-row hash split (data.split_column=null) "
+            f"put no row in the {part} part; allowed: a table with more distinct rows, a test_fraction "
+            "further from 0 and 1, or data.split_column naming a column of train/test values"
+        )
 
 
 def _seed(seed: Any) -> int:
@@ -831,10 +831,10 @@ def _numeric_settings(schema: Schema) -> list[tuple[str, NumericSpec]]:
     return out
 
 
-def _numeric_columns(df: pd.DataFrame, schema: Schema, origin: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """(numeric columns as float64, indices of the rows kept): NaN/inf refused, or their rows
-    dropped with ``data.nonfinite=drop`` (each row on its own; the log names the columns, never
-    how many rows: a private count)."""
+def _numeric_columns(df: pd.DataFrame, schema: Schema) -> tuple[dict[str, np.ndarray], np.ndarray, list[str]]:
+    """(numeric columns as float64, indices of the rows kept, the columns where rows were
+    dropped): NaN/inf refused, or their rows dropped with ``data.nonfinite=drop`` (each row on
+    its own; :func:`check_rows` logs the columns, never how many rows: a private count)."""
     nums: dict[str, np.ndarray] = {}
     bad_rows = np.zeros(len(df), dtype=bool)
     dropped_in = []
@@ -855,14 +855,78 @@ def _numeric_columns(df: pd.DataFrame, schema: Schema, origin: str) -> tuple[dic
             bad_rows |= nonfin
             dropped_in.append(spec.name)
         nums[spec.name] = v
-    if dropped_in:
+    return nums, np.flatnonzero(~bad_rows), dropped_in
+
+
+@dataclass
+class EncodedRows:
+    """Rows encoded with the public schema, before the checks that need EVERY row of the data
+    set (:func:`check_rows`): a whole table's, or one shard's of a sharded read
+    (:mod:`dptrain.data.shards`), whose ``facts`` are combined across ranks first."""
+
+    x: np.ndarray  # (n, d) float32, the kept rows
+    y: np.ndarray  # (n,)
+    is_test: np.ndarray  # (n,) bool
+    # PRIVATE facts about the rows, for the checks and the diagnostics only (never logged, never in
+    # an error): kept (any row kept), dropped_in (columns with dropped rows), positive_seen,
+    # any_train, any_test, classes_seen (distinct labels among the training rows), clipped counts
+    facts: dict[str, Any]
+
+
+def missing_columns(schema: Schema, names: Collection[str]) -> list[tuple[str, str]]:
+    """(setting, column) of every declared column not in ``names``, in schema order."""
+    return [
+        (setting, col)
+        for setting, col in [("data.target", schema.target)]
+        + [(f"data.numeric.{s.name}", s.name) for s in schema.numeric]
+        + [(f"data.categorical.{c}", c) for c, _ in schema.categorical]
+        + ([("data.split_column", schema.split_column)] if schema.split_column else [])
+        if col not in names
+    ]
+
+
+def encode_rows(df: pd.DataFrame, schema: Schema, *, seed: int) -> EncodedRows:
+    """Parse, encode and split ``df``'s rows, each on its own (the declared columns are in
+    ``df``). Raises DataError for what one row can be refused for (non-numeric / non-finite
+    entries, a label outside data.classes, a bad split entry, nested labels); the checks over
+    every row are :func:`check_rows`'."""
+    seed = _seed(seed)
+    nums, idx, dropped_in = _numeric_columns(df, schema)
+    y = _target(df[schema.target], schema, idx, nums)
+    x = encode_features(df, schema, idx, nums)
+    is_test = _split(df, schema, idx, seed, nums)
+    y_train = y[~is_test]
+    facts = {"kept": len(idx) > 0, "dropped_in": dropped_in,
+             "positive_seen": bool(y.any()) if schema.positive is not None else None,
+             "any_train": bool((~is_test).any()), "any_test": bool(is_test.any()),
+             "classes_seen": set() if schema.target_kind == "continuous" else set(np.unique(y_train).tolist()),
+             "clipped": clipped_counts(schema, nums, idx)}
+    return EncodedRows(x=x, y=y, is_test=is_test, facts=facts)
+
+
+def check_rows(facts: Mapping[str, Any], schema: Schema, origin: str) -> None:
+    """The checks that need every row (``facts`` of the whole data set: :func:`encode_rows`'s,
+    or combined over a sharded read's ranks), in the order a whole-table read makes them, and
+    the log lines about the rows (columns named, never a count)."""
+    if facts["dropped_in"]:
         log.warning("data.nonfinite=drop: dropped the rows with NaN/inf in numeric column(s) %s",
-                    ", ".join(repr(c) for c in dropped_in))
-    idx = np.flatnonzero(~bad_rows)
-    if len(idx) == 0:
+                    ", ".join(repr(c) for c in facts["dropped_in"]))
+    if not facts["kept"]:
         raise DataError(f"{origin}: every row has NaN/inf in a numeric column and was dropped (data.nonfinite=drop); "
                         "0 rows left; allowed: at least one row with finite numeric values")
-    return nums, idx
+    if facts["positive_seen"] is False:
+        raise DataError(
+            f"data.positive={schema.positive!r}: no row of column {schema.target!r} has "
+            "this label; allowed: the exact label of the positive class (compared as stripped "
+            "strings, case-sensitive)"
+        )
+    _check_sides(facts["any_train"], facts["any_test"], schema)
+    _check_two_classes(facts["classes_seen"], schema)
+    hit = [c for c, n in facts["clipped"].items() if n["below_lower"] or n["above_upper"]]
+    if hit:
+        log.warning("values outside the declared bounds were clipped into them in numeric column(s) %s "
+                    "(data.numeric.<column>.lower/upper, data.target_bounds for the target; how many: "
+                    "private/data_diagnostics.json, PRIVATE)", ", ".join(repr(c) for c in hit))
 
 
 def build_dataset(df: pd.DataFrame, schema: Schema, *, seed: int, source: str, origin: str) -> Dataset:
@@ -870,23 +934,20 @@ def build_dataset(df: pd.DataFrame, schema: Schema, *, seed: int, source: str, o
     (e.g. ``data.path='x.csv'``). Errors and the log name settings and columns, never a count
     of rows (module docstring)."""
     seed = _seed(seed)
-    missing = [
-        (setting, col)
-        for setting, col in [("data.target", schema.target)]
-        + [(f"data.numeric.{s.name}", s.name) for s in schema.numeric]
-        + [(f"data.categorical.{c}", c) for c, _ in schema.categorical]
-        + ([("data.split_column", schema.split_column)] if schema.split_column else [])
-        if col not in df.columns
-    ]
+    missing = missing_columns(schema, df.columns)
     if missing:
-        raise _missing_column(missing, df, origin)
+        raise missing_column_error(missing, df.attrs.get("file_columns", list(df.columns)), origin)
     if len(df) == 0:
         raise DataError(f"{origin} has 0 rows (header only); allowed: at least one row")
-    nums, idx = _numeric_columns(df, schema, origin)
-    y = _target(df[schema.target], schema, idx, nums)
-    x = encode_features(df, schema, idx, nums)
-    is_test = _split(df, schema, idx, seed, nums)
-    _check_two_classes(y[~is_test], schema)
+    rows = encode_rows(df, schema, seed=seed)
+    check_rows(rows.facts, schema, origin)
+    return dataset_from_rows(rows.x, rows.y, rows.is_test, schema, source=source,
+                             diagnostics={"clipped": rows.facts["clipped"]})
+
+
+def dataset_from_rows(x: np.ndarray, y: np.ndarray, is_test: np.ndarray, schema: Schema, *, source: str,
+                      diagnostics: dict, **shard: Any) -> Dataset:
+    """The :class:`Dataset` of encoded rows (``shard``: its shard fields on a sharded read)."""
     return Dataset(
         x_train=torch.from_numpy(np.ascontiguousarray(x[~is_test])),
         y_train=torch.from_numpy(np.ascontiguousarray(y[~is_test])),
@@ -894,12 +955,13 @@ def build_dataset(df: pd.DataFrame, schema: Schema, *, seed: int, source: str, o
         y_test=torch.from_numpy(np.ascontiguousarray(y[is_test])),
         feature_names=schema.feature_names,
         source=source,
-        diagnostics={"clipped": clipped_counts(schema, nums, idx)},
+        diagnostics=diagnostics,
         target_kind=schema.target_kind, class_names=tuple(schema.classes or ()), target_bounds=schema.target_bounds,
+        **shard,
     )
 
 
-def _missing_column(missing: list[tuple[str, str]], df: pd.DataFrame, origin: str) -> DataError:
+def missing_column_error(missing: list[tuple[str, str]], file_columns: Sequence[Any], origin: str) -> DataError:
     """The first declared column the file lacks, with the file's column names closest to it
     (difflib; only close matches, never the whole header: a headerless file's "names" are
     values of its first row)."""
@@ -907,7 +969,7 @@ def _missing_column(missing: list[tuple[str, str]], df: pd.DataFrame, origin: st
 
     setting, col = missing[0]
     more = f" ({len(missing) - 1} more declared column(s) are missing too)" if len(missing) > 1 else ""
-    names = [str(c) for c in df.attrs.get("file_columns", list(df.columns))]
+    names = [str(c) for c in file_columns]
     folded = {n.lower(): n for n in reversed(names)}  # case-insensitive: 'Age' is close to 'age'
     near = [folded[n] for n in closest(col.lower(), list(folded))]
     hint = f"; the file's closest column names: {', '.join(repr(c) for c in near)}" if near else ""
@@ -921,15 +983,10 @@ def _missing_column(missing: list[tuple[str, str]], df: pd.DataFrame, origin: st
 def clipped_counts(schema: Schema, nums: Mapping[str, np.ndarray], rows: np.ndarray) -> dict[str, dict[str, int]]:
     """Per numeric column (and a continuous target, under its column's name), how many values of
     the kept ``rows`` lay below ``lower`` / above ``upper`` and were clipped into the declared
-    bounds. PRIVATE counts: they go to private/data_diagnostics.json only; the log names the
-    columns, never a count."""
+    bounds. PRIVATE counts: they go to private/data_diagnostics.json only; the log
+    (:func:`check_rows`) names the columns, never a count."""
     out: dict[str, dict[str, int]] = {}
     for _, spec in _numeric_settings(schema):
         v = nums[spec.name][rows]
         out[spec.name] = {"below_lower": int((v < spec.lower).sum()), "above_upper": int((v > spec.upper).sum())}
-    hit = [c for c, n in out.items() if n["below_lower"] or n["above_upper"]]
-    if hit:
-        log.warning("values outside the declared bounds were clipped into them in numeric column(s) %s "
-                    "(data.numeric.<column>.lower/upper, data.target_bounds for the target; how many: "
-                    "private/data_diagnostics.json, PRIVATE)", ", ".join(repr(c) for c in hit))
     return out

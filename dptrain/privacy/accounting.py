@@ -22,15 +22,21 @@ import logging
 import math
 import numbers
 from collections.abc import Callable
-from typing import Any
-
-import numpy as np
-from dp_accounting import pld as _pld
-from dp_accounting import rdp as _rdp
+from typing import TYPE_CHECKING, Any
 
 from dptrain.errors import DPTrainError
-from dptrain.privacy.events import EVENT_KINDS, Event, event_from_list, poisson_gaussian
 from dptrain.registry import Registry
+
+if TYPE_CHECKING:
+    import numpy as np
+    from dp_accounting import pld as _pld
+
+    from dptrain.privacy.events import Event
+
+# dp-accounting (~1.5 s to import: scipy.signal, scipy.optimize), dptrain.privacy.events (which
+# imports it) and numpy are imported by the functions that need them, not here: dptrain.config
+# imports this module for ACCOUNTANTS and SIGMA_RANGE, and `import dptrain.cli` (so every command
+# line, a refused one too) stays free of them.
 
 __all__ = ["ACCOUNTANTS", "RDP_ORDERS", "AccountingError", "PrivacyAccountant", "rdp_floor", "rdp_to_epsilon",
            "calibrate_noise_multiplier", "compact", "compute_epsilon", "history_epsilon", "pld_epsilon",
@@ -62,7 +68,7 @@ SIGMA_RANGE = (1e-2, 1e6)
 _SIGMA_MIN, _SIGMA_MAX = SIGMA_RANGE
 
 Segment = tuple[float, float, int]  # (noise_multiplier, sample_rate, steps): the legacy view
-History = tuple[tuple[Event, int], ...]  # (event, number of consecutive steps)
+History = tuple[tuple["Event", int], ...]  # (event, number of consecutive steps)
 
 
 class AccountingError(DPTrainError):
@@ -142,6 +148,8 @@ def rdp_to_epsilon(rdp: np.ndarray, delta: float) -> float:
     that sigma (sigma 56,087 for a target of 0.001 where PLD needs 2,369). Here a finite noise
     multiplier always gets the conversion's positive epsilon; a tiny RDP value that came out
     negative through rounding counts as 0."""
+    import numpy as np
+
     orders = np.asarray(RDP_ORDERS)
     r = np.maximum(np.asarray(rdp, dtype=np.float64), 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -166,6 +174,10 @@ def _check_accountant(accountant: Any) -> str:
 @functools.lru_cache(maxsize=1024)
 def _rdp_per_step(event: Event) -> np.ndarray:
     """RDP of ONE step of ``event`` at each of RDP_ORDERS (read-only array)."""
+    from dp_accounting import rdp as _rdp
+
+    from dptrain.privacy.events import EVENT_KINDS
+
     acc = _rdp.RdpAccountant(list(RDP_ORDERS))  # add/remove neighbours (its default)
     acc.compose(EVENT_KINDS.get(event.kind).dp_event(event.params), 1)
     vec = acc.rdp
@@ -175,6 +187,10 @@ def _rdp_per_step(event: Event) -> np.ndarray:
 
 @functools.lru_cache(maxsize=8)
 def _pld_composed(history: History) -> _pld.PLDAccountant:
+    from dp_accounting import pld as _pld
+
+    from dptrain.privacy.events import EVENT_KINDS
+
     acc = _pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
     for event, count in history:
         acc.compose(EVENT_KINDS.get(event.kind).dp_event(event.params), count)
@@ -196,6 +212,8 @@ def compact(history: History) -> History:
 def _epsilon(history: History, delta: float, accountant: str) -> float:
     """Epsilon of a validated history by the named accountant: 0 when no step touched data,
     infinite when one had no noise."""
+    from dptrain.privacy.events import EVENT_KINDS
+
     active = tuple((e, c) for e, c in compact(history) if c > 0 and EVENT_KINDS.get(e.kind).spends(e.params))
     if not active:
         return 0.0
@@ -205,6 +223,8 @@ def _epsilon(history: History, delta: float, accountant: str) -> float:
 
 
 def _one_run(sigma: float, q: float, steps: int) -> History:
+    from dptrain.privacy.events import poisson_gaussian
+
     return ((poisson_gaussian(sample_rate=q, noise_multiplier=sigma), steps),)
 
 
@@ -258,6 +278,8 @@ def compute_epsilon(
 
 def history_epsilon(history: History, *, delta: float, accountant: str = "rdp") -> float:
     """Epsilon of a history of (event, count) pairs (e.g. a planned run) by ``accountant``."""
+    from dptrain.privacy.events import event_from_list
+
     for event, count in history:
         event_from_list(event.as_list())
         _check_steps(count, "count")
@@ -352,7 +374,7 @@ def calibrate_noise_multiplier(
 def rdp_floor(delta: float) -> float:
     """The smallest epsilon RDP accounting (orders up to 1024) certifies at ``delta`` whatever the
     noise: the conversion's value at zero Renyi divergence."""
-    return rdp_to_epsilon(np.zeros(len(RDP_ORDERS)), delta)
+    return rdp_to_epsilon([0.0] * len(RDP_ORDERS), delta)
 
 
 def _rdp_floor_advice(target: float, q: float, steps: int, delta: float, rtol: float) -> str:
@@ -406,6 +428,8 @@ class PrivacyAccountant:
 
     def step(self, *, noise_multiplier: float, sample_rate: float, num_steps: int = 1) -> None:
         """Records ``num_steps`` DP-SGD steps at (noise_multiplier, sample_rate)."""
+        from dptrain.privacy.events import poisson_gaussian
+
         sigma, q, n = _segment(noise_multiplier, sample_rate, num_steps, "num_steps")
         self.record(poisson_gaussian(sample_rate=q, noise_multiplier=sigma), n)
 
@@ -446,6 +470,8 @@ class PrivacyAccountant:
     def load_state_dict(self, state: dict) -> None:
         """Restores the full history from :meth:`state_dict` output (validated, re-merged); the
         earlier format ``{"history": [[sigma, q, steps], ...]}`` is read too."""
+        from dptrain.privacy.events import event_from_list
+
         restored = PrivacyAccountant()
         if isinstance(state, dict) and "events" in state:
             for item in state["events"]:

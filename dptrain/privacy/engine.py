@@ -86,6 +86,64 @@ class PoissonSampler:
             idx = np.sort(rng.choice(n, size=rng.binomial(n, self.sample_rate), replace=False))
         return torch.from_numpy(idx.astype(np.int64, copy=False))
 
+    device = torch.device("cpu")
+
+    def get_state(self) -> dict:
+        """The stream's state (for checkpoints of reproducible-noise runs)."""
+        return self.rng.bit_generator.state
+
+    def set_state(self, state: Any) -> None:
+        if not isinstance(state, dict):
+            raise ValueError("this sampler's state was saved by a sampler on another device (a torch generator's "
+                             "state, not numpy's)")
+        self.rng.bit_generator.state = state
+
+
+class DevicePoissonSampler:
+    """Poisson subsampling on a torch device (a GPU): row i joins the batch iff u_i < q with
+    u_i ~ U[0, 1) drawn by ``generator`` on that device, one draw per row per step. The same law
+    as :class:`PoissonSampler` (independent Bernoulli(q) memberships); O(N) per step, which a GPU
+    does in parallel (20 million rows in well under a millisecond), and no index ever crosses
+    to the host. Indices are returned sorted ascending as an int64 tensor on the device."""
+
+    def __init__(self, *, num_rows: int, sample_rate: float, generator: torch.Generator) -> None:
+        if not 0.0 <= sample_rate <= 1.0:
+            raise ValueError(f"sample_rate={sample_rate!r} is not allowed: must be in [0, 1]")
+        self.num_rows = int(num_rows)
+        self.sample_rate = float(sample_rate)
+        self.generator = generator
+        self.device = torch.device(generator.device)
+
+    def sample(self) -> torch.Tensor:
+        """Indices (int64, sorted ascending, distinct, on the device) of one Poisson batch."""
+        # float64: P(u < q) is q to within 2^-53 (float32's 2^-24 grid would include rows slightly
+        # more often than the q the accountant is told)
+        u = torch.rand(self.num_rows, generator=self.generator, device=self.device, dtype=torch.float64)
+        return torch.nonzero(u < self.sample_rate).view(-1)
+
+    def get_state(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def set_state(self, state: Any) -> None:
+        mine = self.generator.get_state()
+        if not isinstance(state, torch.Tensor) or state.numel() != mine.numel():
+            raise ValueError(f"this sampler's state was saved by a sampler on another device (this one runs on "
+                             f"{self.device})")
+        self.generator.set_state(state)
+
+
+def make_sampler(*, num_rows: int, sample_rate: float, randomness: Any, index: int,
+                 device: torch.device | str = "cpu") -> PoissonSampler | DevicePoissonSampler:
+    """The Poisson sampler for rows on ``device``, its stream the SECRET "poisson-sampler"
+    stream ``index`` (a rank) of ``randomness``: numpy on the CPU (:class:`PoissonSampler`,
+    O(batch) per step), a torch generator on a GPU (:class:`DevicePoissonSampler`)."""
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return PoissonSampler(num_rows=num_rows, sample_rate=sample_rate,
+                              rng=randomness.numpy("poisson-sampler", index))
+    return DevicePoissonSampler(num_rows=num_rows, sample_rate=sample_rate,
+                                generator=randomness.torch("poisson-sampler", index, device=dev))
+
 
 @dataclass(frozen=True)
 class StepStats:
@@ -149,6 +207,14 @@ class GradientEngine:
         self.generator = generator
         self.params = [p for p in model.parameters() if p.requires_grad]
         self._sizes = [p.numel() for p in self.params]
+        #: where the step computes: the parameters' device; the noise generator must be there too
+        self.device = self.params[0].device if self.params else torch.device("cpu")
+        if any(p.device != self.device for p in self.params):
+            raise ValueError("the model's trainable parameters are on more than one device ("
+                             + ", ".join(sorted({str(p.device) for p in self.params})) + "); move the model to one")
+        if torch.device(generator.device).type != self.device.type:
+            raise ValueError(f"the noise generator is on {generator.device} but the model is on {self.device}; "
+                             "build it with Randomness.torch(..., device=<the model's device>)")
         # the noise is drawn in the parameters' precision: float32 noise added to a float64 sum
         # would leave the sum's low-order bits unprotected
         dtypes = {p.dtype for p in self.params}
@@ -168,7 +234,8 @@ class GradientEngine:
         #: (~0.1 ms for 2^15 numbers here): on for the MLP (91k parameters), off for the logit.
         #: The thread runs at the lowest CPU priority (SCHED_IDLE): it fills idle CPU time and
         #: does not slow the step's parallel regions (with equal priority it did, by ~0.1x).
-        self.prefetch_noise = sum(self._sizes) >= self.PREFETCH_MIN_PARAMS
+        #: On a GPU the draw is an asynchronous kernel already: no thread.
+        self.prefetch_noise = sum(self._sizes) >= self.PREFETCH_MIN_PARAMS and self.device.type == "cpu"
         self._pending = None  # (future of the next N(0, I) draw, generator state before it)
         self._executor = None
         self._inline_left = 0  # steps still to draw inline after a starved background draw
@@ -184,7 +251,8 @@ class GradientEngine:
         return self.noise_multiplier * self.max_grad_norm / self.expected_batch_size
 
     def _draw(self) -> torch.Tensor:
-        return torch.empty(sum(self._sizes), dtype=self.noise_dtype).normal_(0.0, 1.0, generator=self.generator)
+        return torch.empty(sum(self._sizes), dtype=self.noise_dtype, device=self.device).normal_(
+            0.0, 1.0, generator=self.generator)
 
     def _standard_normal(self) -> torch.Tensor:
         """This step's N(0, I) vector (one per step, whole model), and the next one queued.
@@ -291,7 +359,7 @@ class GradientEngine:
             p.grad = chunk.view_as(p).clone()
         if self.collect_stats:  # job-wide diagnostics on logged steps (non-private) and the dp/ curve's sum
             t = torch.tensor([stats.batch_size, stats.loss_sum, stats.correct, stats.clipped, stats.bounded_loss_sum],
-                             dtype=torch.float64)
+                             dtype=torch.float64, device=flat.device)
             self.dist.all_reduce_sum(t)
             return StepStats(int(t[0]), float(t[1]), int(t[2]), int(t[3]), float(t[4]))
         return stats
@@ -585,7 +653,7 @@ class FastLinearEngine(GradientEngine):
         """Where this step's ``.grad`` tensors are written: views (by parameter id) of the flat
         noise vector, scaled by ``beta`` = noise_scale as the products add into it, or of a
         zero buffer (beta = 0) when there is no noise."""
-        flat = noise if noise is not None else torch.zeros(sum(self._sizes), dtype=dtype)
+        flat = noise if noise is not None else torch.zeros(sum(self._sizes), dtype=dtype, device=self.device)
         beta = noise_scale if noise is not None else 0.0
         return beta, {id(p): v.view_as(p) for p, v in zip(self.params, flat.split(self._sizes))}
 

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from dptrain.errors import DPTrainError
+from dptrain.layers import Squeeze
 
 ADVICE = ("use a layer that treats every example on its own instead: nn.LayerNorm or nn.GroupNorm, or "
           "no normalisation (the features are already scaled by their public bounds)")
@@ -52,6 +53,12 @@ def _mixing_by_type(name: str, module: nn.Module) -> str | None:
     return None
 
 
+#: layer types that treat every example on its own and hold no buffers: Opacus' validator
+#: (a second opinion, imported only for other models) accepts every model made of these alone
+_PLAIN = frozenset({nn.Sequential, nn.Linear, nn.ReLU, nn.Tanh, nn.GELU, nn.SiLU, nn.ELU, nn.LeakyReLU, nn.Sigmoid,
+                    nn.Identity, Squeeze})
+
+
 def static_problems(model: nn.Module) -> list[str]:
     """Problems found without running the model: types that mix a batch, buffers, Opacus'
     validator. Empty when none is found."""
@@ -67,6 +74,8 @@ def static_problems(model: nn.Module) -> list[str]:
                             f"{type(module).__name__} holds buffers "
                             f"({', '.join(buffers)}), state that may be updated from private batches without noise "
                             "and is saved with the model")
+    if all(type(m) in _PLAIN for m in model.modules()):
+        return problems  # only layers Opacus' validator has nothing to say about (and no import of opacus)
     try:
         from opacus.validators import ModuleValidator
 
@@ -85,12 +94,12 @@ def mixing_probe(model: nn.Module, *, in_features: int, rows: int = 8) -> str | 
     the same inputs with row 0 changed; a description of the problem if any other row's output
     moved (the data is random: no private row is used). Dropout and other random layers see the
     same random numbers in both passes."""
-    probe = copy.deepcopy(model).train()
+    probe = copy.deepcopy(model).to("cpu").train()  # a CPU copy, wherever the model lives
     gen = torch.Generator().manual_seed(0)
     dtype = next((p.dtype for p in probe.parameters()), torch.get_default_dtype())
-    x = torch.rand(rows, in_features, generator=gen, dtype=dtype) * 2 - 1
+    x = torch.rand(rows, in_features, generator=gen, dtype=dtype, device="cpu") * 2 - 1
     x2 = x.clone()
-    x2[0] = torch.rand(in_features, generator=gen, dtype=dtype) * 2 - 1
+    x2[0] = torch.rand(in_features, generator=gen, dtype=dtype, device="cpu") * 2 - 1
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(1)

@@ -89,6 +89,7 @@ def _run_fields(mechanism: dict[str, Any], *, data_source: str, seed: int, test_
         "determine the DP noise or the Poisson sampler",
         "randomness": mechanism.get("randomness", "unknown"),
         "engine": mechanism["engine"],
+        "device": mechanism.get("device", "cpu"),
         **{k: mechanism[k] for k in ("dataset_size", "expected_batch_size", "sample_rate", "steps", "epochs")},
         "planned_steps": mechanism.get("planned_steps", mechanism["steps"]),
         "stopped_early": mechanism.get("stopped_early", False),
@@ -243,7 +244,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"noise multiplier sigma = {report['noise_multiplier']:.6g} ({report['noise_multiplier_source']}"
         + (f", target epsilon {report['target_epsilon']}" if report["target_epsilon"] is not None else "")
         + f"), clipping norm C = {report['max_grad_norm']}",
-        f"steps = {report['steps']}, epochs = {report['epochs']:.4g}, engine = {report['engine']}",
+        f"steps = {report['steps']}, epochs = {report['epochs']:.4g}, engine = {report['engine']}, "
+        f"device = {report.get('device', 'cpu')}",
         *([f"ADVICE: {report['accountant_advice']}"] if report.get("accountant_advice") else []),
         f"stopped: {report['stop_reason']}"
         + (f" (privacy.max_epsilon = {report['max_epsilon']:g}, headline accountant)"

@@ -1,0 +1,399 @@
+"""A sharded read: each process of a distributed run reads ONLY its own part of a partitioned
+Parquet data set (``trainer.distributed=true``, ``data=table``, docs/distributed.md).
+
+A partitioned data set is a folder of Parquet files (``.parquet`` / ``.pq``, read in the order
+of their paths) or one Parquet file with several row groups. Its pieces are the row groups that
+hold rows. Which process reads which pieces is decided from the files' metadata alone (the file
+list, sorted by path, and each row group's row count), the same way on every process: the pieces,
+largest first (ties: file order), each go to the process with the fewest rows so far (ties: the
+lowest rank). The shards are disjoint whole row groups, cover every row exactly once and are
+balanced by rows; every process gets at least one piece (there are at least as many pieces as
+processes, or the run is refused before any row is read).
+
+Each process encodes its rows with the PUBLIC schema (:func:`dptrain.data.table.encode_rows`):
+bounds, category lists and the per-row keyed hash split depend on the row alone, so a shard's
+encoding and split are exactly the whole table's for those rows. The checks that need every row
+(no positive label anywhere, a split side with no row, one class only, every row dropped) run on
+facts combined over the processes (``all_gather_object``), and so does an error: a process whose
+shard is refused shares the message and every process raises the same error before training. The
+job's N (training rows) and test count are the sums of the processes' counts; no process holds
+every row. The row counts (the pieces' sizes included) are never logged or written anywhere
+public; the private diagnostics (values clipped, per column) are summed over the processes.
+
+``data.sharding``: ``auto`` (default: shard when the data set is partitioned, i.e. has at least
+2 pieces), ``row_groups`` (always shard; refuse what cannot be) or ``off`` (every process reads
+the whole table and keeps rows r, r + W, ...). A folder is also read whole by a run in one
+process (:func:`read_folder`). What a sharded run cannot do is refused by name
+(:func:`sharding_plan`): the non-private baseline (``trainer.baseline=true``, it needs every
+training row in one process), fewer pieces than processes, a file that is not Parquet with
+``row_groups``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from dptrain.data.table import (
+    DataError,
+    Dataset,
+    EncodedRows,
+    Schema,
+    _check_duplicates,
+    check_rows,
+    dataset_from_rows,
+    detect_format,
+    encode_rows,
+    missing_column_error,
+    missing_columns,
+)
+from dptrain.errors import DPTrainError
+from dptrain.validation import ConfigError, bad
+
+log = logging.getLogger("dptrain.data")
+
+SHARDING = ("auto", "row_groups", "off")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+#: how a sharded run's privacy report describes its shards (no count: the pieces' sizes are private)
+SHARDED_NOTE = ("disjoint shards of whole Parquet row groups, assigned from the files' metadata (each process reads "
+                "only its own), each Poisson-sampled at the job's q with a rank-specific stream")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One row group of one file. ``rows`` comes from the metadata: the data's size, so PRIVATE
+    in the sense of docs/privacy.md: used to balance the shards, never logged or written."""
+
+    file: int  # index into ParquetSet.files
+    row_group: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class ParquetSet:
+    """A Parquet file or folder of files, from the metadata only (no row read)."""
+
+    path: Path  # data.path
+    files: tuple[Path, ...]  # sorted by path (relative to a folder)
+    names: tuple[tuple[str, ...], ...]  # per file: its column names as stored
+    pieces: tuple[Piece, ...]  # the row groups that hold rows, in file and row-group order
+
+    @property
+    def is_folder(self) -> bool:
+        return self.path.is_dir()
+
+    def digest(self) -> str:
+        """A digest of what the processes must agree on (file list, columns, row groups); compared
+        across processes, never shown."""
+        root = self.path if self.is_folder else self.path.parent
+        seen = ([f.relative_to(root).as_posix() for f in self.files], self.names,
+                [(p.file, p.row_group, p.rows) for p in self.pieces])
+        return hashlib.sha256(repr(seen).encode()).hexdigest()
+
+    def origin(self, file: int | None = None) -> str:
+        """How messages name the data set (or one of a folder's files): never a value or count."""
+        base = f"data.path={str(self.path)!r}"
+        if file is None or not self.is_folder:
+            return base
+        return f"{base} (the folder's file {self.files[file].relative_to(self.path).as_posix()!r})"
+
+
+# ------------------------------------------------------------------------------ metadata
+
+
+def parquet_files(folder: Path) -> list[Path]:
+    """The Parquet files of a folder (any depth), sorted by their path relative to it; files and
+    folders whose names start with '.' or '_' (_SUCCESS, _metadata, .crc, _temporary) are skipped."""
+    found = []
+    for p in folder.rglob("*"):
+        rel = p.relative_to(folder)
+        if any(part.startswith((".", "_")) for part in rel.parts):
+            continue
+        if p.is_file() and p.name.lower().endswith(PARQUET_SUFFIXES):
+            found.append(rel.as_posix())
+    return [folder / rel for rel in sorted(found)]
+
+
+def open_parquet_set(path: str | Path, fmt: str = "auto") -> ParquetSet:
+    """The files, column names and row groups of a Parquet file or folder, from the metadata
+    only. Raises DataError (no such path, a folder without Parquet files, an unreadable footer,
+    duplicate column names) or ConfigError (``data.format`` not parquet for a folder)."""
+    import pyarrow.parquet as pq
+
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"data.path={str(path)!r}: no such file; allowed: an existing CSV, Parquet or .dta file, or "
+                        "a folder of Parquet files")
+    if p.is_dir():
+        if fmt not in ("auto", "parquet"):
+            raise bad("data.format", fmt, f"a folder (data.path={str(path)!r}) is read as a Parquet data set; "
+                      "allowed: auto or parquet")
+        files = parquet_files(p)
+        if not files:
+            raise DataError(f"data.path={str(path)!r}: is a folder without .parquet or .pq files; allowed: a CSV, "
+                            "Parquet or .dta file, or a folder of Parquet files (a partitioned data set)")
+    else:
+        files = [p]
+    names, pieces = [], []
+    for i, f in enumerate(files):
+        origin = ParquetSet(p, tuple(files), (), ()).origin(i)
+        try:
+            meta = pq.ParquetFile(f).metadata
+            file_names = tuple(meta.schema.to_arrow_schema().names)
+            rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        except Exception as exc:  # noqa: BLE001 - the text may quote the file's bytes: not shown
+            raise DataError(f"{origin}: could not be read as parquet ({type(exc).__name__}); allowed: a valid "
+                            "Parquet file (data.format=parquet was used)") from None
+        _check_duplicates(f, list(file_names))
+        names.append(file_names)
+        pieces += [Piece(i, g, n) for g, n in enumerate(rows) if n > 0]
+    return ParquetSet(p, tuple(files), tuple(names), tuple(pieces))
+
+
+def assign_pieces(rows: Sequence[int], world: int) -> list[int]:
+    """The rank that reads each piece (``rows``: the pieces' row counts, in piece order):
+    largest first (ties: piece order), each to the rank with the fewest rows so far (ties: the
+    lowest rank). Deterministic; with at least ``world`` non-empty pieces every rank gets one."""
+    if world < 1:
+        raise ValueError("world must be >= 1")
+    owner = [0] * len(rows)
+    load = [(0, r) for r in range(world)]  # a heap of (rows so far, rank)
+    for i in sorted(range(len(rows)), key=lambda i: (-rows[i], i)):
+        total, rank = heapq.heappop(load)
+        owner[i] = rank
+        heapq.heappush(load, (total + rows[i], rank))
+    return owner
+
+
+def shard_pieces(pset: ParquetSet, rank: int, world: int) -> list[Piece]:
+    """The pieces ``rank`` of ``world`` reads, in file and row-group order."""
+    owner = assign_pieces([p.rows for p in pset.pieces], world)
+    return [p for p, r in zip(pset.pieces, owner, strict=True) if r == rank]
+
+
+# ------------------------------------------------------------------------------ the plan
+
+
+def _setting(obj: Any, name: str, default: Any = None) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def sharding_plan(conf: Any, *, world: int | None) -> ParquetSet | None:
+    """The Parquet set this distributed run of ``world`` processes reads sharded, or None when
+    every process reads the whole table (not distributed: ``world`` None; not data=table; not
+    Parquet; not partitioned with ``data.sharding=auto``; ``data.sharding=off``). Reads metadata
+    only. Raises ConfigError for what a sharded read cannot do, before any row is read."""
+    d = conf.data
+    mode = _setting(d, "sharding", "auto") or "auto"
+    if mode not in SHARDING:
+        raise bad("data.sharding", mode, f"must be one of {', '.join(SHARDING)}")
+    if _setting(d, "name") != "table" or mode == "off":
+        return None
+    if world is None:
+        if mode == "row_groups":
+            raise bad("data.sharding", mode, "needs trainer.distributed=true (a sharded read splits the data set "
+                      "across torchrun processes); allowed without it: auto or off")
+        return None
+    path, fmt = _setting(d, "path"), _setting(d, "format", "auto") or "auto"
+    if not Path(path).exists():
+        return None  # the whole-table read names the problem (no such file), as without sharding
+    if not Path(path).is_dir() and detect_format(path, fmt) != "parquet":
+        if mode == "row_groups":
+            raise bad("data.sharding", mode, f"reads Parquet row groups, and data.path={str(path)!r} is not Parquet; "
+                      "allowed: a .parquet file or a folder of Parquet files, or data.sharding=auto|off (every "
+                      "process reads the whole table)")
+        return None
+    pset = open_parquet_set(path, fmt)
+    k = len(pset.pieces)
+    if mode == "auto" and k < 2:
+        return None  # not partitioned: every process reads the whole table, as before
+    if k < world:
+        raise ConfigError(
+            f"trainer.distributed=true with {world} processes is not allowed with data.sharding={mode} on "
+            f"data.path={str(path)!r}: each process reads whole Parquet row groups, and the data set has {k} row "
+            f"group(s) holding rows; allowed: a data set with at least {world} row groups (write it with a smaller "
+            "row_group_size, e.g. pyarrow.parquet.write_table(..., row_group_size=...), or as a folder of Parquet "
+            f"files), at most {k} processes (torchrun --nproc_per_node), or data.sharding=off (every process "
+            "reads the whole table)")
+    if conf.trainer.baseline:
+        raise bad("trainer.baseline", True, "on a sharded read (trainer.distributed=true on a partitioned Parquet "
+                  "data set): the non-private sklearn baseline needs every training row in one process; allowed: "
+                  "trainer.baseline=false, or data.sharding=off (every process reads the whole table)")
+    estimator = _setting(_setting(conf, "estimator"), "name", "dpsgd")
+    if estimator != "dpsgd":
+        raise bad("estimator", estimator, "on a sharded read: only estimator=dpsgd trains across processes")
+    return pset
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+def _read_rows(pset: ParquetSet, file: int, row_groups: list[int] | None, schema: Schema) -> pd.DataFrame:
+    """The declared columns of ``row_groups`` (None: all) of one file, names stripped."""
+    import pyarrow.parquet as pq
+
+    wanted = set(schema.columns)
+    cols = [n for n in pset.names[file] if n.strip() in wanted]
+    try:
+        pf = pq.ParquetFile(pset.files[file])
+        table = pf.read(columns=cols) if row_groups is None else pf.read_row_groups(row_groups, columns=cols)
+        df = table.to_pandas()
+    except Exception as exc:  # noqa: BLE001 - the text may quote the file's bytes: not shown
+        raise DataError(f"{pset.origin(file)}: could not be read as parquet ({type(exc).__name__}); allowed: a "
+                        "valid Parquet file (data.format=parquet was used)") from None
+    df.columns = [str(c).strip() for c in df.columns]
+    df.attrs["file_columns"] = [n.strip() for n in pset.names[file]]
+    return df
+
+
+def check_columns(pset: ParquetSet, schema: Schema) -> None:
+    """Every file holds every declared column (from the metadata): else the whole-table read's
+    missing-column error, naming the first file that lacks one."""
+    for i, names in enumerate(pset.names):
+        missing = missing_columns(schema, {n.strip() for n in names})
+        if missing:
+            raise missing_column_error(missing, [n.strip() for n in names], pset.origin(i))
+
+
+def read_folder(path: str | Path, schema: Schema, fmt: str = "auto") -> pd.DataFrame:
+    """A whole folder of Parquet files as one table (the declared columns only, files in path
+    order): a run in one process, or every process with ``data.sharding=off``."""
+    pset = open_parquet_set(path, fmt)
+    check_columns(pset, schema)
+    frames = [_read_rows(pset, i, None, schema) for i in range(len(pset.files))]
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    df.attrs["file_columns"] = frames[0].attrs["file_columns"]
+    return df
+
+
+def _encode_shard(pset: ParquetSet, pieces: list[Piece], schema: Schema, seed: int) -> EncodedRows:
+    """This process' pieces, read (declared columns only) and encoded one file at a time."""
+    parts = []
+    for file in sorted({p.file for p in pieces}):
+        df = _read_rows(pset, file, [p.row_group for p in pieces if p.file == file], schema)
+        parts.append(encode_rows(df, schema, seed=seed))
+    if not parts:  # not reached through sharding_plan (at least one piece per process)
+        raise DataError(f"{pset.origin()}: a process was given no row group; allowed: at least as many row groups "
+                        "holding rows as processes")
+    if len(parts) == 1:
+        return parts[0]
+    return EncodedRows(x=np.concatenate([r.x for r in parts]), y=np.concatenate([r.y for r in parts]),
+                       is_test=np.concatenate([r.is_test for r in parts]),
+                       facts=combine_facts([r.facts for r in parts], schema))
+
+
+def combine_facts(parts: Sequence[dict[str, Any]], schema: Schema) -> dict[str, Any]:
+    """The facts of the union of disjoint parts' rows (:func:`dptrain.data.table.encode_rows`)."""
+    order = [s.name for s in schema.numeric] + ([schema.target] if schema.target_bounds is not None else [])
+    positive = [f["positive_seen"] for f in parts if f["positive_seen"] is not None]
+    clipped = {c: {k: sum(f["clipped"][c][k] for f in parts) for k in ("below_lower", "above_upper")}
+               for c in parts[0]["clipped"]}
+    return {"kept": any(f["kept"] for f in parts),
+            "dropped_in": [c for c in order if any(c in f["dropped_in"] for f in parts)],
+            "positive_seen": any(positive) if positive else None,
+            "any_train": any(f["any_train"] for f in parts), "any_test": any(f["any_test"] for f in parts),
+            "classes_seen": set().union(*(f["classes_seen"] for f in parts)), "clipped": clipped}
+
+
+_ERRORS = {"DataError": DataError, "ConfigError": ConfigError}
+
+
+def _outcome(exc: DPTrainError) -> dict[str, Any]:
+    kind = type(exc).__name__
+    return {"error": (kind if kind in _ERRORS else "DataError", str(exc))}
+
+
+def _raise_first_error(everyone: Sequence[dict[str, Any]]) -> None:
+    """Every process raises the lowest rank's error, if any process had one."""
+    for other in everyone:
+        if "error" in other:
+            kind, message = other["error"]
+            raise _ERRORS[kind](message)
+
+
+def load_shard(data_cfg: Any, pset: ParquetSet, *, seed: int, dist: Any) -> Dataset:
+    """This process' shard of ``pset`` (:func:`shard_pieces`) as a :class:`Dataset` whose
+    ``shard`` is (rank, world) and whose ``global_n_train`` / ``global_n_test`` are the job's
+    counts. ``dist``: a :class:`dptrain.distributed.DistContext` (rank, world_size,
+    all_gather_objects). Every process raises the same error when any shard is refused."""
+    from dptrain.data import schema_from_config
+
+    schema = schema_from_config(data_cfg)
+    check_columns(pset, schema)  # metadata only: the same on every process
+    rank, world = dist.rank, dist.world_size
+    pieces = shard_pieces(pset, rank, world)
+    try:
+        rows = _encode_shard(pset, pieces, schema, seed)
+        mine: dict[str, Any] = {"facts": rows.facts, "train": int((~rows.is_test).sum()),
+                                "test": int(rows.is_test.sum())}
+    except DPTrainError as exc:
+        mine = _outcome(exc)
+    except Exception as exc:  # not left waiting: the others raise too
+        dist.all_gather_objects({"error": ("DataError", f"{pset.origin()}: the process with rank {rank} failed "
+                                           f"reading its shard ({type(exc).__name__}); see that process' output")})
+        raise
+    everyone = dist.all_gather_objects(mine)
+    _raise_first_error(everyone)
+    facts = combine_facts([o["facts"] for o in everyone], schema)
+    check_rows(facts, schema, pset.origin())  # the whole data set's checks, the same on every process
+    if rank == 0:
+        log.info("data: sharded read of %s: %d processes, each reads only its own Parquet row groups", pset.origin(),
+                 world)
+    source = f"user table {str(pset.path)!r} (parquet); attribution/licence: as given by the data owner"
+    return dataset_from_rows(rows.x, rows.y, rows.is_test, schema, source=source,
+                             diagnostics={"clipped": facts["clipped"]}, shard=(rank, world),
+                             global_n_train=sum(o["train"] for o in everyone),
+                             global_n_test=sum(o["test"] for o in everyone))
+
+
+def load_training_data(conf: Any, *, dist: Any = None) -> Dataset:
+    """task=train's data: with ``dist`` (trainer.distributed=true) and a partitioned Parquet data
+    set, this process' shard (:func:`sharding_plan` refuses first what cannot be sharded); else
+    :func:`dptrain.data.load_dataset`, every row."""
+    from dptrain.data import load_dataset
+
+    if dist is None:
+        sharding_plan(conf, world=None)  # refuses data.sharding=row_groups
+        return load_dataset(conf.data, seed=conf.seed)
+    try:  # the processes agree on the plan (a path that differs between machines must not mix reads)
+        pset = sharding_plan(conf, world=dist.world_size)
+        mine = {"plan": None if pset is None else pset.digest()}
+    except DPTrainError as exc:
+        pset, mine = None, _outcome(exc)
+    everyone = dist.all_gather_objects(mine)
+    _raise_first_error(everyone)
+    if len({o["plan"] for o in everyone}) > 1:
+        raise DataError(f"data.path={str(conf.data.path)!r}: the processes see different Parquet files, columns or row "
+                        "groups there (a path that is not the same data set on every machine?); allowed: the same "
+                        "data set at data.path for every process")
+    if pset is None:
+        return load_dataset(conf.data, seed=conf.seed)
+    return load_shard(conf.data, pset, seed=conf.seed, dist=dist)
+
+
+# ------------------------------------------------------------------------------ after training
+
+
+def baseline_data(data: Dataset, dist: Any) -> Any:
+    """What :meth:`objective.baseline` reads without fitting (``fit=False``: the sklearn baseline
+    is refused on a sharded read) over EVERY process' rows: ``y_test``, all test labels
+    (gathered: small against the features), and ``y_train``, a one-row stand-in holding the mean
+    of all training labels (the linear objective's predict-the-mean baseline; a mean is all any
+    objective reads of them)."""
+    (y_test,) = dist.gather_rows(data.y_test)
+    sums = dist.all_gather_objects(float(data.y_train.double().sum()))
+    mean = sum(sums) / max(data.n_train, 1)
+    return SimpleNamespace(y_test=y_test, y_train=torch.tensor([mean], dtype=torch.float64),
+                           n_train=data.n_train, n_test=data.n_test)

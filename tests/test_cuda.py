@@ -1,0 +1,160 @@
+"""On a GPU as on a CPU (issue 17): the same runs with ``trainer.device=cuda``. Skipped where
+torch sees no CUDA device (CI's CPU machines); run by scripts/gpu_check.sh on a GPU machine.
+The CPU-side checks of the same plumbing are in tests/test_device.py."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from scipy import stats
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+from dp_invariants import check_sampler_law  # noqa: E402
+from test_device import CASES, DeviceAudit  # noqa: E402
+
+import dptrain.checkpoint as ckpt  # noqa: E402
+from dptrain import cli  # noqa: E402
+from dptrain.privacy.engine import DevicePoissonSampler, make_engine, make_sampler  # noqa: E402
+from dptrain.privacy.randomness import Randomness, new_seed_file  # noqa: E402
+
+GPU = torch.device("cuda", 0)
+SMALL = ["data=synthetic", "data.n_rows=3000", "trainer.epochs=2", "trainer.batch_size=100", "trainer.progress=false",
+         "trainer.baseline=false", "trainer.checkpoint_every=5"]
+
+
+def _run(run_dir: Path, overrides: list[str]) -> dict:
+    with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    cli.run(cfg, run_dir=run_dir)
+    return json.loads((run_dir / "privacy.json").read_text())
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_engine_steps_on_the_gpu_with_every_tensor_there(case):
+    build, objective_name, engine_name = CASES[case]
+    from dptrain.objectives import build_objective
+
+    torch.manual_seed(0)
+    model = build().to(GPU)
+    n = 400
+    x = torch.rand(n, 6, device=GPU)
+    y = (torch.randint(0, 3, (n,), device=GPU) if objective_name == "multinomial"
+         else (torch.rand(n, device=GPU) > 0.5).float())
+    secret = Randomness.fresh()
+    engine = make_engine(model, engine=engine_name, max_grad_norm=1.0, noise_multiplier=1.3, expected_batch_size=40.0,
+                         generator=secret.torch("gaussian-noise", device=GPU),
+                         objective=build_objective(objective_name))
+    sampler = make_sampler(num_rows=n, sample_rate=0.1, randomness=secret, index=0, device=GPU)
+    assert isinstance(sampler, DevicePoissonSampler)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    audit = DeviceAudit(GPU)
+    with audit:
+        for _ in range(3):
+            idx = sampler.sample()
+            assert idx.device == GPU
+            engine(x.index_select(0, idx), y.index_select(0, idx))
+            opt.step()
+    # StepStats' Python numbers come back to the host; every tensor stayed on the GPU
+    assert audit.wrong == [], audit.wrong
+    assert all(p.grad.device == GPU and torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_gpu_noise_has_sd_sigma_c_over_b_and_fresh_streams_differ():
+    model = torch.nn.Sequential(torch.nn.Linear(50, 20), torch.nn.ReLU(), torch.nn.Linear(20, 1)).to(GPU)
+    sigma, c, b = 1.7, 0.9, 64.0
+    engine = make_engine(model, engine="fast", max_grad_norm=c, noise_multiplier=sigma, expected_batch_size=b,
+                         generator=Randomness.fresh().torch("gaussian-noise", device=GPU))
+    engine.collect_stats = False
+    empty_x, empty_y = torch.zeros(0, 50, device=GPU), torch.zeros(0, device=GPU)
+    draws = []
+    for _ in range(200):
+        engine(empty_x, empty_y)
+        draws.append(torch.cat([p.grad.reshape(-1) for p in engine.params]).double().cpu())
+    z = torch.stack(draws).numpy().ravel()
+    expected = sigma * c / b
+    n = z.size
+    lo, hi = (stats.chi2.ppf([0.0005, 0.9995], n - 1) / (n - 1)) ** 0.5 * expected
+    assert lo < z.std() < hi
+    assert abs(z.mean()) < 5 * expected / math.sqrt(n)
+    a = torch.randn(1000, generator=Randomness.fresh().torch("gaussian-noise", device=GPU), device=GPU)
+    b2 = torch.randn(1000, generator=Randomness.fresh().torch("gaussian-noise", device=GPU), device=GPU)
+    assert not torch.equal(a, b2)
+
+
+def test_gpu_streams_reproduce_from_a_seed_file_and_use_the_offset(tmp_path):
+    key = tmp_path / "noise.key"
+    new_seed_file(key)
+    r = Randomness.from_seed_file(key, run_label="x")
+    g1, g2 = r.torch("gaussian-noise", device=GPU), r.torch("gaussian-noise", device=GPU)
+    assert torch.equal(torch.randn(100, generator=g1, device=GPU), torch.randn(100, generator=g2, device=GPU))
+    g3 = r.torch("gaussian-noise", device=GPU)
+    seed_only = torch.Generator(device=GPU)
+    seed_only.manual_seed(g3.initial_seed())  # the key without the secret offset: another stream
+    assert not torch.equal(torch.randn(100, generator=g3, device=GPU), torch.randn(100, generator=seed_only,
+                                                                                    device=GPU))
+
+
+def test_gpu_sampler_has_the_poisson_law():
+    class OnHost:
+        def __init__(self, s):
+            self.s = s
+
+        def sample(self):
+            return self.s.sample().cpu()
+
+    n, q = 500, 0.07
+    s = DevicePoissonSampler(num_rows=n, sample_rate=q, generator=Randomness.fresh().torch("s", device=GPU))
+    check_sampler_law(OnHost(s), num_rows=n, sample_rate=q, draws=3000)
+
+
+@pytest.mark.parametrize("preset", ["logit", "mlp"])
+def test_a_gpu_run_has_the_cpu_runs_epsilon(tmp_path, preset):
+    gpu = _run(tmp_path / "gpu", [f"experiment={preset}", *SMALL, "trainer.device=cuda"])
+    cpu = _run(tmp_path / "cpu", [f"experiment={preset}", *SMALL, "trainer.device=cpu"])
+    assert gpu["device"].startswith("cuda:0") and cpu["device"] == "cpu"
+    for key in ("epsilon", "epsilons", "steps", "sample_rate", "noise_multiplier", "dataset_size"):
+        assert gpu[key] == cpu[key], key
+    assert "Philox" in gpu["randomness"]
+    m = json.loads((tmp_path / "gpu" / "private" / "metrics.json").read_text())
+    assert 0.0 <= m["test/acc"] <= 1.0
+
+
+def test_a_gpu_checkpoint_resumes_on_the_cpu_and_reproducible_streams_are_refused(tmp_path):
+    ref = _run(tmp_path / "ref", ["experiment=mlp", *SMALL, "trainer.device=cpu"])
+    mid = tmp_path / "mid"
+    first = _run(mid, ["experiment=mlp", *SMALL, "trainer.device=cuda", f"privacy.max_epsilon={ref['epsilon'] / 2}"])
+    assert first["stopped_early"]
+    state = ckpt.load_checkpoint(ckpt.checkpoint_path_in(mid))
+    assert state["rng"]["noise"] is None  # default: no stream state stored
+    got = _run(mid, ["experiment=mlp", *SMALL, "trainer.device=cpu", "trainer.resume=auto"])
+    assert got["resumed_from_step"] == first["steps"] and got["epsilon"] == ref["epsilon"]
+    # reproducible noise: the streams of a GPU run do not continue on the CPU
+    key = tmp_path / "noise.key"
+    new_seed_file(key)
+    keyed = tmp_path / "keyed"
+    _run(keyed, ["experiment=mlp", *SMALL, "trainer.device=cuda", f"privacy.noise_seed_file={key}",
+                 f"privacy.max_epsilon={ref['epsilon'] / 2}"])
+    with pytest.raises(ckpt.CheckpointError, match="trainer.device=cuda"):
+        _run(keyed, ["experiment=mlp", *SMALL, "trainer.device=cpu", f"privacy.noise_seed_file={key}",
+                     "trainer.resume=auto"])
+
+
+def test_make_private_on_the_gpu():
+    from dptrain.layers import Squeeze
+    from dptrain.private import make_private
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1), Squeeze()).to(GPU)
+    x, y = np.random.default_rng(0).random((300, 4)).astype("float32"), (np.arange(300) % 2).astype("float32")
+    dp = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), x, y, noise_multiplier=1.0,
+                      max_grad_norm=1.0, batch_size=30, epochs=0.5, delta=1e-5)
+    for xb, yb in dp.batches():
+        assert xb.device == GPU
+        dp.step(xb, yb)
+    assert dp.report()["device"].startswith("cuda")
