@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
+from test_device import DeviceAudit  # the same audit as the engine tests
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # Opacus' backward-hook warnings
 
@@ -152,23 +152,8 @@ def test_gpu_check_script_is_valid_bash_and_runs_every_part():
 # ------------------------------------------------------------------------------ the CUDA code path
 
 
-class _DeviceAudit(TorchFunctionMode):
-    """Records every tensor an operation returns whose device is not ``expected``."""
-
-    def __init__(self, expected: torch.device) -> None:
-        super().__init__()
-        self.expected, self.wrong = expected, []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and t.device != self.expected:
-                self.wrong.append((getattr(func, "__name__", str(func)), str(t.device)))
-        return out
-
-
 def _audited_steps(step, n: int = 2) -> list:
-    audit = _DeviceAudit(torch.device("cpu"))
+    audit = DeviceAudit(torch.device("cpu"))
     with torch.device("meta"), audit:
         for _ in range(n):
             step()
