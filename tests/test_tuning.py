@@ -185,10 +185,18 @@ def test_refusals_name_the_setting_before_any_row_is_read(extra, needle, tmp_pat
     assert not (tmp_path / "privacy.json").exists()
 
 
-def test_readme_tune_command_runs_as_written(tmp_path):
+def test_readme_tune_command_runs_as_written(tmp_path, monkeypatch):
     """The README's task=tune command, as written (Adult logit, lr x C, total epsilon 1): one
-    report within the target, and a selected model that beats the majority class by far."""
+    report within the target, and a selected model that beats the majority class by far.
+
+    The number of candidates K is secret and random (geometric, mean 10): with probability 1/10
+    it is 1, and a lone candidate may be the grid's worst point (lr 8, C 2: test accuracy
+    0.76-0.80 at the full budget in experiments/private_tuning), which CI once released (0.773).
+    So the test fixes K at the law's mean, 10. Epsilon does not depend on the realised K (the
+    accountant composes the law, not the draw), so the privacy check is the same."""
     from pathlib import Path
+
+    monkeypatch.setattr(CandidateLaw, "sample", lambda self, rng: 10)
 
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = text[text.index("## Private hyperparameter search (`task=tune`)"):]
