@@ -32,6 +32,8 @@ def load(sweep: Path) -> pd.DataFrame:
             key, _, value = item.partition("=")
             if key.startswith("release.") and key != "release.tail_epsilons":
                 table[key.removeprefix("release.")] = value
+            elif key == "data.generator":
+                table["generator"] = value
         frames.append(table)
     if not frames:
         raise SystemExit(f"no */private/evaluation/comparison.csv below {sweep} "
@@ -46,13 +48,16 @@ def main() -> None:
     ap.add_argument("sweep", type=Path)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--metric", nargs="+",
-                    default=["rmse_truth", "p68_truth", "share_released", "tail_top", "slope_released"])
+                    default=["rmse_truth", "p68_truth", "share_released", "coverage95", "tail_top", "slope_released"])
+    ap.add_argument("--band-metric", nargs="+", default=["rmse_truth", "coverage95", "ci_width", "share_released"],
+                    help="metrics tabulated method x cell-size band at each epsilon")
     args = ap.parse_args()
     out = args.out or args.sweep
     out.mkdir(parents=True, exist_ok=True)
     table = load(args.sweep)
     table.to_csv(out / "summary.csv", index=False)
-    settings = [c for c in table.columns if c not in ("epsilon",) and c in {"min_n", "statistic", "neighbors", "noise"}]
+    settings = [c for c in table.columns if c not in ("epsilon",) and c in {"min_n", "statistic", "neighbors", "noise",
+                                                                                    "generator"}]
     groups = table.groupby(settings) if settings else [((), table)]
     lines = [f"# Release sweep summary ({args.sweep.name})", ""]
     for key, part in groups:
@@ -61,12 +66,15 @@ def main() -> None:
             wide = part[part.band == "all"].pivot_table(index="method", columns="epsilon", values=metric)
             wide.columns = [f"eps={c:g}" for c in wide.columns]
             lines += [f"## {metric}, all cells ({label or 'defaults'})", "", to_markdown(wide.reset_index()), ""]
-        for eps, sub in part.groupby("epsilon"):
-            wide = sub.pivot_table(index="method", columns="band", values="rmse_truth")
-            order = sub.drop_duplicates("band").sort_values("n_lo", na_position="last")["band"]
-            wide = wide[[b for b in order if b in wide.columns]]
-            lines += [f"## rmse_truth by cell-size band, epsilon={eps:g} ({label or 'defaults'})", "",
-                      to_markdown(wide.reset_index()), ""]
+        for metric in args.band_metric:
+            if metric not in part or part[metric].isna().all():
+                continue
+            for eps, sub in part.groupby("epsilon"):
+                wide = sub.pivot_table(index="method", columns="band", values=metric, dropna=False)
+                order = sub.drop_duplicates("band").sort_values("n_lo", na_position="last")["band"]
+                wide = wide[[b for b in order if b in wide.columns]]
+                lines += [f"## {metric} by cell-size band, epsilon={eps:g} ({label or 'defaults'})", "",
+                          to_markdown(wide.reset_index()), ""]
     (out / "summary.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {out / 'summary.csv'} and {out / 'summary.md'}")
 

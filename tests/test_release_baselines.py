@@ -26,7 +26,7 @@ from dptrain.release.methods.theil_sen import TheilSenConfig, dp_theil_sen
 
 NEIGHBOURS = {n.value for n in Neighbours}
 
-COLUMNS = ["released", "reason", "theta_released", "noise_sd"]
+COLUMNS = ["released", "reason", "theta_released", "noise_sd", "ci_low", "ci_high"]
 
 
 UNIT = Domain()

@@ -140,7 +140,7 @@ def test_user_table_release(tmp_path):
     (["release.min_n=1"], "release.min_n"),
     (["release.domain.x_hi=-1"], "release.domain.x"),
     (["release.statistic=p50"], "release.statistic"),
-    (["release.method=nope"], "release.method='nope' is not allowed: must be one of mos, suppression_5"),
+    (["release.method=nope"], "release.method='nope' is not allowed: must be one of mos, dp_mos, suppression_5"),
 ])
 def test_bad_release_input_refused_by_name(extra, needle, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:

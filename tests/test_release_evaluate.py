@@ -257,3 +257,23 @@ def test_summarize_release_sweep_reads_private_evaluations(tmp_path):
     summary = pd.read_csv(tmp_path / "out" / "summary.csv")
     assert set(summary.epsilon) == {1.0, 2.0} and set(summary.method) == {"mos", "ss_laplace"}
     assert "eps=2" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_coverage_uses_the_methods_own_interval_and_counts_cells_without_one():
+    """With ci_low / ci_high the interval is the method's (here asymmetric and sometimes missing):
+    coverage over cells that have one, interval_share and the median width."""
+    n = np.array([10, 10, 60, 60, 400])
+    truth = np.array([0.5, 0.5, 0.5, 0.5, 0.5])
+    df = pd.DataFrame({
+        "released": [True, True, True, False, True],
+        "theta_released": [0.6, 0.2, 0.45, np.nan, 0.52],
+        "ci_low": [0.45, 0.1, np.nan, np.nan, 0.49],  # cell 2: released without an interval
+        "ci_high": [0.9, 0.4, np.nan, np.nan, 0.53],
+        "se_released": [9.0, 9.0, 9.0, np.nan, 9.0],  # ignored when the method has an interval
+    })
+    t = evaluate_release(released=df, ols_theta=truth, ols_se=np.full(5, 0.1), n=n, truth=truth).set_index("band")
+    a = t.loc["all"]
+    assert a["coverage95"] == pytest.approx(2 / 3)  # cells 0 and 4 cover, cell 1 does not
+    assert a["interval_share"] == pytest.approx(3 / 4)
+    assert a["ci_width"] == pytest.approx(np.median([0.45, 0.3, 0.04]))
+    assert t.loc["[50,100)", "interval_share"] == 0.0 and math.isnan(t.loc["[50,100)", "coverage95"])

@@ -128,4 +128,5 @@ def test_builtin_methods_declare_their_relation_and_guarantee():
         "ss_laplace": (Neighbours.ADD_REMOVE, True), "noisy_stats": (Neighbours.REPLACE_ONE, True),
         "theil_sen": (Neighbours.REPLACE_ONE, True), "theil_sen_wide": (Neighbours.REPLACE_ONE, True),
         "dp_gd": (Neighbours.ADD_REMOVE, True), "dp_sgd": (Neighbours.ADD_REMOVE, True),
+        "dp_mos": (Neighbours.ADD_REMOVE, True),
     }

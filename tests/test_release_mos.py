@@ -156,7 +156,7 @@ def test_no_true_values_in_frame():
                       sensitivity=stub([0.02, 0.01, 0.01]), se_sensitivity=stub([0.01, 0.01, 0.01]))
     f = rel.to_frame()
     assert list(f.columns) == ["cell", "group", "released", "reason", "theta_released", "se_released",
-                               "n_released", "noise_sd", "chi", "chi_se"]
+                               "n_released", "noise_sd", "ci_low", "ci_high", "chi", "chi_se"]
     fit = ols(c)
     truths = [statistic(fit, "p25", c.domain), standard_error(fit, "p25", c.domain), c.n]
     for col in ("theta_released", "se_released", "n_released"):

@@ -3,6 +3,7 @@
     >>> keys = pd.DataFrame({"county": [...], "sex": [...]})          # the PUBLIC list of cells
     >>> est = fit_cells(df, x="parent_rank", y="kid_rank", cells=["county", "sex"], cell_keys=keys)
     >>> rel = est.release(statistic="p25", epsilon=1.0)              # MOS, CSPRNG noise
+    >>> rel = est.release_dp_mos(statistic="p25", epsilon=1.0)       # DP-MOS: (3, 1e-6)-DP end to end
     >>> rel.to_frame()                                                 # one row per cell
     >>> est.release_custom(my_statistic, epsilon=1.0)                  # any f(x, y) -> float
 
@@ -152,6 +153,26 @@ class CellEstimates:
                           config=MOSConfig(neighbors=neighbors, noise=noise, chi_groups=chi_groups))
         rel = Release.from_mos(mos)
         return Release(frame=rel.frame, epsilon=rel.epsilon, info={**rel.info, "cells_source": self.cells_source})
+
+    def release_dp_mos(self, *, statistic: str = "p25", epsilon: float = 1.0, delta: float = 1e-6,
+                       split: dict | None = None, chi_quantile: float = 0.75, min_n: int = 3,
+                       seed: int | None = None) -> Release:
+        """DP-MOS release of chi and, per cell, theta, SE, N and a 95% interval (docs/dp_mos.md):
+        (epsilon x sum of the split's shares, delta)-DP under add/remove neighbours, END TO END
+        (chi is chosen privately; each cell passes a private stability test). ``split``: the share
+        of epsilon per stage (default: n 0.25, se 0.5, chi 0.25, test 1.0, theta 1.0, total 3 epsilon);
+        ``seed``: reproducible noise for analysis (never echoed; None: the OS CSPRNG)."""
+        from dptrain.release.dp_mos import DEFAULT_SPLIT, DPMOSConfig, release_dp_mos
+
+        rng, rng_desc = make_rng(seed)
+        rel = release_dp_mos(self.cells, statistic=statistic, epsilon=epsilon, delta=delta, rng=rng,
+                             config=DPMOSConfig(split=dict(split or DEFAULT_SPLIT), chi_quantile=chi_quantile,
+                                                min_n=min_n))
+        frame = pd.concat([self.keys.reset_index(drop=True), rel.frame.reset_index(drop=True)], axis=1)
+        info = {"method": "dp_mos", "privacy": f"({rel.epsilon['total']:g}, {rel.delta:g})-DP end to end, "
+                "add/remove neighbours", "chi": rel.chi, "rng": rng_desc, "cells_source": self.cells_source,
+                **rel.info}
+        return Release(frame=frame, epsilon=dict(rel.epsilon), info=info)
 
     def release_custom(self, stat_fn: Callable[[np.ndarray, np.ndarray], float], *, epsilon: float = 1.0,
                        neighbors: str = "add_remove", seed: int | None = None, grid: int = 41) -> Release:

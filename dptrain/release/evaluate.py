@@ -21,8 +21,11 @@ cells of a band, with R = released cells whose released value is finite:
 * ``slope_released``: OLS slope of theta_released on ``covariate`` over R; ``slope_truth``: the
   slope of the reference on ``covariate`` over all band cells with a finite reference;
   ``slope_bias`` = slope_released - slope_truth (downstream bias, the paper's teen-birth example);
-* ``coverage95``: over R with a finite ``se_released``, the share with
-  |theta_released - truth| <= 1.96 se_released (needs ``truth`` and column ``se_released``).
+* ``coverage95``: over R with a released 95% interval (columns ``ci_low``, ``ci_high``, finite),
+  the share whose interval holds the truth (needs ``truth``); a frame without interval columns
+  but with ``se_released`` is judged on theta_released +/- 1.96 se_released;
+* ``interval_share``: the share of R with a finite interval; ``ci_width``: the median width
+  (ci_high - ci_low) over those cells.
 
 A metric that cannot be computed (no cells, no truth, no covariate) is NaN.
 """
@@ -64,6 +67,8 @@ METRICS: tuple[str, ...] = (
     "slope_truth",
     "slope_bias",
     "coverage95",
+    "interval_share",
+    "ci_width",
 )
 
 
@@ -108,7 +113,7 @@ def _error_stats(err: np.ndarray) -> tuple[float, float]:
 def _band_metrics(
     rel: np.ndarray,
     released: np.ndarray,
-    se_rel: np.ndarray | None,
+    ci: tuple[np.ndarray, np.ndarray] | None,
     ols_theta: np.ndarray,
     ols_se: np.ndarray,
     truth: np.ndarray | None,
@@ -140,15 +145,26 @@ def _band_metrics(
         rc = released & np.isfinite(covariate)
         out["slope_released"] = _slope(covariate[rc], rel[rc])
         out["slope_bias"] = out["slope_released"] - out["slope_truth"]
-    if truth is not None and se_rel is not None:
-        c = released & np.isfinite(se_rel) & np.isfinite(truth)
-        if c.any():
-            out["coverage95"] = float(np.mean(np.abs(rel[c] - truth[c]) <= 1.96 * se_rel[c]))
+    if ci is not None:
+        lo, hi = ci
+        has = released & np.isfinite(lo) & np.isfinite(hi)
+        if released.any():
+            out["interval_share"] = float(has.sum() / released.sum())
+        if has.any():
+            out["ci_width"] = float(np.median(hi[has] - lo[has]))
+        if truth is not None:
+            c = has & np.isfinite(truth)
+            if c.any():
+                out["coverage95"] = float(np.mean((lo[c] <= truth[c]) & (truth[c] <= hi[c])))
     return out
 
 
 def _pick(a: np.ndarray | None, m: np.ndarray) -> np.ndarray | None:
     return None if a is None else a[m]
+
+
+def _pick_ci(ci: tuple[np.ndarray, np.ndarray] | None, m: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    return None if ci is None else (ci[0][m], ci[1][m])
 
 
 def _as_array(name: str, v, g: int | None) -> np.ndarray:
@@ -161,8 +177,9 @@ def _as_array(name: str, v, g: int | None) -> np.ndarray:
     return a
 
 
-def _released_columns(released: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(theta_released, released and finite, se_released or None) of a released frame."""
+def _released_columns(released: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, tuple | None]:
+    """(theta_released, released and finite, (ci_low, ci_high) or None) of a released frame: the
+    method's own interval, else theta_released -/+ 1.96 se_released, else None."""
     for col in ("released", "theta_released"):
         if col not in released.columns:
             raise ReleaseError(
@@ -171,12 +188,14 @@ def _released_columns(released: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, n
             )
     rel = released["theta_released"].to_numpy(dtype=np.float64)
     is_rel = released["released"].to_numpy(dtype=bool) & np.isfinite(rel)
-    se_rel = (
-        released["se_released"].to_numpy(dtype=np.float64)
-        if "se_released" in released.columns
-        else None
-    )
-    return rel, is_rel, se_rel
+    if {"ci_low", "ci_high"} <= set(released.columns):
+        ci = (released["ci_low"].to_numpy(dtype=np.float64), released["ci_high"].to_numpy(dtype=np.float64))
+    elif "se_released" in released.columns:
+        se = released["se_released"].to_numpy(dtype=np.float64)
+        ci = (rel - 1.96 * se, rel + 1.96 * se)
+    else:
+        ci = None
+    return rel, is_rel, ci
 
 
 def evaluate_release(
@@ -193,7 +212,8 @@ def evaluate_release(
 
     Args:
         released: one row per cell in cell order; columns ``released`` (bool),
-            ``theta_released`` (NaN where not released) and optionally ``se_released``.
+            ``theta_released`` (NaN where not released) and optionally ``ci_low`` / ``ci_high``
+            (the method's 95% interval) or ``se_released``.
         ols_theta, ols_se: the non-private per-cell estimate and its standard error.
         n: per-cell size N_g (true N, not the noisy one) used for the bands.
         truth: the true cell parameter (simulated data), else the reference is ``ols_theta``.
@@ -203,7 +223,7 @@ def evaluate_release(
     Returns:
         One row per band then an ``"all"`` row: columns ``band, n_lo, n_hi`` and ``METRICS``.
     """
-    rel, is_rel, se_rel = _released_columns(released)
+    rel, is_rel, ci = _released_columns(released)
     g = len(released)
     ols_theta, ols_se, n = (
         _as_array("ols_theta", ols_theta, g),
@@ -218,7 +238,7 @@ def evaluate_release(
         met = _band_metrics(
             rel[m],
             is_rel[m],
-            _pick(se_rel, m),
+            _pick_ci(ci, m),
             ols_theta[m],
             ols_se[m],
             _pick(truth, m),

@@ -82,7 +82,7 @@ def comparison_markdown(table: pd.DataFrame, run: ReleaseRun, results: dict[str,
     r = run.conf.release
     cols = ["method", "band", "n_cells", "share_released", "rmse_truth", "rmse_ols", "p68_ols",
             "rmse_ratio_se", "tail_top", "tail_bottom", "noise_var_share", "slope_released", "slope_truth",
-            "coverage95"]
+            "coverage95", "interval_share", "ci_width"]
     cols = [c for c in cols if c in table.columns and not table[c].isna().all()]
     lines = [
         f"# PRIVATE evaluation: statistic {r.statistic}, epsilon {r.epsilon} per statistic",

@@ -30,6 +30,7 @@ import pandas as pd
 
 from .cells import STATISTICS, Cells, OLSFit, ReleaseError, ols, standard_error
 from .cells import statistic as cell_statistic
+from .intervals import interval_columns, laplace_normal_halfwidth, normal_halfwidth
 from .noise import NOISE_KINDS, add_noise, calibrate, make_rng
 
 NEIGHBORS: tuple[str, ...] = ("add", "add_remove")
@@ -75,7 +76,8 @@ def _group_codes(groups: Any, n_cells: int) -> np.ndarray:
 @dataclass(frozen=True)
 class MOSRelease:
     """A MOS release. ``frame``: one row per cell (cell keys, group, released, reason,
-    theta_released, se_released, n_released, noise_sd, chi, chi_se) and never a true value.
+    theta_released, se_released, n_released, noise_sd, ci_low, ci_high (the 95% interval from
+    released values), chi, chi_se) and never a true value.
     ``chi_table``: per chi-group chi (theta) and chi_se. ``epsilon``: theta / se / n,
     total_per_cell (sum: sequential composition in a cell) and total (the same: parallel
     composition over disjoint cells). ``info``: method, settings, rng, warnings."""
@@ -221,9 +223,17 @@ def _noisy(cw: _Cellwise, eps: dict[str, float], noise: str, rng: np.random.Gene
     se_noised = add_noise(cw.se, t_se, kind=noise, rng=rng, step=g_se)
     n_rel = add_noise(n, t_n, kind=noise, rng=rng, step=1.0)
     noise_sd = np.where(released, np.sqrt(2.0) * t_theta, np.nan)
+    # the interval, from released values only: the noised SE (clamped at 0) as the sampling SD and
+    # the theta noise's own law (Laplace of scale t, or normal of SD noise_sd)
+    se_part = np.maximum(np.where(released, se_noised, np.nan), 0.0)
+    if noise == "laplace":
+        half = laplace_normal_halfwidth(s=se_part, b=np.where(released, t_theta, np.nan))
+    else:
+        half = normal_halfwidth(sd=np.sqrt(se_part ** 2 + noise_sd ** 2))
     return {"theta_released": np.where(released, theta_rel, np.nan),
             "se_released": np.where(released, np.sqrt(se_noised ** 2 + noise_sd ** 2), np.nan),
-            "n_released": np.where(released, n_rel, np.nan), "noise_sd": noise_sd}
+            "n_released": np.where(released, n_rel, np.nan), "noise_sd": noise_sd,
+            **interval_columns(theta_rel, half, released)}
 
 
 def _frame(cells: Cells, cw: _Cellwise, noisy: dict, group_labels: np.ndarray) -> pd.DataFrame:
@@ -231,7 +241,7 @@ def _frame(cells: Cells, cw: _Cellwise, noisy: dict, group_labels: np.ndarray) -
     frame["group"] = group_labels
     frame["released"] = cw.released
     frame["reason"] = cw.reason
-    for col in ("theta_released", "se_released", "n_released", "noise_sd"):
+    for col in ("theta_released", "se_released", "n_released", "noise_sd", "ci_low", "ci_high"):
         frame[col] = noisy[col]
     frame["chi"] = cw.chi_t
     frame["chi_se"] = cw.chi_s

@@ -87,9 +87,9 @@ class ReleaseConfig:
     stat_fn: str | None = setting(None, help="f(x, y) -> float for statistic=custom",
                                   allowed="'package.module:function' | null")
     neighbors: str = setting("add_remove", help="MOS only: the neighbour relation (add: the Stata guide; "
-                             "add_remove: the paper's definition)", allowed="add | add_remove")
-    noise: str = setting("laplace", help="MOS only: discrete Laplace (grid-snapped) or normal of the same variance",
-                         allowed="laplace | normal")
+                             "add_remove: the paper's definition; dp_mos needs add_remove)", allowed="add | add_remove")
+    noise: str = setting("laplace", help="MOS only: discrete Laplace (grid-snapped) or normal of the same variance "
+                         "(dp_mos needs laplace)", allowed="laplace | normal")
     method: str = setting("mos", help="what release.csv holds: mos (NOT DP) | suppression_5/10/20 (EXACT values, NOT "
                           "DP) | ss_laplace | noisy_stats | theil_sen | theil_sen_wide | dp_gd | dp_sgd",
                           allowed="a method registered in dptrain/release/methods/ (or by a plugin)")
@@ -97,7 +97,7 @@ class ReleaseConfig:
                              "epsilon; disjoint cells compose in parallel)", allowed="a number > 0")
     min_n: int = setting(3, help="cells with N < min_n are not released and do not enter chi (a suppression rule "
                          "on the PRIVATE N)", allowed="an integer >= 3")
-    chi_by: list[str] = setting(help="MOS: [] = one chi over all cells; e.g. [state] = one chi per state",
+    chi_by: list[str] = setting(help="MOS and DP-MOS: [] = one chi over all cells; e.g. [state] = one chi per state",
                                 allowed="columns of the cell list", factory=list)
     domain: DomainConfig = setting(help=DOMAIN_HELP, factory=DomainConfig)
     clip: bool = setting(True, help="clip rows into release.domain (false: refuse a table with rows outside it)",
@@ -129,6 +129,15 @@ class ReleaseConfig:
                                  "non-events", allowed="true | false")
     delta: float = setting(1e-6, help="delta of the (epsilon, delta) baselines (DP-GD, DP-SGD)",
                            allowed="a number in (0, 1)")
+    dp_mos_split: Any = setting(help="DP-MOS: the share of release.epsilon each stage spends (n: noisy N; se: the "
+                                "noisy Sxx, Syy and sum of x behind the SE; chi: its exponential mechanism; test: "
+                                "the stability test; theta); the total is their sum times release.epsilon (3 "
+                                "epsilon by default, as MOS)", allowed="a mapping with exactly n, se, chi, test, "
+                                "theta, each a number > 0", factory=lambda: {"n": 0.25, "se": 0.5, "chi": 0.25,
+                                                                           "test": 1.0, "theta": 1.0})
+    dp_mos_chi_quantile: float = setting(0.75, help="DP-MOS: the share of eligible cells chi aims to cover (cells "
+                                         "above it fail the stability test and are not released)",
+                                         allowed="a number in (0, 1]")
     tail_epsilons: list[float] = setting(help="epsilons of the tail-classification figure (private evaluation)",
                                          allowed="numbers > 0", factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0, 8.0])
 
@@ -191,6 +200,30 @@ def check_release_settings(r: ReleaseConfig) -> None:
                    "another: RELEASE_METHODS.register('suppression_K', Suppression(K)))")
     for e in r.tail_epsilons:
         _finite_positive("release.tail_epsilons", e)
+    check_dp_mos_settings(r)
+
+
+def check_dp_mos_settings(r: ReleaseConfig) -> None:
+    """release.dp_mos_* (always: a sweep may switch methods), and release.neighbors with dp_mos."""
+    from dptrain.release.dp_mos import stage_epsilons
+    from dptrain.release.noise import ReleaseError
+
+    split = r.dp_mos_split
+    if not isinstance(split, Mapping):
+        raise _bad("release.dp_mos_split", split, "a mapping with exactly n, se, chi, test, theta (shares > 0)")
+    try:
+        stage_epsilons(1.0, {str(k): v for k, v in dict(split).items()})
+    except ReleaseError as err:
+        raise ConfigError(str(err)) from None
+    q = r.dp_mos_chi_quantile
+    if not (_is_real(q) and 0 < q <= 1):
+        raise _bad("release.dp_mos_chi_quantile", q, "must be a number in (0, 1], e.g. 0.9")
+    if r.method == "dp_mos" and r.neighbors != "add_remove":
+        raise _bad("release.neighbors", r.neighbors, "dp_mos is defined for add_remove neighbours only (the "
+                   "standard relation of its guarantee); leave release.neighbors=add_remove")
+    if r.method == "dp_mos" and r.noise != "laplace":
+        raise _bad("release.noise", r.noise, "dp_mos draws discrete Laplace noise only (its pure-epsilon stages); "
+                   "leave release.noise=laplace")
 
 
 def check_release_data(d: Any) -> None:

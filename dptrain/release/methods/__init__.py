@@ -5,6 +5,7 @@
 module             release.method          guarantee
 =================  ======================  ================================================
 ``mos``            mos                     none (epsilon-DP only conditional on chi)
+``dp_mos``         dp_mos                  (epsilon, delta)-DP end to end, add/remove
 ``suppression``    suppression_5/_10/_20   none (EXACT values)
 ``ss_laplace``     ss_laplace              epsilon-DP, add/remove
 ``noisy_stats``    noisy_stats             epsilon-DP, replace-one
@@ -32,7 +33,7 @@ from dptrain.release.methods.base import (
 )
 
 #: the built-in method modules, imported (and so registered) in this order
-BUILTIN = ("mos", "suppression", "ss_laplace", "noisy_stats", "theil_sen", "dp_gd", "dp_sgd")
+BUILTIN = ("mos", "dp_mos", "suppression", "ss_laplace", "noisy_stats", "theil_sen", "dp_gd", "dp_sgd")
 _NOT_METHODS = ("base", "common")
 _others = sorted(m.name for m in pkgutil.iter_modules(__path__)
                  if m.name not in BUILTIN + _NOT_METHODS and not m.name.startswith("_"))

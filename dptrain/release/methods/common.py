@@ -4,7 +4,9 @@ the unit-square line model that DP gradient descent and DP-SGD fit.
 Every method returns a :class:`~dptrain.release.methods.base.MethodResult` whose ``frame`` has one
 row per cell in cell order (index ``cell``) and columns ``released`` (bool), ``reason`` ("" when
 released, else why not), ``theta_released`` (NaN if not released) and ``noise_sd`` (SD of the
-noise in theta where it can be computed from public or released quantities, else NaN); its
+noise in theta where it can be computed from public or released quantities, else NaN), and
+``ci_low`` / ``ci_high`` (the method's 95% interval for the true cell parameter, NaN where it
+has none: ``result_frame(..., halfwidth=)`` or ``ci=``; the meta's ``interval`` says how); its
 ``meta`` says the method, neighbour relation, epsilon, delta, how epsilon was split, the paper,
 and caveats (:func:`method_meta`).
 """
@@ -12,6 +14,7 @@ and caveats (:func:`method_meta`).
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -19,6 +22,7 @@ import pandas as pd
 from dptrain.neighbours import add_remove_footing
 from dptrain.privacy.accounting import AccountingError, calibrate_noise_multiplier
 from dptrain.release.cells import STATISTICS, Cells, ReleaseError
+from dptrain.release.intervals import LEVEL, interval_columns
 from dptrain.release.noise import add_noise
 
 ALABI = ("Alabi, McMillan, Sarathy, Smith, Vadhan, 'Differentially Private Simple Linear Regression', "
@@ -66,18 +70,69 @@ def reasons(n_cells: int, rules: list[tuple[np.ndarray, str]]) -> np.ndarray:
     return out
 
 
-def result_frame(reason: np.ndarray, theta: np.ndarray, noise_sd: np.ndarray | float) -> pd.DataFrame:
-    """The common result: released where the reason is "" and theta is finite."""
+def result_frame(reason: np.ndarray, theta: np.ndarray, noise_sd: np.ndarray | float, *,
+                 halfwidth: np.ndarray | float | None = None,
+                 ci: tuple[np.ndarray | float, np.ndarray | float] | None = None) -> pd.DataFrame:
+    """The common result: released where the reason is "" and theta is finite.
+
+    With ``halfwidth`` (theta -/+ halfwidth) or ``ci`` = (low, high) (an interval that need not be
+    symmetric about theta) the frame also has ``ci_low`` and ``ci_high``: the method's 95% interval
+    for the true cell parameter, NaN where not released or where the bounds are not finite. Give at
+    most one of the two; with neither the frame has the four common columns only."""
     theta = np.asarray(theta, dtype=np.float64)
     released = (reason == "") & np.isfinite(theta)
     reason = np.where((reason == "") & ~released, "estimate not finite", reason).astype(object)
     sd = np.broadcast_to(np.asarray(noise_sd, dtype=np.float64), theta.shape)
-    return pd.DataFrame({
+    columns = {
         "released": released,
         "reason": reason,
         "theta_released": np.where(released, theta, np.nan),
         "noise_sd": np.where(released, sd, np.nan),
-    }, index=pd.RangeIndex(theta.shape[0], name="cell"))
+    }
+    if halfwidth is not None and ci is not None:
+        raise ValueError("result_frame: give halfwidth or ci, not both")
+    if halfwidth is not None:
+        columns.update(interval_columns(theta, halfwidth, released))
+    elif ci is not None:
+        low, high = (np.broadcast_to(np.asarray(v, dtype=np.float64), theta.shape) for v in ci)
+        ok = released & np.isfinite(low) & np.isfinite(high)
+        columns.update(ci_low=np.where(ok, low, np.nan), ci_high=np.where(ok, high, np.nan))
+    return pd.DataFrame(columns, index=pd.RangeIndex(theta.shape[0], name="cell"))
+
+
+NO_INTERVAL = (np.nan, np.nan)  # ``ci=`` of a method that publishes no interval (NaN columns)
+
+
+def bootstrap_interval(theta: np.ndarray, draw_errors, *, n_boot: int, rng: np.random.Generator,
+                       level: float = LEVEL, max_elements: int = 4_000_000,
+                       failed: str = "infinite") -> tuple[np.ndarray, np.ndarray]:
+    """A basic (pivotal) bootstrap interval per cell: (theta - q_hi, theta - q_lo), q the
+    (1 -/+ level)/2 quantiles of the simulated errors.
+
+    ``draw_errors(rng, idx, n_boot)`` returns an (n_boot, len(idx)) array of simulated errors
+    theta_b - theta~ for the cells ``idx``; a draw where the simulated release fails (NaN) counts
+    as an error of -inf for the lower quantile and +inf for the upper one (conservative: the
+    interval is infinite, hence NaN in the frame, when more than (1 - level)/2 of the draws fail).
+    Cells are taken in blocks of about ``max_elements`` / ``n_boot`` (bounded memory), in cell
+    order, so a seed reproduces the interval."""
+    theta = np.asarray(theta, dtype=np.float64)
+    g = theta.shape[0]
+    low, high = np.full(g, np.nan), np.full(g, np.nan)
+    tail = (1.0 - level) / 2.0
+    block = max(1, int(max_elements) // int(n_boot))
+    for start in range(0, g, block):
+        idx = np.arange(start, min(g, start + block))
+        err = np.asarray(draw_errors(rng, idx, n_boot), dtype=np.float64)
+        bad = ~np.isfinite(err)
+        if failed == "drop":
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a cell whose draws all fail: NaN
+                q_lo, q_hi = np.nanquantile(np.where(bad, np.nan, err), [tail, 1.0 - tail], axis=0)
+        else:
+            q_lo = np.quantile(np.where(bad, -np.inf, err), tail, axis=0, method="higher")
+            q_hi = np.quantile(np.where(bad, np.inf, err), 1.0 - tail, axis=0, method="lower")
+        low[idx], high[idx] = theta[idx] - q_hi, theta[idx] - q_lo
+    return low, high
 
 
 def method_meta(method: str, statistic: str, neighbours: str | None, epsilon: float | None, delta: float,
@@ -96,6 +151,25 @@ def method_meta(method: str, statistic: str, neighbours: str | None, epsilon: fl
 def widths(cells: Cells) -> tuple[float, float]:
     d = cells.domain
     return d.x_hi - d.x_lo, d.y_hi - d.y_lo
+
+
+def sigma_bound(cells: Cells) -> float:
+    """A PUBLIC upper bound on a cell's residual SD: (y_hi - y_lo) / 2. The residual variance about
+    the population OLS line is at most Var(y), and a variable in [y_lo, y_hi] has variance at
+    most a quarter of the squared width. Conservative: 0.5 on [0, 1] where a typical cell has 0.2."""
+    return 0.5 * widths(cells)[1]
+
+
+def sampling_sd(sigma: float | np.ndarray, n: np.ndarray, d: np.ndarray | float | None,
+                Sxx: np.ndarray) -> np.ndarray:
+    """The OLS sampling SD of theta for residual SD ``sigma``: sigma sqrt(1/n + d^2 / Sxx) with
+    d = x0 - xbar (p25/p75), sigma / sqrt(Sxx) for the slope (``d`` None); NaN where n or Sxx is
+    not > 0 (callers pass released or public n, xbar and Sxx, never the private ones)."""
+    n, Sxx = np.asarray(n, dtype=np.float64), np.asarray(Sxx, dtype=np.float64)
+    ok = (n > 0) & (Sxx > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = 1.0 / Sxx if d is None else 1.0 / n + np.square(d) / Sxx
+        return np.where(ok, sigma * np.sqrt(v), np.nan)
 
 
 # ---------------------------------------------------------------- the unit-square line (DP-GD, DP-SGD)

@@ -19,6 +19,7 @@ from dptrain.release.methods.common import (
     ALABI,
     BOX_A,
     BOX_B,
+    NO_INTERVAL,
     calibrate_sigma,
     check_delta,
     check_epsilon,
@@ -37,6 +38,13 @@ from dptrain.release.noise import add_noise, grid_step
 if TYPE_CHECKING:
     from dptrain.release.api import CellEstimates
     from dptrain.release.settings import ReleaseConfig
+
+
+INTERVAL = (
+    "none: ci_low / ci_high are NaN; theta is the mean of projected iterates of clipped noisy gradient steps; "
+    "its noise, and the clipping and non-convergence bias, depend on the private x spread and residuals (not "
+    "released), so no interval from released quantities is valid; a parametric bootstrap on synthetic cells "
+    "would need the private x distribution and residual SD, or extra epsilon; not built")
 
 
 @dataclass(frozen=True)
@@ -105,7 +113,7 @@ def dp_gradient_descent(cells: Cells, *, statistic: str, epsilon: float, delta: 
     theta = theta_from_unit(W[:, 0], W[:, 1], cells, statistic)
     reason = reasons(cells.n_cells, [(n_noisy < 3, "noisy n < 3")])
     eps_used = rdp_epsilon(sample_rate=1.0, noise_multiplier=sigma, steps=T, delta=delta)
-    return result_frame(reason, theta, np.nan), method_meta(
+    return result_frame(reason, theta, np.nan, ci=NO_INTERVAL), method_meta(
         "dp_gradient_descent", statistic, "add_remove", eps, delta,
         split=f"{frac:g} epsilon to a Laplace noisy count, {1 - frac:g} epsilon to {T} Gaussian steps (RDP)",
         guarantee="(epsilon, delta)-DP, add/remove (basic composition of the count and the RDP-accounted steps)",
@@ -113,7 +121,8 @@ def dp_gradient_descent(cells: Cells, *, statistic: str, epsilon: float, delta: 
         noise_multiplier=sigma, gradient_noise_sd=sigma * C, max_grad_norm=C, iterations=T, lr=config.lr,
         epsilon_count=eps_n, epsilon_gradient=eps_used,
         caveats=["noise_sd is NaN: the noise in theta has no closed form",
-                 "convergence in the slope direction is slow when x has little spread (lr, iterations)"])
+                 "convergence in the slope direction is slow when x has little spread (lr, iterations)"],
+        interval=INTERVAL)
 
 
 class DPGradientDescent(ReleaseMethod):

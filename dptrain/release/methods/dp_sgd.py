@@ -21,6 +21,7 @@ from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseM
 from dptrain.release.methods.common import (
     BOX_A,
     BOX_B,
+    NO_INTERVAL,
     calibrate_sigma,
     check_delta,
     check_epsilon,
@@ -38,6 +39,12 @@ from dptrain.release.methods.common import (
 if TYPE_CHECKING:
     from dptrain.release.api import CellEstimates
     from dptrain.release.settings import ReleaseConfig
+
+
+INTERVAL = (
+    "none: ci_low / ci_high are NaN; as for dp_gd, theta is the mean of projected DP-SGD iterates whose noise, "
+    "subsampling variance and clipping bias depend on the private x spread and residuals (not released); no "
+    "interval from released quantities is valid without a model of those or extra epsilon; not built")
 
 
 @dataclass(frozen=True)
@@ -142,7 +149,7 @@ def dp_sgd_engine(cells: Cells, *, statistic: str, epsilon: float, delta: float,
         a[g], b[g] = _sgd_cell(u[rows], t[rows], sigma=sigma, batch=q * float(n_noisy[g]), rng=rng.spawn(1)[0],
                                config=cfg)
     reason = reasons(cells.n_cells, [(n_noisy < 3, "noisy n < 3")])
-    return result_frame(reason, theta_from_unit(a, b, cells, statistic), np.nan), method_meta(
+    return result_frame(reason, theta_from_unit(a, b, cells, statistic), np.nan, ci=NO_INTERVAL), method_meta(
         "dp_sgd_engine", statistic, "add_remove", eps, delta,
         split=f"{frac:g} epsilon to a Laplace noisy count, {1 - frac:g} epsilon to {T} DP-SGD steps (RDP)",
         guarantee="(epsilon, delta)-DP, add/remove (basic composition of the count and the RDP-accounted steps)",
@@ -151,7 +158,7 @@ def dp_sgd_engine(cells: Cells, *, statistic: str, epsilon: float, delta: float,
         epsilon_count=eps_n, epsilon_gradient=rdp_epsilon(sample_rate=q, noise_multiplier=sigma, steps=T,
                                                           delta=delta),
         caveats=["noise_sd is NaN: the noise in theta has no closed form",
-                 "B = q n~ uses the noisy count, never the private n"])
+                 "B = q n~ uses the noisy count, never the private n"], interval=INTERVAL)
 
 
 class DPSGD(ReleaseMethod):

@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from scipy.stats import t as student_t
 
-from dptrain.release.cells import Cells, OLSFit, ReleaseError, ols
+from dptrain.release.cells import Cells, OLSFit, ReleaseError, ols, standard_error
 from dptrain.release.cells import statistic as cell_statistic
+from dptrain.release.intervals import LEVEL
 from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
 from dptrain.release.methods.common import (
     check_int,
@@ -36,11 +38,19 @@ GUARANTEE = (
     "releases; which cells are released depends on the private N)")
 
 
+INTERVAL = (
+    "exact OLS t-interval theta +/- t_(N-2, 0.975) SE with the homoskedastic SE sqrt(RSS / (N - 2) (1/N + "
+    "(x0 - xbar)^2 / Sxx)) (slope: sqrt(RSS / (N - 2) / Sxx)) of the cell's own exact data: no privacy noise to "
+    "add; assumes a linear conditional mean with constant residual variance (exact under normal errors, "
+    "approximate otherwise); like theta itself it discloses exact private values (the SE, so RSS)")
+
+
 def suppression(cells: Cells, *, statistic: str, k: int, rate_outcome: bool = False,
                 fit: OLSFit | None = None) -> tuple[pd.DataFrame, dict]:
     """Cell suppression: release the exact OLS theta only if N >= k and, for a rate outcome
     (y in {0, 1}), N p >= k events and N (1 - p) >= k non-events. No noise (noise_sd = 0).
     Not DP: the privacy loss is uncontrolled (a released cell is exact; differencing works).
+    ``ci_low`` / ``ci_high``: the exact OLS t-interval (``INTERVAL``; also exact private values).
     ``fit``: the cells' OLS fit if already computed."""
     check_statistic(statistic)
     k = check_int(k, "release.k")
@@ -54,12 +64,16 @@ def suppression(cells: Cells, *, statistic: str, k: int, rate_outcome: bool = Fa
     fit = ols(cells) if fit is None else fit
     rules.append((~fit.defined, "OLS undefined (N < 3 or no spread in x)"))
     theta = cell_statistic(fit, statistic, cells.domain)
-    frame = result_frame(reasons(cells.n_cells, rules), theta, 0.0)
+    with np.errstate(invalid="ignore"):  # N < 3: no t quantile (those cells are not released)
+        halfwidth = student_t.ppf(0.5 + LEVEL / 2.0, np.where(fit.n > 2, fit.n - 2, np.nan)) \
+            * standard_error(fit, statistic, cells.domain)
+    frame = result_frame(reasons(cells.n_cells, rules), theta, 0.0, halfwidth=halfwidth)
     return frame, method_meta(
         "suppression", statistic, None, None, 0.0,
         split="none: no noise", reference="Chetty & Friedman 2019 (the teen-birth example); docs/release.md section 5",
         guarantee="none: privacy loss uncontrolled (released cells are exact; which cells are released "
-                  "depends on private counts)", k=k, rate_outcome=bool(rate_outcome))
+                  "depends on private counts)", k=k, rate_outcome=bool(rate_outcome),
+        interval=INTERVAL)
 
 
 class Suppression(ReleaseMethod):

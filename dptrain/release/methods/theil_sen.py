@@ -44,6 +44,7 @@ from dptrain.release.cells import Cells, ReleaseError
 from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
 from dptrain.release.methods.common import (
     ALABI,
+    NO_INTERVAL,
     check_epsilon,
     check_int,
     check_statistic,
@@ -84,6 +85,14 @@ def exp_mech_median(values: np.ndarray, *, lo: float, hi: float, epsilon: float,
         logw = np.log(lengths) - epsilon * np.abs(j - m / 2.0) / 2.0
     pick = int(np.argmax(logw + rng.gumbel(size=m + 1)))
     return float(rng.uniform(edges[pick], edges[pick + 1]))
+
+
+INTERVAL = (
+    "none: ci_low / ci_high are NaN; the exponential-mechanism median has no closed-form error law; its "
+    "spread depends on the private spread of the pair estimates around their median (not released), and the "
+    "Theil-Sen median's sampling SD also needs the residual SD; a valid interval would need a parametric "
+    "bootstrap on synthetic cells whose x distribution (private) is unknown, or extra epsilon for a DP spread "
+    "estimate; not built")
 
 
 def pair_estimates(x: np.ndarray, y: np.ndarray, i: np.ndarray, j: np.ndarray, *,
@@ -215,12 +224,12 @@ def dp_theil_sen(cells: Cells, *, statistic: str, epsilon: float, rng: np.random
         (cells.n < 2, "N < 2: no pairs"),
         (skip, f"all-pairs limit ({MAX_PAIRS:,} pairs) exceeded; allowed: release.theil_sen_variant=auto or matchings"),
     ])
-    return result_frame(reason, theta, np.nan), method_meta(
+    return result_frame(reason, theta, np.nan, ci=NO_INTERVAL), method_meta(
         "dp_theil_sen" + ("_wide" if config.wide else ""), statistic, "replace_one", eps, 0.0,
         split=f"all epsilon to one exponential-mechanism median; {_split_text(variant, k)}",
         guarantee="epsilon-DP (pure), replace-one within a cell (each cell's N treated as public)",
         reference=ALABI + ", DPTheilSen", variant=variant, k=k, value_range=(lo, hi), width=w,
-        caveats=["exponential mechanism sampled in floating point (not bit-exact)"])
+        caveats=["exponential mechanism sampled in floating point (not bit-exact)"], interval=INTERVAL)
 
 
 class TheilSen(ReleaseMethod):
