@@ -242,9 +242,10 @@ def test_dp_gd_gaussian_noise_sd_and_accounting():
     eps, delta, T = 2.0, 1e-5, 50
     _, meta = dp_gradient_descent(c, statistic="p25", epsilon=eps, delta=delta, rng=rng,
                                   config=DPGDConfig(iterations=T))
-    sigma = calibrate_noise_multiplier(target_epsilon=0.9 * eps, sample_rate=1.0, steps=T, delta=delta)
+    # 0.1 epsilon to the count, 0.15 to the interval's design statistics, 0.75 to the steps
+    sigma = calibrate_noise_multiplier(target_epsilon=0.75 * eps, sample_rate=1.0, steps=T, delta=delta)
     assert meta["noise_multiplier"] == sigma and meta["gradient_noise_sd"] == sigma * 1.0
-    total = meta["epsilon_count"] + meta["epsilon_gradient"]
+    total = meta["epsilon_count"] + meta["epsilon_interval"] + meta["epsilon_gradient"]
     assert 0.99 * eps <= total <= eps and meta["neighbours"] == "add_remove"
 
 
@@ -284,11 +285,11 @@ def test_dp_sgd_epsilon_matches_target():
     eps, delta, T, q = 1.0, 1e-5, 40, 0.2
     df, meta = dp_sgd_engine(_cells([40, 60]), statistic="p75", epsilon=eps, delta=delta,
                              rng=np.random.default_rng(13), config=DPSGDConfig(steps=T, sample_rate=q))
-    assert meta["noise_multiplier"] == calibrate_noise_multiplier(target_epsilon=0.9 * eps, sample_rate=q,
+    assert meta["noise_multiplier"] == calibrate_noise_multiplier(target_epsilon=0.75 * eps, sample_rate=q,
                                                                   steps=T, delta=delta)
     assert meta["epsilon_gradient"] == rdp_epsilon(sample_rate=q, noise_multiplier=meta["noise_multiplier"],
                                                    steps=T, delta=delta)
-    assert 0.99 * eps <= meta["epsilon_count"] + meta["epsilon_gradient"] <= eps
+    assert 0.99 * eps <= meta["epsilon_count"] + meta["epsilon_interval"] + meta["epsilon_gradient"] <= eps
     assert list(df.columns) == COLUMNS
 
 

@@ -174,8 +174,10 @@ def test_methods_without_interval_say_so():
     rng = np.random.default_rng(22)
     runs = [
         dp_theil_sen(cells, statistic="p25", epsilon=2.0, rng=rng),
-        dp_gradient_descent(cells, statistic="p25", epsilon=1.0, delta=1e-5, rng=rng, config=DPGDConfig(iterations=10)),
-        dp_sgd_engine(cells, statistic="p25", epsilon=1.0, delta=1e-5, rng=rng, config=DPSGDConfig(steps=6)),
+        dp_gradient_descent(cells, statistic="p25", epsilon=1.0, delta=1e-5, rng=rng,
+                            config=DPGDConfig(iterations=10, interval_fraction=0.0)),  # no interval bought
+        dp_sgd_engine(cells, statistic="p25", epsilon=1.0, delta=1e-5, rng=rng,
+                      config=DPSGDConfig(steps=6, interval_fraction=0.0)),
     ]
     for df, meta in runs:
         assert {"ci_low", "ci_high"} <= set(df.columns)

@@ -13,7 +13,8 @@ import pandas as pd
 
 from dptrain.neighbours import Neighbours
 from dptrain.privacy.accounting import rdp_epsilon
-from dptrain.release.cells import Cells
+from dptrain.release.cells import Cells, ReleaseError
+from dptrain.release.methods._gd_interval import design_stats, gd_interval
 from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
 from dptrain.release.methods.common import (
     ALABI,
@@ -41,21 +42,28 @@ if TYPE_CHECKING:
 
 
 INTERVAL = (
-    "none: ci_low / ci_high are NaN; theta is the mean of projected iterates of clipped noisy gradient steps; "
-    "its noise, and the clipping and non-convergence bias, depend on the private x spread and residuals (not "
-    "released), so no interval from released quantities is valid; a parametric bootstrap on synthetic cells "
-    "would need the private x distribution and residual SD, or extra epsilon; not built")
+    "theta~ -/+ (1.96 sqrt(noise var + SE_samp^2) + |non-convergence bias|), from the method's DP outputs "
+    "(n~, the averaged (a, b) behind theta, the design statistics) and public settings only: "
+    "interval_fraction epsilon buys noisy sum u, sum u^2 and Syy per cell (Laplace); with n~ they give the "
+    "Hessian of the linearised recursion (clipping and projection inactive), whose closed-form covariance of the "
+    "averaged iterates is the noise var and whose deterministic part, at the plug-in optimum, the bias; SE_samp "
+    "is the OLS SE with sigma^2 = Syy~ / (n~ - 2); conservative (Syy floored at its noise scale, the widest of "
+    "the mean of u at -/+ 0.5 SD and the variance of u at -0.5 SD); NaN where n~ < 4 "
+    "(dptrain/release/methods/_gd_interval.py)")
+NO_INTERVAL_TEXT = "none: ci_low / ci_high are NaN (interval_fraction = 0: no epsilon spent on the interval)"
 
 
 @dataclass(frozen=True)
 class DPGDConfig:
     """``iterations`` T full-batch steps of size ``lr``; per-example clipping norm
-    ``max_grad_norm`` C; ``count_fraction`` of epsilon spent on the noisy count."""
+    ``max_grad_norm`` C; ``count_fraction`` of epsilon spent on the noisy count, ``interval_fraction``
+    on the interval's design statistics (0: no interval)."""
 
     iterations: int = 100
     lr: float = 0.5
     max_grad_norm: float = 1.0
     count_fraction: float = 0.1
+    interval_fraction: float = 0.15
 
 
 def _gaussian_sum(sums: np.ndarray, *, sigma: float, clip: float, rng: np.random.Generator) -> np.ndarray:
@@ -97,32 +105,59 @@ def dp_gradient_descent(cells: Cells, *, statistic: str, epsilon: float, delta: 
     clipped to L2 norm C, summed, plus N(0, sigma^2 C^2 I); divided by a noisy count n~; a step
     of size ``lr``, then projection onto a in [-0.5, 1.5], b in [-4, 4]; the estimate is the
     mean of the iterates of the second half. Budget: ``count_fraction`` epsilon to n~ (Laplace,
-    pure), the rest to the T Gaussian steps: sigma = calibrate_noise_multiplier(q=1, steps=T) by
+    pure), ``interval_fraction`` to the interval's design statistics (_gd_interval.py), the rest to
+    the T Gaussian steps: sigma = calibrate_noise_multiplier(q=1, steps=T) by
     RDP; total (epsilon, delta) by basic composition. Not released if n~ < 3.
     """
     check_statistic(statistic)
     eps, delta = check_epsilon(epsilon), check_delta(delta)
-    T = check_int(config.iterations, "release.iterations")
-    frac = check_fraction(config.count_fraction, "release.count_fraction")
-    C = check_epsilon(config.max_grad_norm, "release.max_grad_norm")
-    config = DPGDConfig(iterations=T, lr=config.lr, max_grad_norm=C, count_fraction=frac)
-    eps_n, eps_g = frac * eps, (1.0 - frac) * eps
+    config = _checked(config)
+    T, C, frac, ifrac = config.iterations, config.max_grad_norm, config.count_fraction, config.interval_fraction
+    eps_n, eps_d, eps_g = frac * eps, ifrac * eps, (1.0 - frac - ifrac) * eps
     sigma = calibrate_sigma(eps_g, q=1.0, steps=T, delta=delta)
     n_noisy = noisy_count(cells, eps_n, rng)
     W = _descend(cells, np.maximum(n_noisy, 1.0)[:, None], sigma=sigma, rng=rng, config=config)
     theta = theta_from_unit(W[:, 0], W[:, 1], cells, statistic)
     reason = reasons(cells.n_cells, [(n_noisy < 3, "noisy n < 3")])
+    ci = NO_INTERVAL
+    if ifrac > 0:  # drawn last: theta's draws are those of a release without the interval
+        stats = design_stats(cells, eps_d, rng)
+        ci = gd_interval(W, n_noisy, stats, cells, statistic=statistic, recursion={
+            "lr": config.lr, "steps": T, "grad_sd": _gradient_sd(sigma, C), "batch_rate": 1.0})
     eps_used = rdp_epsilon(sample_rate=1.0, noise_multiplier=sigma, steps=T, delta=delta)
-    return result_frame(reason, theta, np.nan, ci=NO_INTERVAL), method_meta(
+    return result_frame(reason, theta, np.nan, ci=ci), method_meta(
         "dp_gradient_descent", statistic, "add_remove", eps, delta,
-        split=f"{frac:g} epsilon to a Laplace noisy count, {1 - frac:g} epsilon to {T} Gaussian steps (RDP)",
-        guarantee="(epsilon, delta)-DP, add/remove (basic composition of the count and the RDP-accounted steps)",
+        split=f"{frac:g} epsilon to a Laplace noisy count, {ifrac:g} epsilon to the interval's noisy sum u, "
+              f"sum u^2 and Syy (Laplace, shares 0.35 / 0.35 / 0.3), "
+              f"{1 - frac - ifrac:g} epsilon to {T} Gaussian steps (RDP)",
+        guarantee="(epsilon, delta)-DP, add/remove (basic composition of the count, the interval's statistics "
+                  "and the RDP-accounted steps)",
         reference=ALABI + ", section 2.3 (DPGradDescent); accounting: dptrain.privacy.accounting (RDP)",
         noise_multiplier=sigma, gradient_noise_sd=sigma * C, max_grad_norm=C, iterations=T, lr=config.lr,
-        epsilon_count=eps_n, epsilon_gradient=eps_used,
-        caveats=["noise_sd is NaN: the noise in theta has no closed form",
-                 "convergence in the slope direction is slow when x has little spread (lr, iterations)"],
-        interval=INTERVAL)
+        epsilon_count=eps_n, epsilon_interval=eps_d, epsilon_gradient=eps_used,
+        caveats=["noise_sd is NaN: the interval carries the noise (a linearisation; no closed form for theta)",
+                 "convergence in the slope direction is slow when x has little spread (lr, iterations)",
+                 "the interval assumes clipping and the projection inactive near the optimum"],
+        interval=INTERVAL if ifrac > 0 else NO_INTERVAL_TEXT)
+
+
+def _checked(config: DPGDConfig) -> DPGDConfig:
+    T = check_int(config.iterations, "release.iterations")
+    frac = check_fraction(config.count_fraction, "release.count_fraction")
+    ifrac = config.interval_fraction
+    if ifrac != 0:
+        ifrac = check_fraction(ifrac, "release.interval_fraction")
+    if frac + ifrac >= 1.0:
+        raise ReleaseError("release.count_fraction + release.interval_fraction must be < 1")
+    C = check_epsilon(config.max_grad_norm, "release.max_grad_norm")
+    return DPGDConfig(iterations=T, lr=config.lr, max_grad_norm=C, count_fraction=frac,
+                      interval_fraction=float(ifrac))
+
+
+def _gradient_sd(sigma: float, clip: float) -> float:
+    """The SD per element of the noise :func:`_gaussian_sum` adds (the grid-inflated sigma C)."""
+    gamma = float(grid_step(sigma * clip / math.sqrt(2.0)))
+    return sigma * (clip + math.sqrt(2.0) * gamma)
 
 
 class DPGradientDescent(ReleaseMethod):

@@ -17,6 +17,7 @@ from dptrain.privacy.accounting import rdp_epsilon
 from dptrain.privacy.engine import GradientEngine, PoissonSampler, StepStats
 from dptrain.privacy.randomness import seeded_mt19937
 from dptrain.release.cells import Cells, ReleaseError
+from dptrain.release.methods._gd_interval import design_stats, gd_interval
 from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
 from dptrain.release.methods.common import (
     BOX_A,
@@ -42,21 +43,27 @@ if TYPE_CHECKING:
 
 
 INTERVAL = (
-    "none: ci_low / ci_high are NaN; as for dp_gd, theta is the mean of projected DP-SGD iterates whose noise, "
-    "subsampling variance and clipping bias depend on the private x spread and residuals (not released); no "
-    "interval from released quantities is valid without a model of those or extra epsilon; not built")
+    "theta~ -/+ (1.96 sqrt(noise var + SE_samp^2) + |non-convergence bias|), from the method's DP outputs "
+    "and public settings only, as for "
+    "dp_gd: interval_fraction epsilon buys noisy sum u, sum u^2 and Syy per cell (Laplace); the linearised "
+    "recursion's step noise is N(0, sigma^2 C^2) / (q n~) plus the Poisson subsampling noise (1 - q) / (q n~) "
+    "sigma_res^2 H, sigma_res^2 = Syy~ / (n~ - 2) (conservative); clipping and projection assumed inactive; "
+    "NaN where n~ < 4 (dptrain/release/methods/_gd_interval.py)")
+NO_INTERVAL_TEXT = "none: ci_low / ci_high are NaN (interval_fraction = 0: no epsilon spent on the interval)"
 
 
 @dataclass(frozen=True)
 class DPSGDConfig:
     """``steps`` DP-SGD steps with Poisson ``sample_rate`` q and step size ``lr``; per-example
-    clipping norm ``max_grad_norm`` C; ``count_fraction`` of epsilon spent on the noisy count."""
+    clipping norm ``max_grad_norm`` C; ``count_fraction`` of epsilon spent on the noisy count,
+    ``interval_fraction`` on the interval's design statistics (0: no interval)."""
 
     steps: int = 100
     sample_rate: float = 0.2
     lr: float = 0.5
     max_grad_norm: float = 1.0
     count_fraction: float = 0.1
+    interval_fraction: float = 0.15
 
 
 class SquaredLossLinearEngine(GradientEngine):
@@ -115,9 +122,14 @@ def _checked(config: DPSGDConfig) -> DPSGDConfig:
     q = config.sample_rate
     if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0.0 < q <= 1.0:
         raise ReleaseError(f"release.sample_rate={q!r} is not allowed: a number in (0, 1]")
-    return DPSGDConfig(steps=steps, sample_rate=float(q), lr=config.lr,
-                       count_fraction=check_fraction(config.count_fraction, "release.count_fraction"),
-                       max_grad_norm=check_epsilon(config.max_grad_norm, "release.max_grad_norm"))
+    frac, ifrac = check_fraction(config.count_fraction, "release.count_fraction"), config.interval_fraction
+    if ifrac != 0:
+        ifrac = check_fraction(ifrac, "release.interval_fraction")
+    if frac + ifrac >= 1.0:
+        raise ReleaseError("release.count_fraction + release.interval_fraction must be < 1")
+    return DPSGDConfig(steps=steps, sample_rate=float(q), lr=config.lr, count_fraction=frac,
+                       max_grad_norm=check_epsilon(config.max_grad_norm, "release.max_grad_norm"),
+                       interval_fraction=float(ifrac))
 
 
 def dp_sgd_engine(cells: Cells, *, statistic: str, epsilon: float, delta: float, rng: np.random.Generator,
@@ -129,15 +141,16 @@ def dp_sgd_engine(cells: Cells, *, statistic: str, epsilon: float, delta: float,
     Poisson sampling with rate q (``PoissonSampler``); :class:`SquaredLossLinearEngine` clips per
     example to C, adds N(0, sigma^2 C^2) in ``GradientEngine.__call__`` (float64, torch generator
     whose full state comes from ``rng``) and divides by B = q n~, n~ a Laplace noisy count
-    (``count_fraction`` epsilon); SGD, projection onto the same box, mean of the second half of the
-    iterates. sigma = calibrate_noise_multiplier(target = (1 - count_fraction) epsilon, q, steps,
-    delta), RDP; total by basic composition. Not released if n~ < 3.
+    (``count_fraction`` epsilon); ``interval_fraction`` epsilon to the interval's design statistics
+    (_gd_interval.py, drawn last); SGD, projection onto the same box, mean of the second half of the
+    iterates. sigma = calibrate_noise_multiplier(target = (1 - count_fraction - interval_fraction)
+    epsilon, q, steps, delta), RDP; total by basic composition. Not released if n~ < 3.
     """
     check_statistic(statistic)
     eps, delta = check_epsilon(epsilon), check_delta(delta)
     cfg = _checked(config)
-    T, q, frac = cfg.steps, cfg.sample_rate, cfg.count_fraction
-    eps_n, eps_g = frac * eps, (1.0 - frac) * eps
+    T, q, frac, ifrac = cfg.steps, cfg.sample_rate, cfg.count_fraction, cfg.interval_fraction
+    eps_n, eps_d, eps_g = frac * eps, ifrac * eps, (1.0 - frac - ifrac) * eps
     sigma = calibrate_sigma(eps_g, q=q, steps=T, delta=delta)
     n_noisy = noisy_count(cells, eps_n, rng)
     u, t = unit_rows(cells)
@@ -149,16 +162,26 @@ def dp_sgd_engine(cells: Cells, *, statistic: str, epsilon: float, delta: float,
         a[g], b[g] = _sgd_cell(u[rows], t[rows], sigma=sigma, batch=q * float(n_noisy[g]), rng=rng.spawn(1)[0],
                                config=cfg)
     reason = reasons(cells.n_cells, [(n_noisy < 3, "noisy n < 3")])
-    return result_frame(reason, theta_from_unit(a, b, cells, statistic), np.nan, ci=NO_INTERVAL), method_meta(
+    ci = NO_INTERVAL
+    if ifrac > 0:  # drawn last: theta's draws are those of a release without the interval
+        ci = gd_interval(np.stack([a, b], axis=1), n_noisy, design_stats(cells, eps_d, rng), cells,
+                         statistic=statistic, recursion={"lr": cfg.lr, "steps": T, "batch_rate": q,
+                                                         "grad_sd": sigma * cfg.max_grad_norm})
+    return result_frame(reason, theta_from_unit(a, b, cells, statistic), np.nan, ci=ci), method_meta(
         "dp_sgd_engine", statistic, "add_remove", eps, delta,
-        split=f"{frac:g} epsilon to a Laplace noisy count, {1 - frac:g} epsilon to {T} DP-SGD steps (RDP)",
-        guarantee="(epsilon, delta)-DP, add/remove (basic composition of the count and the RDP-accounted steps)",
+        split=f"{frac:g} epsilon to a Laplace noisy count, {ifrac:g} epsilon to the interval's noisy sum u, "
+              f"sum u^2 and Syy (Laplace, shares 0.35 / 0.35 / 0.3), "
+              f"{1 - frac - ifrac:g} epsilon to {T} DP-SGD steps (RDP)",
+        guarantee="(epsilon, delta)-DP, add/remove (basic composition of the count, the interval's statistics "
+                  "and the RDP-accounted steps)",
         reference="Abadi et al. 2016 DP-SGD with Poisson sampling, dptrain.privacy.engine + accounting (RDP)",
         noise_multiplier=sigma, sample_rate=q, steps=T, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm,
-        epsilon_count=eps_n, epsilon_gradient=rdp_epsilon(sample_rate=q, noise_multiplier=sigma, steps=T,
-                                                          delta=delta),
-        caveats=["noise_sd is NaN: the noise in theta has no closed form",
-                 "B = q n~ uses the noisy count, never the private n"], interval=INTERVAL)
+        epsilon_count=eps_n, epsilon_interval=eps_d,
+        epsilon_gradient=rdp_epsilon(sample_rate=q, noise_multiplier=sigma, steps=T, delta=delta),
+        caveats=["noise_sd is NaN: the interval carries the noise (a linearisation; no closed form for theta)",
+                 "B = q n~ uses the noisy count, never the private n",
+                 "the interval assumes clipping and the projection inactive near the optimum"],
+        interval=INTERVAL if ifrac > 0 else NO_INTERVAL_TEXT)
 
 
 class DPSGD(ReleaseMethod):
