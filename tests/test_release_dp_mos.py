@@ -98,6 +98,8 @@ def test_a0_bounds_the_local_sensitivity(stat, domain):
     rng = np.random.default_rng(1)
     groups = [random_cell(rng, int(n), domain) for n in rng.integers(5, 60, 40)]
     groups.append(random_cell(rng, 30, domain, spread=0.05))  # concentrated x: a large LS
+    xo, yo = random_cell(rng, 20, domain, spread=0.02)  # ... and one high-leverage row: removing it
+    groups.append((np.append(xo, domain.x_hi), np.append(yo, domain.y_lo)))  # leaves almost no spread
     cells = cells_of(groups, domain)
     a = stability_bounds(cells, statistic=stat, k_max=2)
     exact = local_sensitivity(cells, statistic=stat, neighbors="add_remove").ls
