@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dptrain.config import check_command_line, check_known_keys, register_configs
 from dptrain.errors import DPTrainError
+from dptrain.privacy import worker
 from dptrain.registry import Registry, load_plugins
 
 log = logging.getLogger("dptrain")
@@ -136,8 +137,12 @@ def run(cfg: DictConfig, *, run_dir: Path) -> float:
         check_known_keys(cfg)  # again here for callers that compose without the command line
         load_plugins(list(cfg.get("plugins") or []))
         module, _, function = TASKS.get(cfg.task).partition(":")
-        run_task = getattr(importlib.import_module(module), function)
-        return run_task(cfg, run_dir=run_dir)
+        worker.start(cfg)  # before the task imports torch: the accounting beside it (dptrain.privacy.worker)
+        try:
+            run_task = getattr(importlib.import_module(module), function)
+            return run_task(cfg, run_dir=run_dir)
+        finally:
+            worker.stop()
     except DPTrainError as err:
         _fail(err)
 

@@ -359,9 +359,10 @@ def check_optim(optim: Any) -> None:
         raise bad("optim._partial_", optim.get("_partial_"), "must be true (the parameters are passed at build time)")
     try:
         import torch
-        from hydra.utils import instantiate
 
-        instantiate(OmegaConf.create(dict(optim)))(params=[torch.nn.Parameter(torch.zeros(1))])
+        from dptrain.optimizers import build_optimizer
+
+        build_optimizer(optim, [torch.nn.Parameter(torch.zeros(1))])
     except Exception as exc:  # noqa: BLE001 - any failure to build is a bad setting
         raise _build_error("optim", dict(optim), exc, f"arguments that {optim['_target_']} accepts") from None
 

@@ -46,6 +46,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
 from dptrain.errors import DPTrainError
+from dptrain.optimizers import eager_class
 from dptrain.validation import ConfigError, bad, integer, real
 
 __all__ = ["DPClassifierConfig", "DPLogisticRegression", "DPMLPClassifier", "DPMLPConfig", "PublicBoundsScaler",
@@ -250,7 +251,7 @@ class _DPClassifier(ClassifierMixin, BaseEstimator):
         model = self._init_model(a.shape[1])
         real("lr", self.lr, "must be a finite number > 0", lo=0, lo_open=True)
         real("momentum", self.momentum, "must be in [0, 1)", lo=0, hi=1, hi_open=True)
-        optimizer = torch.optim.SGD(model.parameters(), lr=float(self.lr), momentum=float(self.momentum))
+        optimizer = eager_class(torch.optim.SGD)(model.parameters(), lr=float(self.lr), momentum=float(self.momentum))
         config = DPConfig(noise_multiplier=self.noise_multiplier, target_epsilon=self.epsilon,
                           max_grad_norm=self.max_grad_norm, batch_size=self.batch_size, epochs=self.epochs,
                           delta=self.delta, accountant=self.accountant, engine=self.engine)

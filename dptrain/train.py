@@ -25,6 +25,7 @@ from tqdm import tqdm
 from dptrain.config import Config, ConfigError
 from dptrain.data import Dataset
 from dptrain.objectives import DataSpec, build_objective
+from dptrain.optimizers import build_optimizer
 from dptrain.privacy.accounting import PrivacyAccountant
 from dptrain.privacy.curves import TAG as CURVE_TAG
 from dptrain.privacy.curves import CurveConfig
@@ -157,10 +158,14 @@ def build_model(cfg: Config, *, spec: DataSpec, objective: Any) -> nn.Module:
 def mechanism_for(cfg: Config, *, dataset_size: int, delta: float, curves: bool = True) -> DPSGDMechanism:
     """The run's mechanism from its settings and the PUBLIC N (sigma given or calibrated), with
     the dp/ training-loss curve when the run is private and ``trainer.dp_curves`` is on (and
-    ``curves``: the audit passes False, dptrain.privacy.curves)."""
-    return DPSGDMechanism.from_settings(cfg.privacy, epochs=cfg.trainer.epochs,
-                                        expected_batch_size=cfg.trainer.batch_size, dataset_size=dataset_size,
-                                        delta=delta, curves=curve_config(cfg) if curves else None)
+    ``curves``: the audit passes False, dptrain.privacy.curves). The accounting worker, when the
+    command line started one, gets the same public inputs (dptrain.privacy.worker)."""
+    from dptrain.privacy import worker
+
+    inputs = dict(privacy=cfg.privacy, epochs=cfg.trainer.epochs, expected_batch_size=cfg.trainer.batch_size,
+                  dataset_size=dataset_size, delta=delta, curves=curve_config(cfg) if curves else None)
+    worker.submit(**inputs)
+    return DPSGDMechanism.from_settings(**inputs)
 
 
 def curve_config(cfg: Config) -> CurveConfig | None:
@@ -234,8 +239,7 @@ def _set_up(cfg: Config, data: Dataset, mechanism: DPSGDMechanism, launch: Launc
     randomness = launch.randomness if launch.randomness is not None else Randomness.fresh()
     objective = build_objective(cfg.objective)
     model = build_model(cfg, spec=data.spec, objective=objective).to(device)
-    optim_factory = instantiate(OmegaConf.create(cfg.optim) if isinstance(cfg.optim, dict) else cfg.optim)
-    optimizer = optim_factory(params=[p for p in model.parameters() if p.requires_grad])
+    optimizer = build_optimizer(cfg.optim, [p for p in model.parameters() if p.requires_grad])
     engine = mechanism.build_engine(model, engine=cfg.trainer.engine, objective=objective,
                                     generator=randomness.torch("gaussian-noise", device=device))
     # this rank's shard (all rows when not distributed): rows rank, rank + W, rank + 2W, ...; a

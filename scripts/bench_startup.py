@@ -19,6 +19,9 @@ time (threads that spin while they wait inflate it too).
 
 ``--compare-ref PATH`` runs another checkout (e.g. ``git worktree add /tmp/base 985c82d``)
 alternately with this one in the same time window, and prints the ratio of the medians.
+``--ref-env KEY=VALUE`` sets an environment variable for the reference runs only; without
+``--compare-ref`` the reference is this checkout, so ``--ref-env DPTRAIN_ACCOUNTING_WORKER=0``
+times the accounting worker against the same code without it.
 ``--importtime`` adds one run per checkout under ``python -X importtime`` and prints the import
 time of the main packages (each module's own time, attributed to the package that triggered it:
 scipy pulled in by dp-accounting counts as dp_accounting). Numbers depend on the machine and its load: compare
@@ -87,14 +90,17 @@ def log_phases(log: Path, start: float, end: float) -> dict[str, float]:
     return out
 
 
-def run_once(checkout: Path, python: str, extra: list[str], *, importtime: bool = False) -> dict:
-    """One run of the command from ``checkout``; its wall time, load and phases."""
+def run_once(checkout: Path, python: str, extra: list[str], *, importtime: bool = False,
+             env: dict[str, str] | None = None) -> dict:
+    """One run of the command from ``checkout`` (with ``env`` added to the environment); its wall
+    time, load and phases."""
     folder = Path(tempfile.mkdtemp(prefix="dptrain-bench-")) / "run"
     cmd = [python, *(["-X", "importtime"] if importtime else []), "-m", "dptrain", "experiment=logit",
            f"hydra.run.dir={folder}", "trainer.progress=false", *extra]
     before, cpu = loadavg(), resource.getrusage(resource.RUSAGE_CHILDREN)
     start_wall, start = time.time(), time.perf_counter()
-    res = subprocess.run(cmd, cwd=checkout, capture_output=True, text=True, timeout=900)
+    res = subprocess.run(cmd, cwd=checkout, capture_output=True, text=True, timeout=900,
+                         env={**os.environ, **(env or {})})
     seconds = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     record = {"seconds": seconds, "cpu_seconds": (after.ru_utime - cpu.ru_utime) + (after.ru_stime - cpu.ru_stime),
@@ -173,24 +179,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkout", type=Path, default=ROOT, help="the checkout to time (default: this one)")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--importtime", action="store_true", help="one more run per checkout under -X importtime")
+    p.add_argument("--ref-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment of the reference runs; without --compare-ref the reference is this checkout, "
+                   "e.g. --ref-env DPTRAIN_ACCOUNTING_WORKER=0 times the accounting worker's effect")
     p.add_argument("--json", type=Path, default=None, help="write every measurement to this file")
     p.add_argument("extra", nargs="*", help="more overrides, after --")
     args = p.parse_args(argv)
     checkouts = {"this": args.checkout.resolve()}
-    if args.compare_ref is not None:
-        checkouts["ref"] = args.compare_ref.resolve()
+    ref_env = dict(item.split("=", 1) for item in args.ref_env)
+    if args.compare_ref is not None or ref_env:
+        checkouts["ref"] = (args.compare_ref or args.checkout).resolve()
+    envs = {"this": {}, "ref": ref_env}
     print(f"command: {args.python} -m dptrain experiment=logit hydra.run.dir=<fresh> trainer.progress=false "
           + " ".join(args.extra))
     print(f"machine: {cores()}; loadavg before: {loadavg()}")
     print("threads: " + ", ".join(f"{k}={os.environ.get(k, '(unset)')}" for k in THREAD_ENV)
           + " (dptrain sets OMP_WAIT_POLICY=PASSIVE and OPENBLAS_THREAD_TIMEOUT=4 when unset)")
     for label, path in checkouts.items():
-        print(f"{label}: {path} imports {package_file(path, args.python)}")
+        print(f"{label}: {path} imports {package_file(path, args.python)}"
+              + "".join(f" with {k}={v}" for k, v in envs[label].items()))
     runs: dict[str, list[dict]] = {label: [] for label in checkouts}
     for i in range(args.repeats):
         order = list(checkouts) if i % 2 == 0 else list(reversed(checkouts))  # alternate who goes first
         for label in order:
-            r = run_once(checkouts[label], args.python, args.extra)
+            r = run_once(checkouts[label], args.python, args.extra, env=envs[label])
             runs[label].append(r)
             print(f"  {label} run {i + 1}: {r['seconds']:.2f} s, CPU {r['cpu_seconds']:.2f} s (rc {r['returncode']}; "
                   f"load {r['load_before']} -> {r['load_after']})", flush=True)
@@ -203,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{results['this']['cpu_median']:.2f} s)")
     if args.importtime:
         for label, path in checkouts.items():
-            r = run_once(path, args.python, args.extra, importtime=True)
+            r = run_once(path, args.python, args.extra, importtime=True, env=envs[label])
             results[label]["imports"] = r.get("imports", {})
             print(f"\nimport time, {label} (s; each module's own time, by the package that triggered it; one run "
                   f"under -X importtime; total {sum(r.get('imports', {}).values()):.2f} s):")

@@ -135,7 +135,15 @@ class PldAccountant:
     note = "privacy loss distribution, dp-accounting PLDAccountant (tight up to discretisation)"
 
     def epsilon(self, history: History, delta: float) -> float:
-        return max(0.0, float(_pld_composed(history).get_epsilon(delta)))
+        from dptrain.privacy import worker
+
+        key = ("pld", tuple(history), delta)
+        found = worker.lookup(key)  # the accounting worker's value for this very history and delta
+        if found is not None:
+            return found
+        value = max(0.0, float(_pld_composed(history).get_epsilon(delta)))
+        worker.record(key, value)
+        return value
 
 
 def rdp_to_epsilon(rdp: np.ndarray, delta: float) -> float:
@@ -174,13 +182,18 @@ def _check_accountant(accountant: Any) -> str:
 @functools.lru_cache(maxsize=1024)
 def _rdp_per_step(event: Event) -> np.ndarray:
     """RDP of ONE step of ``event`` at each of RDP_ORDERS (read-only array)."""
-    from dp_accounting import rdp as _rdp
+    from dptrain.privacy import worker
 
-    from dptrain.privacy.events import EVENT_KINDS
+    vec = worker.lookup(("rdp", event))  # the accounting worker's value for this very event
+    if vec is None:
+        from dp_accounting import rdp as _rdp
 
-    acc = _rdp.RdpAccountant(list(RDP_ORDERS))  # add/remove neighbours (its default)
-    acc.compose(EVENT_KINDS.get(event.kind).dp_event(event.params), 1)
-    vec = acc.rdp
+        from dptrain.privacy.events import EVENT_KINDS
+
+        acc = _rdp.RdpAccountant(list(RDP_ORDERS))  # add/remove neighbours (its default)
+        acc.compose(EVENT_KINDS.get(event.kind).dp_event(event.params), 1)
+        vec = acc.rdp
+        worker.record(("rdp", event), vec)
     vec.setflags(write=False)
     return vec
 

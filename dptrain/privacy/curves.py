@@ -41,11 +41,12 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dptrain.privacy.events import Event, poisson_gaussian
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["TAG", "CurveConfig", "CurveMechanism", "bounded_loss_sum", "curve_noise_multiplier", "fill_target",
            "history_between", "joint_noise_multiplier", "releases_between", "resolve_loss_bound"]
@@ -182,6 +183,8 @@ def _smallest(ok: Any, *, guess: float, factor: float, rtol: float) -> float:
 def bounded_loss_sum(losses: torch.Tensor, bound: float) -> float:
     """sum_i min(max(loss_i, 0), L), in float64; a non-finite loss counts as L (NaN, +inf) or 0
     (-inf), so each example adds a number in [0, L] whatever its loss."""
+    import torch
+
     b = float(bound)
     clean = torch.nan_to_num(losses.detach().to(torch.float64), nan=b, posinf=b, neginf=0.0)
     return float(clean.clamp_(0.0, b).sum())

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import dp_accounting
+from typing import TYPE_CHECKING
 
 from dptrain.registry import Registry
+
+if TYPE_CHECKING:
+    import dp_accounting
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class PoissonGaussian:
 
     @staticmethod
     def dp_event(params: tuple[float, ...]) -> dp_accounting.DpEvent:
+        import dp_accounting  # here, not at the top: a run whose accounting worker answers never needs it
+
         q, sigma = params
         return dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
 

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from dptrain.neighbours import Neighbours
+from dptrain.optimizers import eager_class
 from dptrain.privacy.accounting import rdp_epsilon
 from dptrain.privacy.engine import GradientEngine, PoissonSampler, StepStats
 from dptrain.privacy.randomness import seeded_mt19937
@@ -102,7 +103,7 @@ def _sgd_cell(u: np.ndarray, t: np.ndarray, *, sigma: float, batch: float, rng: 
     engine = SquaredLossLinearEngine(model, max_grad_norm=config.max_grad_norm, noise_multiplier=sigma,
                                      expected_batch_size=batch, generator=gen)
     sampler = PoissonSampler(num_rows=u.size, sample_rate=config.sample_rate, rng=sample_rng)
-    opt = torch.optim.SGD(model.parameters(), lr=config.lr)
+    opt = eager_class(torch.optim.SGD)(model.parameters(), lr=config.lr)
     xs, ys = torch.from_numpy(u).reshape(-1, 1), torch.from_numpy(t)
     acc = np.zeros(2)
     for it in range(steps):
