@@ -99,6 +99,7 @@ def test_rdp_never_exceeds_reference_below_100():
 
 
 @needs_reference
+@pytest.mark.slow  # 23 s of the fast suite; CI runs it with -m slow
 def test_pld_matches_reference_on_subsample():
     for r in _pld_subsample():
         ours = pld_epsilon(**_args(r))
@@ -257,7 +258,8 @@ def test_calibrate_small_target(accountant):
     assert 0.05 * (1 - 0.01) <= eps <= 0.05
 
 
-@pytest.mark.parametrize("accountant,rtol", [("rdp", 1e-3), ("pld", 1e-3), ("rdp", 1e-2)])
+@pytest.mark.parametrize("accountant,rtol", [("rdp", 1e-3), pytest.param("pld", 1e-3, marks=pytest.mark.slow),
+                                            ("rdp", 1e-2)])  # pld: 15 s (CI: -m slow)
 def test_calibration_monotone_and_relative_tolerance(accountant, rtol):
     kwargs = dict(sample_rate=0.1, steps=300, delta=1e-5)
     sigmas = []

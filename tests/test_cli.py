@@ -190,6 +190,7 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # 30 s of the fast suite; CI runs it with -m slow
 def test_cli_subprocess_run_and_sweep(tmp_path):
     res = _cli(["experiment=logit", *SMALL, f"hydra.run.dir={tmp_path}/run"], tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]

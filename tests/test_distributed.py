@@ -43,6 +43,7 @@ def test_noise_once_per_job_and_ranks_agree(tmp_path):
         assert rate == pytest.approx(0.02, rel=0.03)
 
 
+@pytest.mark.slow  # 23 s of the fast suite; CI runs it with -m slow
 def test_two_process_run_matches_single_process(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     res1 = subprocess.run([sys.executable, "-m", "dptrain", *RUN, f"hydra.run.dir={one}"], cwd=REPO, env=_env(),

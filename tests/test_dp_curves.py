@@ -141,7 +141,7 @@ def test_the_run_accounting_invariant_observes_the_curve(tmp_path):
 # ----------------------------------------------------------------------------- (2) a target epsilon
 
 
-@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+@pytest.mark.parametrize("accountant", ["rdp", pytest.param("pld", marks=pytest.mark.slow)])  # pld: 33 s (CI: -m slow)
 def test_a_calibrated_run_meets_its_target_including_the_curve(tmp_path, accountant):
     extra = ["trainer.epochs=1"] if accountant == "pld" else []  # PLD: fewer steps, fewer seconds
     rep = _run(tmp_path, [*SMALL, *extra, "privacy.noise_multiplier=null", "privacy.target_epsilon=1.5",

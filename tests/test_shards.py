@@ -303,6 +303,7 @@ def _env() -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}  # the worker script imports this checkout's dptrain
 
 
+@pytest.mark.slow  # 17 s of the fast suite; CI runs it with -m slow
 def test_two_process_sharded_run_matches_one_process(tmp_path):
     from dptrain.checkpoint import load_model
     from dptrain.objectives import build_objective
