@@ -12,7 +12,7 @@ docs/performance.md).
 functions torch wraps directly, with the same grad mode ``step`` would set. The update
 arithmetic, the state, ``state_dict`` and the hooks are torch's own (the subclass adds no
 arithmetic), so parameters and states are bit-identical to the class's
-(tests/test_optimizers.py checks SGD, Adam, AdamW and RMSprop step by step). Where torch's
+(tests/test_optimizers.py checks SGD, Adam, AdamW, RMSprop and Adagrad step by step). Where torch's
 wrappers do not have the expected shape (another torch version, a class that overrides a
 method), the method is left as it is: slower to start, never different. The instance is still
 an instance of the class the settings name (``isinstance(opt, torch.optim.SGD)`` holds) and

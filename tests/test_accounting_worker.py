@@ -62,6 +62,7 @@ def _accounting(inputs: dict) -> dict:
 def no_worker_left(monkeypatch):
     monkeypatch.setenv(worker.ENV, "1")  # whatever the machine's load while the tests run
     monkeypatch.setattr(threading, "active_count", lambda: 1)  # pytest's own threads: the worker only computes
+    monkeypatch.setattr(worker, "WAIT_SECONDS", 3600.0)  # a busy machine may slow the worker: never time out here
     _forget()
     yield
     worker.stop()
@@ -199,7 +200,8 @@ def test_a_run_with_the_worker_writes_what_a_run_without_it_writes(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
     out = {}
-    for mode, env in (("worker", {"DPTRAIN_ACCOUNTING_WORKER": "1"}), ("alone", {"DPTRAIN_ACCOUNTING_WORKER": "0"})):
+    forced = {"DPTRAIN_ACCOUNTING_WORKER": "1", "DPTRAIN_ACCOUNTING_WORKER_WAIT": "3600"}  # no time-out if busy
+    for mode, env in (("worker", forced), ("alone", {"DPTRAIN_ACCOUNTING_WORKER": "0"})):
         run = tmp_path / mode
         res = subprocess.run([sys.executable, "-X", "importtime", "-m", "dptrain", "experiment=logit",
                               "data=synthetic", "data.n_rows=3000", "trainer.epochs=2", "trainer.batch_size=100",

@@ -137,13 +137,9 @@ class PldAccountant:
     def epsilon(self, history: History, delta: float) -> float:
         from dptrain.privacy import worker
 
-        key = ("pld", tuple(history), delta)
-        found = worker.lookup(key)  # the accounting worker's value for this very history and delta
-        if found is not None:
-            return found
-        value = max(0.0, float(_pld_composed(history).get_epsilon(delta)))
-        worker.record(key, value)
-        return value
+        # the accounting worker's value for this very history and delta, or computed here
+        return worker.value_of(("pld", tuple(history), delta),
+                               lambda: max(0.0, float(_pld_composed(history).get_epsilon(delta))))
 
 
 def rdp_to_epsilon(rdp: np.ndarray, delta: float) -> float:
@@ -181,19 +177,20 @@ def _check_accountant(accountant: Any) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def _rdp_per_step(event: Event) -> np.ndarray:
-    """RDP of ONE step of ``event`` at each of RDP_ORDERS (read-only array)."""
+    """RDP of ONE step of ``event`` at each of RDP_ORDERS (read-only array): the accounting
+    worker's value for this very event, or computed here."""
     from dptrain.privacy import worker
 
-    vec = worker.lookup(("rdp", event))  # the accounting worker's value for this very event
-    if vec is None:
+    def compute() -> np.ndarray:
         from dp_accounting import rdp as _rdp
 
         from dptrain.privacy.events import EVENT_KINDS
 
         acc = _rdp.RdpAccountant(list(RDP_ORDERS))  # add/remove neighbours (its default)
         acc.compose(EVENT_KINDS.get(event.kind).dp_event(event.params), 1)
-        vec = acc.rdp
-        worker.record(("rdp", event), vec)
+        return acc.rdp
+
+    vec = worker.value_of(("rdp", event), compute)
     vec.setflags(write=False)
     return vec
 

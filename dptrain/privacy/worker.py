@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 #: whatever the machine's load; unset: when the machine has a core to spare (:func:`spare_core`)
 ENV = "DPTRAIN_ACCOUNTING_WORKER"
 #: how long the run waits for an answer before it computes the value itself
-WAIT_SECONDS = 60.0
+#: (``DPTRAIN_ACCOUNTING_WORKER_WAIT`` seconds when set)
+WAIT_SECONDS = float(os.environ.get("DPTRAIN_ACCOUNTING_WORKER_WAIT", "60"))
 
 _worker: _Worker | None = None
 #: the worker's record of what it computed: {("rdp", event): vector, ("pld", history, delta): epsilon}
@@ -183,6 +184,16 @@ def record(key: tuple, value: Any) -> None:
         _recording[key] = value
 
 
+def value_of(key: tuple, compute: Any) -> Any:
+    """The value for ``key``: the worker's (:func:`lookup`) or else ``compute()``, which the
+    worker itself records for the run (:func:`record`)."""
+    found = lookup(key)
+    if found is None:
+        found = compute()
+        record(key, found)
+    return found
+
+
 def stop() -> None:
     """Close the worker of the previous run, if any (a sweep runs jobs in one process)."""
     global _worker
@@ -229,7 +240,7 @@ def _serve(conn: Any, run_end: Any) -> None:
                 planned.get_epsilon(delta=mechanism.delta, accountant=name)
             conn.send(("answers", dict(_recording)))
         conn.send(("done", None))
-    except (EOFError, OSError, BrokenPipeError):
+    except (EOFError, OSError):
         return
     except BaseException as err:  # noqa: BLE001 - any failure: the run computes the values itself
         try:
