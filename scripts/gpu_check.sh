@@ -5,7 +5,8 @@
 #
 # Runs, in order, each under `timeout`, each writing its log into $OUT, going on after a failure:
 #   (a) pytest tests/test_device.py tests/test_cuda.py        -> $OUT/a_pytest.log
-#   (b) scripts/bench_step.py --device cuda (the issue's six cases, ~4 min)
+#   (b) scripts/bench_step.py --device cuda (the issue's six cases, ~2-4 min), then
+#       scripts/bench_gpu_parts.py (the DP step taken apart, ~1 min; appended to b_bench.log)
 #                                                             -> $OUT/b_bench.log, bench_cuda.md, bench_cuda.json
 #   (c) python -m dptrain experiment=mlp for exactly 2 steps, trainer.device=cuda and =cpu, then both
 #       runs' privacy.json "epsilon" and "steps" side by side and whether they are equal
@@ -15,8 +16,8 @@
 # $OUT, at most 2 folders down, so the two training runs write their folders under $RUN_ROOT
 # (default /tmp/gpu_check_runs), not under $OUT, and only their privacy.json come back (c_privacy.json).
 #
-# Time (about 9 min at worst, inside a 10-minute command limit): set-up ~0.5 min, (a) <= 130 s,
-# (b) <= 240 s, (c) <= 2 x 75 s.
+# Time (under 10 min at worst, the device tool's command limit; about 3.5 min measured on an H100):
+# set-up ~0.5 min, (a) <= 100 s, (b) <= 240 s + 75 s, (c) <= 2 x 75 s.
 #
 # Two steps: dptrain runs steps = round(epochs * N / B) (dptrain.privacy.mechanism: round(epochs / q),
 # q = B / N). experiment=mlp trains on Adult's N = 32,561 training rows (privacy.json "dataset_size",
@@ -89,7 +90,7 @@ record "setup (dptrain + opacus import, CUDA available)" "$check_rc" "see setup.
 tests=(tests/test_device.py)
 note=""
 if [ -f tests/test_cuda.py ]; then tests+=(tests/test_cuda.py); else note="tests/test_cuda.py is missing"; fi
-timeout -k 10 130 "$PY" -m pytest -q -p no:cacheprovider -rs "${tests[@]}" >"$OUT/a_pytest.log" 2>&1
+timeout -k 10 100 "$PY" -m pytest -q -p no:cacheprovider -rs "${tests[@]}" >"$OUT/a_pytest.log" 2>&1
 rc=$?
 [ -z "$note" ] || { [ "$rc" -eq 0 ] && rc=1; }
 tail -n 15 "$OUT/a_pytest.log"
@@ -109,6 +110,12 @@ elif grep -q "PARTIAL" "$OUT/bench_cuda.md"; then
     note="bench_cuda.md holds only the cases finished before the stop"
 fi
 record "b bench_step --device cuda" "$rc" "$note"
+# the step taken apart (dptrain's layouts, the sampler's cost), in the same log
+echo "== scripts/bench_gpu_parts.py --repeats 3" >>"$OUT/b_bench.log"
+timeout -k 10 75 "$PY" scripts/bench_gpu_parts.py --repeats 3 >>"$OUT/b_bench.log" 2>&1
+rc=$?
+grep -E "^##|^  [a-z-]+ " "$OUT/b_bench.log" | tail -n 30
+record "b2 bench_gpu_parts" "$rc" "see b_bench.log"
 
 # ------------------------------------------------ (c) the same 2-step run on the GPU and the CPU
 rm -rf "$RUN_ROOT"

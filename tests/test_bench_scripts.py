@@ -144,9 +144,12 @@ def test_gpu_check_script_is_valid_bash_and_runs_every_part():
     assert res.returncode == 0, res.stderr
     text = script.read_text()
     for part in ["tests/test_device.py", "tests/test_cuda.py", "scripts/bench_step.py --device cuda",
-                 "trainer.device=\"$dev\"", "summary.txt", "set -u"]:
+                 "scripts/bench_gpu_parts.py", "trainer.device=\"$dev\"", "summary.txt", "set -u"]:
         assert part in text
-    assert text.count("timeout -k") == 3
+    # every part under a time limit, and the limits (set-up ~30 s on top) inside the device
+    # tool's 600 s per command: (a) + (b) + (b2) + 2 x (c)
+    limits = [int(m) for m in re.findall(r"timeout -k 10 (\d+) ", text)]
+    assert len(limits) == 4 and limits[0] + limits[1] + limits[2] + 2 * limits[3] + 30 <= 600, limits
 
 
 # ------------------------------------------------------------------------------ the CUDA code path
@@ -297,3 +300,55 @@ def test_repeats_shrink_to_the_budget_and_slow_modes_take_fewer_evenly_spaced_ro
     assert repeats == 3 and rounds["slow"] == [0, 1]
     repeats, _ = bs.plan_rounds(prepared, args, cell_budget=0.1)
     assert repeats == 2  # never below 2
+
+
+# ------------------------------------------------------------------------------ scripts/bench_gpu_parts.py
+
+
+def _load_parts():
+    spec = importlib.util.spec_from_file_location("bench_gpu_parts_under_test", REPO / "scripts" / "bench_gpu_parts.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_parts_prints_every_mode_as_a_ratio_to_the_nonprivate_step(capsys):
+    parts = _load_parts()
+    assert parts.main(["--device", "cpu", "--cases", "tiny", "--repeats", "2", "--rows", "600",
+                       "--block-seconds", "0.001"]) == 0
+    out = capsys.readouterr().out
+    rows = {m.group(1): (float(m.group(2)), float(m.group(3)))
+            for m in re.finditer(r"^  (\S+)\s+([\d.]+) ms\s+([\d.]+)x", out, re.M)}
+    assert list(rows) == parts.MODES
+    assert rows["nonprivate"][1] == 1.0
+    base = rows["nonprivate"][0]
+    for mode, (ms, ratio) in rows.items():  # each ratio is its median over the non-private one's
+        assert ms > 0 and ratio == pytest.approx(ms / base, abs=2e-3), mode
+    assert "## tiny: N = 600, B = 64" in out
+
+
+@pytest.mark.parametrize("mode", ["nonprivate", "nonprivate-poisson", "fast-cpu-layout", "fast", "fast-presampled",
+                                  "sampler"])
+def test_gpu_parts_modes_create_their_tensors_on_the_data_device(mode):
+    parts = _load_parts()
+    x, y = torch.rand(400, 8), (torch.rand(400) > 0.5).float()
+    step = parts.make_step(mode, "tiny", x, y)
+    assert _audited_steps(step, 3) == []
+
+
+def test_gpu_parts_layouts_are_the_ones_named(capsys):
+    """fast-cpu-layout is the buffered path with the ones column, fast the GPU's layout (on a
+    CPU the engine's default is the ones column: the script sets it either way)."""
+    parts = _load_parts()
+    x, y = torch.rand(400, 8), (torch.rand(400) > 0.5).float()
+    layouts = {}
+    for mode in ("fast-cpu-layout", "fast"):
+        step = parts.make_step(mode, "tiny", x, y)
+        engine = next(c.cell_contents for c in step.__closure__ if type(c.cell_contents).__name__ == "FastLinearEngine")
+        step()
+        layouts[mode] = (engine.ones_column, engine._ws.ones_column)
+    assert layouts == {"fast-cpu-layout": (True, True), "fast": (False, False)}
+    with pytest.raises(SystemExit):
+        parts.main(["--device", "cpu", "--repeats", "0"])
+    assert "--repeats 0 is not allowed" in capsys.readouterr().err

@@ -66,6 +66,40 @@ def test_every_engine_steps_on_the_gpu_with_every_tensor_there(case):
     assert all(p.grad.device == GPU and torch.isfinite(p).all() for p in model.parameters())
 
 
+@pytest.mark.parametrize("widths", [(6, 16, 8, 1), (20, 4, 12, 3), (5, 7, 1)], ids=["narrow-input", "wide-input",
+                                                                                   "one-hidden"])
+def test_the_buffered_path_on_the_gpu_equals_the_cpu(widths):
+    """The buffered MLP path lays its buffers out differently on a GPU (no ones column: the bias
+    added by addmm, its gradient a column sum or a matrix-vector product) than on the CPU: in
+    float64, without noise, the clipped sums agree to rounding, over steps of different sizes."""
+    torch.manual_seed(1)
+    layers = []
+    for k, (a, b) in enumerate(zip(widths, widths[1:])):
+        layers += [torch.nn.Linear(a, b, bias=k != 1 or len(widths) == 3), torch.nn.Tanh()]
+    head = widths[-1]
+    from dptrain.layers import Squeeze
+
+    cpu_model = torch.nn.Sequential(*layers[:-1], *([Squeeze()] if head == 1 else [])).double()
+    gpu_model = __import__("copy").deepcopy(cpu_model).to(GPU)
+    objective = "binary" if head == 1 else "multinomial"
+    from dptrain.objectives import build_objective
+
+    engines = [make_engine(m, engine="fast", max_grad_norm=0.3, noise_multiplier=0.0, expected_batch_size=50.0,
+                           generator=Randomness.fresh().torch("gaussian-noise", device=d),
+                           objective=build_objective(objective))
+               for m, d in ((cpu_model, "cpu"), (gpu_model, GPU))]
+    assert engines[0].fused and engines[0].ones_column and not engines[1].ones_column
+    rng = np.random.default_rng(2)
+    for n in (40, 70, 25):
+        x = torch.from_numpy(rng.normal(size=(n, widths[0])))
+        y = torch.from_numpy(rng.integers(0, max(head, 2), n).astype("float64" if head == 1 else "int64"))
+        st_cpu = engines[0](x, y)
+        st_gpu = engines[1](x.to(GPU), y.to(GPU))
+        assert st_cpu.clipped == st_gpu.clipped > 0
+        for a, b in zip(cpu_model.parameters(), gpu_model.parameters()):
+            torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-10, atol=1e-12)
+
+
 def test_gpu_noise_has_sd_sigma_c_over_b_and_fresh_streams_differ():
     model = torch.nn.Sequential(torch.nn.Linear(50, 20), torch.nn.ReLU(), torch.nn.Linear(20, 1)).to(GPU)
     sigma, c, b = 1.7, 0.9, 64.0
@@ -126,24 +160,35 @@ def test_a_gpu_run_has_the_cpu_runs_epsilon(tmp_path, preset):
     assert 0.0 <= m["test/acc"] <= 1.0
 
 
-def test_a_gpu_checkpoint_resumes_on_the_cpu_and_reproducible_streams_are_refused(tmp_path):
+def test_a_gpu_checkpoint_resumes_on_the_cpu_and_reproducible_streams_are_refused(tmp_path, capsys):
     ref = _run(tmp_path / "ref", ["experiment=mlp", *SMALL, "trainer.device=cpu"])
+    # 3/4 of the full run's epsilon stops it after 20 of its 45 steps (a checkpoint every 5):
+    # the resume continues from the middle of the run, not from step 0
+    budget = f"privacy.max_epsilon={0.75 * ref['epsilon']}"
     mid = tmp_path / "mid"
-    first = _run(mid, ["experiment=mlp", *SMALL, "trainer.device=cuda", f"privacy.max_epsilon={ref['epsilon'] / 2}"])
-    assert first["stopped_early"]
+    first = _run(mid, ["experiment=mlp", *SMALL, "trainer.device=cuda", budget])
+    assert first["stopped_early"] and 0 < first["steps"] < ref["steps"]
     state = ckpt.load_checkpoint(ckpt.checkpoint_path_in(mid))
     assert state["rng"]["noise"] is None  # default: no stream state stored
+    assert state["step"] == first["steps"]
     got = _run(mid, ["experiment=mlp", *SMALL, "trainer.device=cpu", "trainer.resume=auto"])
     assert got["resumed_from_step"] == first["steps"] and got["epsilon"] == ref["epsilon"]
-    # reproducible noise: the streams of a GPU run do not continue on the CPU
+    assert got["device"] == "cpu"
+    # reproducible noise: the streams of a GPU run do not continue on the CPU; the command-line
+    # entry point turns the CheckpointError into exit status 2 and one line on stderr
     key = tmp_path / "noise.key"
     new_seed_file(key)
     keyed = tmp_path / "keyed"
-    _run(keyed, ["experiment=mlp", *SMALL, "trainer.device=cuda", f"privacy.noise_seed_file={key}",
-                 f"privacy.max_epsilon={ref['epsilon'] / 2}"])
-    with pytest.raises(ckpt.CheckpointError, match="trainer.device=cuda"):
+    _run(keyed, ["experiment=mlp", *SMALL, "trainer.device=cuda", f"privacy.noise_seed_file={key}", budget])
+    before = ckpt.checkpoint_path_in(keyed).read_bytes()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
         _run(keyed, ["experiment=mlp", *SMALL, "trainer.device=cpu", f"privacy.noise_seed_file={key}",
                      "trainer.resume=auto"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "holds the secret streams of a run on cuda" in err and "trainer.device=cuda" in err
+    assert ckpt.checkpoint_path_in(keyed).read_bytes() == before  # nothing written is lost
 
 
 def test_make_private_on_the_gpu():

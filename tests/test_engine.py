@@ -49,10 +49,12 @@ def _per_example_grads(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor)
     return out
 
 
-def _run(cls, model, x, y, *, C, sigma, B, seed=7):
+def _run(cls, model, x, y, *, C, sigma, B, seed=7, ones_column=None):
     m = copy.deepcopy(model)
     eng = cls(m, max_grad_norm=C, noise_multiplier=sigma, expected_batch_size=B,
               generator=torch.Generator().manual_seed(seed))
+    if ones_column is not None:  # the buffered path's GPU layout (no ones column), on the CPU
+        eng.ones_column = ones_column
     assert eng.collect_stats  # on by default
     stats_ = eng(x, y)
     return [p.grad.detach().clone() for p in m.parameters()], stats_
@@ -120,13 +122,13 @@ def test_each_clipped_example_has_norm_at_most_C(cls):
             assert norm == pytest.approx(C, rel=1e-4)
 
 
-def _assert_fast_equals_opacus_with_noise(model):
+def _assert_fast_equals_opacus_with_noise(model, ones_column=None):
     """Same batch (64 rows, C at the median per-example norm), same noise seed: the fast
     engine's noisy update equals Opacus' per-example gradients + our clipping + the same draw."""
     x, y = _batch(n=64)
     per_ex = _per_example_grads(model, x, y)
     C = float(np.median([math.sqrt(sum(float(g.pow(2).sum()) for g in gs)) for gs in per_ex]))
-    fast, _ = _run(FastLinearEngine, model, x, y, C=C, sigma=1.3, B=60.0, seed=11)
+    fast, _ = _run(FastLinearEngine, model, x, y, C=C, sigma=1.3, B=60.0, seed=11, ones_column=ones_column)
     opac, _ = _run(OpacusEngine, model, x, y, C=C, sigma=1.3, B=60.0, seed=11)
     for a, b in zip(fast, opac):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -325,16 +327,19 @@ def _clipped_reference(model, x, y, C):
     return out, clipped
 
 
+@pytest.mark.parametrize("ones_column", [True, False], ids=["cpu_layout", "gpu_layout"])
 @pytest.mark.parametrize("name", list(STACKS))
-def test_buffered_path_matches_per_example_loop_over_steps(name):
-    """The autograd-free path (reused buffers, bias via a ones column, noise folded into the
-    matrix products) against an explicit loop, over successive steps of different sizes: the
-    workspace grows, shrinks back and is reused, and nothing carries over between steps."""
+def test_buffered_path_matches_per_example_loop_over_steps(name, ones_column):
+    """The autograd-free path (reused buffers, bias via a ones column on the CPU or apart as on
+    a GPU, noise folded into the matrix products) against an explicit loop, over successive
+    steps of different sizes: the workspace grows, shrinks back and is reused, and nothing
+    carries over between steps."""
     torch.manual_seed(4)
     model = STACKS[name]()
     eng = FastLinearEngine(model, max_grad_norm=1.0, noise_multiplier=0.0, expected_batch_size=50.0,
                            generator=torch.Generator().manual_seed(0))
-    assert eng.fused and eng.plan is not None
+    assert eng.fused and eng.plan is not None and eng.ones_column  # the CPU's layout by default
+    eng.ones_column = ones_column
     for step, n in enumerate([40, 25, 150, 40]):
         x, y = _batch(n=n, seed=step)
         per_ex = _per_example_grads(model, x, y)
@@ -348,12 +353,13 @@ def test_buffered_path_matches_per_example_loop_over_steps(name):
             torch.testing.assert_close(p.grad * 50.0, e, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["relu", "expanding", "no_bias", "gelu"])
-def test_buffered_path_equals_opacus_with_noise(name):
+@pytest.mark.parametrize("ones_column", [True, False], ids=["cpu_layout", "gpu_layout"])
+@pytest.mark.parametrize("name", ["relu", "expanding", "wide_input", "no_bias", "gelu"])
+def test_buffered_path_equals_opacus_with_noise(name, ones_column):
     """Same batch, same noise seed: the fused update (noise added inside the matrix product)
-    equals Opacus' per-example gradients + our clipping + the same draw."""
+    equals Opacus' per-example gradients + our clipping + the same draw, in both layouts."""
     torch.manual_seed(5)
-    _assert_fast_equals_opacus_with_noise(STACKS[name]())
+    _assert_fast_equals_opacus_with_noise(STACKS[name](), ones_column=ones_column)
 
 
 def test_other_layouts_take_the_autograd_path_and_agree():
@@ -435,6 +441,7 @@ def test_buffered_path_matches_per_example_loop_on_random_stacks():
         model = _random_stack(widths, acts, biases)
         eng = FastLinearEngine(model, max_grad_norm=1.0, noise_multiplier=0.0, expected_batch_size=30.0,
                                generator=torch.Generator())
+        eng.ones_column = data.draw(st.booleans())  # the CPU's layout or the GPU's
         assert eng.fused and (eng.plan is not None or eng.closed_form)  # depth 1: the logit closed form
         for step, n in enumerate(sizes):
             x, y = _batch(n=n, d=d_in, seed=seed + step)

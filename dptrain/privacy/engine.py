@@ -554,18 +554,35 @@ class _Workspace:
     rows [:n] are used). Reusing them keeps a step free of fresh allocations, which on this
     CPU cost page faults comparable to the arithmetic.
 
-    Each hidden layer's output lives in ``aug[k]``, a (capacity, width + 1) buffer whose last
-    column is 1: the next layer's input with a ones column, so that one matrix product gives
-    its weight AND bias gradient, ``g^T [a | 1] = [grad_W | grad_b]``, and its forward pass
-    ``[a | 1] [W | b]^T`` needs no broadcast of the bias.
+    On the CPU (``ones_column``) each hidden layer's output lives in ``aug[k]``, a
+    (capacity, width + 1) buffer whose last column is 1: the next layer's input with a ones
+    column, so that one matrix product gives its weight AND bias gradient,
+    ``g^T [a | 1] = [grad_W | grad_b]``, and its forward pass ``[a | 1] [W | b]^T`` needs no
+    broadcast of the bias. On a GPU the odd width (width + 1) misaligns the rows of the matrix
+    products, and a bias costs the GPU's matrix product nothing: there ``aug[k]`` is (capacity,
+    width), the forward adds the bias in ``addmm`` and the bias gradient is a column sum or a
+    matrix-vector product (``ones_column`` False; the same sums, in another order).
     """
 
-    def __init__(self, plan, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, plan, capacity: int, dtype: torch.dtype, device: torch.device, *, ones_column: bool) -> None:
         def buf(*shape: int) -> torch.Tensor:
             return torch.empty(*shape, dtype=dtype, device=device)
 
         last = len(plan) - 1
         self.capacity = capacity
+        self.ones_column = ones_column
+        if not self.ones_column:
+            self.aug = [buf(capacity, lin.out_features) if k < last else None for k, (lin, _) in enumerate(plan)]
+            self.z = [buf(capacity, lin.out_features) if k == last or (act is not None and not act.in_place) else None
+                      for k, (lin, act) in enumerate(plan)]
+            act, width = plan[last][1], plan[last][0].out_features
+            self.last_h = buf(capacity, width) if act is not None and not act.in_place else None
+            self.d = [buf(capacity, lin.out_features) for lin, _ in plan]
+            first = plan[0][0]
+            # c * x: the first layer's input scaled by the clip factors (when narrower than g)
+            self.x_aug = buf(capacity, first.in_features) if first.in_features < first.out_features else None
+            self.wt, self.waug = [None] * len(plan), [None] * len(plan)
+            return
         self.aug: list[torch.Tensor | None] = []  # [h_k | 1] for hidden layers k < last
         self.z: list[torch.Tensor | None] = []  # pre-activations, where h is not computed in place
         for k, (lin, act) in enumerate(plan):
@@ -632,6 +649,9 @@ class FastLinearEngine(GradientEngine):
         self._backward_target = [first.bias if first.bias is not None else first.weight]
         self.plan = None if self.closed_form else _buffered_plan(model)
         self.fused = self.closed_form or self.plan is not None
+        #: the buffered path's layout (:class:`_Workspace`): a ones column beside each hidden
+        #: layer's output on the CPU, none on a GPU (the same arithmetic; tests flip it)
+        self.ones_column = self.device.type == "cpu"
         self._ws: _Workspace | None = None
 
     # ------------------------------------------------------------------ shared pieces
@@ -705,11 +725,11 @@ class FastLinearEngine(GradientEngine):
     # ------------------------------------------------------------------ buffered path
     def _workspace(self, n: int, dtype: torch.dtype) -> _Workspace:
         ws = self._ws
-        if ws is None or ws.capacity < n or ws.d[0].dtype != dtype:
+        if ws is None or ws.capacity < n or ws.d[0].dtype != dtype or ws.ones_column != self.ones_column:
             # room for the batch-size fluctuations of Poisson sampling (sd ~ sqrt(B))
             cap = n + 3 * math.isqrt(n) + 8
             self._ws = None  # free the old buffers first
-            self._ws = ws = _Workspace(self.plan, cap, dtype, self.params[0].device)
+            self._ws = ws = _Workspace(self.plan, cap, dtype, self.params[0].device, ones_column=self.ones_column)
         return ws
 
     @torch.no_grad()
@@ -740,10 +760,11 @@ class FastLinearEngine(GradientEngine):
         n, plan, last = x.shape[0], self.plan, len(self.plan) - 1
         inputs, aug_inputs, pre, post = [], [], [], []
         a, a_aug = x, None
+        width_end = -1 if ws.ones_column else None  # the hidden outputs' columns in ws.aug[k]
         for k, (lin, act) in enumerate(plan):
             inputs.append(a)
             aug_inputs.append(a_aug)
-            out = ws.aug[k][:n, :-1] if k < last else (ws.last_h[:n] if ws.last_h is not None else ws.z[k][:n])
+            out = ws.aug[k][:n, :width_end] if k < last else (ws.last_h[:n] if ws.last_h is not None else ws.z[k][:n])
             z = ws.z[k][:n] if ws.z[k] is not None else out
             if lin.bias is None:
                 torch.mm(a, lin.weight.t(), out=z)
@@ -759,7 +780,7 @@ class FastLinearEngine(GradientEngine):
             pre.append(z)
             post.append(out)
             a, a_aug = out, None
-            if k < last:
+            if k < last and ws.ones_column:
                 a_aug = ws.aug[k][:n]
                 a_aug[:, -1].fill_(1.0)  # the ones column (the last step may have scaled it by c)
         return inputs, aug_inputs, pre, post, (a.view(n) if self._squeeze else a)
@@ -790,9 +811,19 @@ class FastLinearEngine(GradientEngine):
         inputs, aug_inputs, out_grads = trace
         for k, ((lin, _), a, a_aug, g) in enumerate(zip(self.plan, inputs, aug_inputs, out_grads)):
             gw = views[id(lin.weight)]
+            if not ws.ones_column and lin.bias is not None:  # no ones column (GPU): bias apart
+                gb = views[id(lin.bias)]
+                if a.shape[1] < g.shape[1]:  # scale a (the input x into a buffer): bias = g^T c
+                    a = torch.mul(a, col, out=ws.x_aug[:n]) if k == 0 else a.mul_(col)
+                    gb.addmv_(g.t(), factors, beta=beta, alpha=sum_scale)
+                else:
+                    g.mul_(col)
+                    gb.mul_(beta).add_(g.sum(0), alpha=sum_scale)
+                gw.addmm_(g.t(), a, beta=beta, alpha=sum_scale)
+                continue
             if lin.bias is None:
                 if a.shape[1] < g.shape[1]:
-                    a = torch.mul(a, col, out=ws.x_aug[:n, :-1]) if k == 0 else a.mul_(col)
+                    a = torch.mul(a, col, out=ws.x_aug[:n, :a.shape[1]]) if k == 0 else a.mul_(col)
                 else:
                     g.mul_(col)
                 gw.addmm_(g.t(), a, beta=beta, alpha=sum_scale)
