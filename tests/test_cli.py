@@ -307,6 +307,7 @@ def _readme_section(title: str) -> str:
     return text[start:end if end > 0 else None]
 
 
+@pytest.mark.slow  # four whole runs in subprocesses (16 s); test_readme_own_data_example stays fast
 def test_readme_first_own_data_walkthrough_runs_as_written(tmp_path):
     """The README's step-by-step walk-through (issue 14): its bash blocks, run as written in one
     shell, train on a user CSV with a declared schema, report epsilon <= 1, list the files, and

@@ -322,6 +322,7 @@ def test_release_run_logs_and_outputs_hold_no_private_value(tmp_path, caplog, ca
     assert_run_folder_clean(tmp_path / "run")
 
 
+@pytest.mark.slow  # a whole run in a subprocess (10 s); the in-process run's logs are checked in the fast suite
 def test_subprocess_run_log_file_holds_no_private_value(tmp_path):
     """The real entry point: Hydra's job log (dptrain.log), .hydra/, tb/ and the console."""
     df = table(300)

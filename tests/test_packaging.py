@@ -8,9 +8,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # builds and installs a wheel, then a whole run (10 s): CI runs it with -m slow
 def test_wheel_ships_configs_and_data_and_runs_from_outside_the_repo(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation",
                     "-q", "-w", str(tmp_path / "dist")], check=True, capture_output=True, timeout=300)
