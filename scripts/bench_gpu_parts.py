@@ -122,13 +122,18 @@ def make_step(mode: str, case: str, x: torch.Tensor, y: torch.Tensor):
     return dp_step
 
 
-def time_case(case: str, device: torch.device, *, repeats: int, block_seconds: float,
-              rows: int | None = None) -> dict[str, list[float]]:
+def make_data(case: str, device: torch.device, rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random rows x (N, d) and labels y (N,) on the device, N = rows or max(50 B, 100,000)."""
     d, _, b = CASES[case]
     n = rows or max(50 * b, 100_000)
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.rand(n, d, device=device, generator=gen)
-    y = (torch.rand(n, device=device, generator=gen) > 0.5).float()
+    return x, (torch.rand(n, device=device, generator=gen) > 0.5).float()
+
+
+def time_case(case: str, device: torch.device, *, repeats: int, block_seconds: float,
+              rows: int | None = None) -> dict[str, list[float]]:
+    x, y = make_data(case, device, rows)
     steps = {m: make_step(m, case, x, y) for m in MODES}
     per_step = {}
     for mode, f in steps.items():  # warm-up, then the block length from 10 timed steps
@@ -181,17 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# torch {torch.__version__} on {name}; threads {torch.get_num_threads()}; "
           f"load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}", flush=True)
     for case in args.cases:
-        d, _, b = CASES[case]
+        b = CASES[case][2]
         n = args.rows or max(50 * b, 100_000)
         times = time_case(case, device, repeats=args.repeats, block_seconds=args.block_seconds, rows=args.rows)
         print("\n".join(report(case, times, n, b)), flush=True)
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
 
-            gen = torch.Generator(device=device).manual_seed(0)
-            x = torch.rand(n, d, device=device, generator=gen)
-            y = (torch.rand(n, device=device, generator=gen) > 0.5).float()
-            step = make_step("fast", case, x, y)
+            step = make_step("fast", case, *make_data(case, device, args.rows))
             step()
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
             with profile(activities=acts) as prof:

@@ -4,6 +4,7 @@ The CPU-side checks of the same plumbing are in tests/test_device.py."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -21,6 +22,8 @@ from test_device import CASES, DeviceAudit  # noqa: E402
 
 import dptrain.checkpoint as ckpt  # noqa: E402
 from dptrain import cli  # noqa: E402
+from dptrain.layers import Squeeze  # noqa: E402
+from dptrain.objectives import build_objective  # noqa: E402
 from dptrain.privacy.engine import DevicePoissonSampler, make_engine, make_sampler  # noqa: E402
 from dptrain.privacy.randomness import Randomness, new_seed_file  # noqa: E402
 
@@ -39,8 +42,6 @@ def _run(run_dir: Path, overrides: list[str]) -> dict:
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_engine_steps_on_the_gpu_with_every_tensor_there(case):
     build, objective_name, engine_name = CASES[case]
-    from dptrain.objectives import build_objective
-
     torch.manual_seed(0)
     model = build().to(GPU)
     n = 400
@@ -77,13 +78,9 @@ def test_the_buffered_path_on_the_gpu_equals_the_cpu(widths):
     for k, (a, b) in enumerate(zip(widths, widths[1:])):
         layers += [torch.nn.Linear(a, b, bias=k != 1 or len(widths) == 3), torch.nn.Tanh()]
     head = widths[-1]
-    from dptrain.layers import Squeeze
-
     cpu_model = torch.nn.Sequential(*layers[:-1], *([Squeeze()] if head == 1 else [])).double()
-    gpu_model = __import__("copy").deepcopy(cpu_model).to(GPU)
+    gpu_model = copy.deepcopy(cpu_model).to(GPU)
     objective = "binary" if head == 1 else "multinomial"
-    from dptrain.objectives import build_objective
-
     engines = [make_engine(m, engine="fast", max_grad_norm=0.3, noise_multiplier=0.0, expected_batch_size=50.0,
                            generator=Randomness.fresh().torch("gaussian-noise", device=d),
                            objective=build_objective(objective))
@@ -192,7 +189,6 @@ def test_a_gpu_checkpoint_resumes_on_the_cpu_and_reproducible_streams_are_refuse
 
 
 def test_make_private_on_the_gpu():
-    from dptrain.layers import Squeeze
     from dptrain.private import make_private
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1), Squeeze()).to(GPU)

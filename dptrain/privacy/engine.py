@@ -571,24 +571,14 @@ class _Workspace:
         last = len(plan) - 1
         self.capacity = capacity
         self.ones_column = ones_column
-        if not self.ones_column:
-            self.aug = [buf(capacity, lin.out_features) if k < last else None for k, (lin, _) in enumerate(plan)]
-            self.z = [buf(capacity, lin.out_features) if k == last or (act is not None and not act.in_place) else None
-                      for k, (lin, act) in enumerate(plan)]
-            act, width = plan[last][1], plan[last][0].out_features
-            self.last_h = buf(capacity, width) if act is not None and not act.in_place else None
-            self.d = [buf(capacity, lin.out_features) for lin, _ in plan]
-            first = plan[0][0]
-            # c * x: the first layer's input scaled by the clip factors (when narrower than g)
-            self.x_aug = buf(capacity, first.in_features) if first.in_features < first.out_features else None
-            self.wt, self.waug = [None] * len(plan), [None] * len(plan)
-            return
-        self.aug: list[torch.Tensor | None] = []  # [h_k | 1] for hidden layers k < last
+        extra = 1 if ones_column else 0  # the ones column's width
+        self.aug: list[torch.Tensor | None] = []  # [h_k | 1] (GPU: h_k) for hidden layers k < last
         self.z: list[torch.Tensor | None] = []  # pre-activations, where h is not computed in place
         for k, (lin, act) in enumerate(plan):
             if k < last:
-                a = buf(capacity, lin.out_features + 1)
-                a[:, -1] = 1.0
+                a = buf(capacity, lin.out_features + extra)
+                if extra:
+                    a[:, -1] = 1.0
                 self.aug.append(a)
                 self.z.append(buf(capacity, lin.out_features) if act is not None and not act.in_place else None)
             else:
@@ -599,12 +589,14 @@ class _Workspace:
         self.last_h = buf(capacity, width) if act is not None and not act.in_place else None
         self.d = [buf(capacity, lin.out_features) for lin, _ in plan]  # output gradients g_k
         # [grad_W | grad_b] of each layer with a bias; [W | b] for the forward of layers k >= 1
-        self.wt = [buf(lin.out_features, lin.in_features + 1) if lin.bias is not None else None for lin, _ in plan]
-        self.waug = [buf(lin.out_features, lin.in_features + 1) if k > 0 and lin.bias is not None else None
+        # (the ones-column layout only)
+        self.wt = [buf(lin.out_features, lin.in_features + 1) if extra and lin.bias is not None else None
+                   for lin, _ in plan]
+        self.waug = [buf(lin.out_features, lin.in_features + 1) if extra and k > 0 and lin.bias is not None else None
                      for k, (lin, _) in enumerate(plan)]
         first = plan[0][0]
-        # [c * x | c]: the first layer's input scaled by the clip factors (when narrower than g)
-        self.x_aug = buf(capacity, first.in_features + 1) if first.in_features < first.out_features else None
+        # [c * x | c] (GPU: c * x): the first layer's input scaled by the clip factors (when narrower than g)
+        self.x_aug = buf(capacity, first.in_features + extra) if first.in_features < first.out_features else None
 
 
 class FastLinearEngine(GradientEngine):
@@ -811,21 +803,16 @@ class FastLinearEngine(GradientEngine):
         inputs, aug_inputs, out_grads = trace
         for k, ((lin, _), a, a_aug, g) in enumerate(zip(self.plan, inputs, aug_inputs, out_grads)):
             gw = views[id(lin.weight)]
-            if not ws.ones_column and lin.bias is not None:  # no ones column (GPU): bias apart
-                gb = views[id(lin.bias)]
+            if lin.bias is None or not ws.ones_column:  # the weight alone; a bias (GPU layout) apart
+                gb = views[id(lin.bias)] if lin.bias is not None else None
                 if a.shape[1] < g.shape[1]:  # scale a (the input x into a buffer): bias = g^T c
-                    a = torch.mul(a, col, out=ws.x_aug[:n]) if k == 0 else a.mul_(col)
-                    gb.addmv_(g.t(), factors, beta=beta, alpha=sum_scale)
-                else:
-                    g.mul_(col)
-                    gb.mul_(beta).add_(g.sum(0), alpha=sum_scale)
-                gw.addmm_(g.t(), a, beta=beta, alpha=sum_scale)
-                continue
-            if lin.bias is None:
-                if a.shape[1] < g.shape[1]:
                     a = torch.mul(a, col, out=ws.x_aug[:n, :a.shape[1]]) if k == 0 else a.mul_(col)
+                    if gb is not None:
+                        gb.addmv_(g.t(), factors, beta=beta, alpha=sum_scale)
                 else:
                     g.mul_(col)
+                    if gb is not None:
+                        gb.mul_(beta).add_(g.sum(0), alpha=sum_scale)
                 gw.addmm_(g.t(), a, beta=beta, alpha=sum_scale)
                 continue
             gb, t = views[id(lin.bias)], ws.wt[k]
