@@ -35,13 +35,13 @@ plugin module, plus its config file.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
+from dptrain import baselines
 from dptrain.errors import DPTrainError
 from dptrain.registry import Registry
 
@@ -116,13 +116,15 @@ class BinaryLogistic:
 
     @torch.no_grad()
     def metrics(self, outputs: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-        from sklearn.metrics import roc_auc_score
-
         loss = float(self.per_example_loss(outputs, y).mean())
         acc = float(((outputs > 0).to(y.dtype) == y).float().mean())
         both = 0 < float(y.mean()) < 1
-        auc = float(roc_auc_score(y.numpy(), outputs.numpy())) if both else math.nan
+        auc = float(baselines.compute("roc_auc", y.numpy(), outputs.numpy())) if both else math.nan
         return {"acc": acc, "loss": loss, "auc": auc}
+
+    def baseline_job(self, data: Any, *, seed: int) -> Job:
+        """The NON-private fit :meth:`baseline` runs (dptrain.baselines): sklearn LogisticRegression."""
+        return "logistic_accuracy", _split(data), {"seed": seed}
 
     def baseline(self, data: Any, *, seed: int, fit: bool = True) -> dict[str, float]:
         """Reference numbers on the test rows: the majority-class rate and, with ``fit``, the test
@@ -130,13 +132,7 @@ class BinaryLogistic:
         y = data.y_test
         out = {"majority_acc": float(max(y.mean(), 1 - y.mean()))}
         if fit:
-            from sklearn.linear_model import LogisticRegression
-
-            clf = LogisticRegression(max_iter=2000, random_state=seed)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                clf.fit(data.x_train.numpy(), data.y_train.numpy())
-            out["nonprivate_acc"] = float(clf.score(data.x_test.numpy(), y.numpy()))
+            out["nonprivate_acc"] = float(_run_job(self.baseline_job(data, seed=seed)))
         return out
 
     def prediction_columns(self, outputs: torch.Tensor) -> dict[str, Any]:
@@ -148,15 +144,19 @@ class BinaryLogistic:
         return None  # the privacy report's summary prints binary's baseline line itself
 
 
-def _fit_quietly(model: Any, data: Any) -> Any:
-    """Fit a scikit-learn baseline on the training rows, warnings silenced, on one BLAS / OpenMP
-    thread (in parallel, the multinomial fit on Adult took minutes instead of seconds as soon as
-    another process used a core)."""
-    from threadpoolctl import threadpool_limits
+#: a computation of dptrain.baselines: (its name in FUNCTIONS, positional arguments, keywords)
+Job = tuple[str, tuple, dict]
 
-    with warnings.catch_warnings(), threadpool_limits(limits=1):
-        warnings.simplefilter("ignore")
-        return model.fit(data.x_train.numpy(), data.y_train.numpy())
+
+def _split(data: Any) -> tuple:
+    """The training and test rows as numpy arrays (views of the tensors): x_train, y_train, x_test,
+    y_test."""
+    return (data.x_train.numpy(), data.y_train.numpy(), data.x_test.numpy(), data.y_test.numpy())
+
+
+def _run_job(job: Job) -> Any:
+    name, args, kwargs = job
+    return baselines.compute(name, *args, **kwargs)
 
 
 class Multinomial:
@@ -203,11 +203,9 @@ class Multinomial:
 
     @torch.no_grad()
     def metrics(self, outputs: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-        from sklearn.metrics import roc_auc_score
-
         p = torch.softmax(outputs.double(), dim=1).numpy()
         labels = y.numpy()
-        aucs = [float(roc_auc_score(labels == k, p[:, k])) for k in range(p.shape[1])
+        aucs = [float(baselines.compute("roc_auc", labels == k, p[:, k])) for k in range(p.shape[1])
                 if 0 < int((labels == k).sum()) < len(labels)]
         return {"acc": float((outputs.argmax(1) == y).double().mean()),
                 "loss": float(self.per_example_loss(outputs, y).double().mean()),
@@ -220,11 +218,13 @@ class Multinomial:
         counts = torch.bincount(y, minlength=max(len(self.class_names), 1))
         out = {"majority_acc": float(counts.max()) / max(int(y.shape[0]), 1)}
         if fit:
-            from sklearn.linear_model import LogisticRegression
-
-            clf = _fit_quietly(LogisticRegression(max_iter=2000, random_state=seed), data)
-            out["nonprivate_acc"] = float(clf.score(data.x_test.numpy(), y.numpy()))
+            out["nonprivate_acc"] = float(_run_job(self.baseline_job(data, seed=seed)))
         return out
+
+    def baseline_job(self, data: Any, *, seed: int) -> Job:
+        """The NON-private fit :meth:`baseline` runs (dptrain.baselines): sklearn's multinomial
+        LogisticRegression."""
+        return "logistic_accuracy", _split(data), {"seed": seed}
 
     def prediction_columns(self, outputs: torch.Tensor) -> dict[str, Any]:
         """``p_<class>`` (the softmax probability of each declared class) and ``label`` (the
@@ -307,12 +307,14 @@ class LinearRegression:
         y = data.y_test.double()
         out = {"mean_rmse": span * float((y - data.y_train.double().mean()).square().mean().sqrt())}
         if fit:
-            from sklearn.linear_model import LinearRegression as SkLinearRegression
-
-            reg = _fit_quietly(SkLinearRegression(), data)
-            pred = torch.from_numpy(reg.predict(data.x_test.numpy())).double()
+            pred = torch.from_numpy(_run_job(self.baseline_job(data, seed=seed))).double()
             out["nonprivate_rmse"] = span * float((pred - y).square().mean().sqrt())
         return out
+
+    def baseline_job(self, data: Any, *, seed: int) -> Job:
+        """The NON-private fit :meth:`baseline` runs (dptrain.baselines): sklearn LinearRegression's
+        test predictions (``seed`` unused: the fit is deterministic)."""
+        return "linear_predictions", _split(data)[:3], {}
 
     def prediction_columns(self, outputs: torch.Tensor) -> dict[str, Any]:
         """``prediction``: lower + (upper - lower) z, in the target's original units."""

@@ -338,6 +338,7 @@ def fit(cfg: Config, data: Dataset, *, mechanism: DPSGDMechanism, tracker: Track
     if on_engine is not None:
         on_engine(run.engine)
     run.steps, run.stop_reason = planned_steps_within_budget(cfg, run.accountant, done=run.done, mechanism=mechanism)
+    prefetch_baseline(cfg, data, objective=run.objective, main=run.main)
     tracker.purge_after(run.done)  # a resumed run overwrites TensorBoard points logged after its checkpoint
     log.info("engine=%s, N=%d, B=%d, q=%.6g, steps=%d, sigma=%g", run.engine.name, mechanism.dataset_size,
              mechanism.expected_batch_size, mechanism.sample_rate, run.steps, mechanism.noise_multiplier)
@@ -459,6 +460,22 @@ def _summarise(run: _Run, data: Dataset, tracker: Tracker, loop_seconds: float) 
     # the CPU copy: the released weights do not depend on where they were computed
     return TrainResult(model=run.model.to("cpu"), metrics=metrics, privacy=record,
                        accountant=run.accountant, mechanism=run.mechanism)
+
+
+def prefetch_baseline(cfg: Config, data: Dataset, *, objective: Any, main: bool = True) -> None:
+    """Send the NON-private baseline's fit to the accounting worker, when the command line started
+    one, to run while this process trains; :func:`_summarise` takes its answer
+    (dptrain.baselines). Nothing without a worker, or where the run fits no baseline here.
+
+    Sent once training is set up, not earlier: sent before the calibration, the fit shared the
+    worker with it and with the loop's ROC AUCs, and the run waited longer for both (measured)."""
+    job = getattr(objective, "baseline_job", None)  # optional for plugin objectives
+    if job is None or not (cfg.trainer.baseline and main and data.shard is None):
+        return
+    from dptrain import baselines
+
+    name, args, kwargs = job(data, seed=cfg.seed)
+    baselines.prefetch(name, *args, **kwargs)
 
 
 def _baseline_data(run: _Run, data: Dataset) -> Any:

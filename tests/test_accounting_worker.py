@@ -12,11 +12,17 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
+import torch
 from omegaconf import OmegaConf
+from sklearn.metrics import roc_auc_score
 
+from dptrain import baselines
 from dptrain.config import PrivacyConfig
+from dptrain.objectives import BinaryLogistic, LinearRegression, Multinomial
 from dptrain.privacy import accounting, worker
 from dptrain.privacy.curves import CurveConfig
 from dptrain.privacy.mechanism import DPSGDMechanism
@@ -111,7 +117,9 @@ def test_a_worker_that_dies_or_fails_changes_nothing(no_worker_left):
     bad = dict(inputs, dataset_size="three thousand")  # the worker's from_settings raises
     worker.submit(**bad)
     assert _accounting(inputs) == alone  # the run's own inputs: nothing from the worker matches or it failed
-    assert worker._worker.finished
+    assert worker._worker.accounting_done and not worker._worker.finished  # it still answers jobs:
+    labels, scores = np.array([0, 1, 1, 0]), np.array([0.2, 0.9, 0.4, 0.5])
+    assert worker.job_value("roc_auc", (labels, scores), {}) == (roc_auc_score(labels, scores),)
 
 
 def test_an_unreachable_target_is_refused_by_the_run_as_without_a_worker(no_worker_left):
@@ -142,6 +150,89 @@ def test_a_worker_that_cannot_start_leaves_the_run_to_itself(no_worker_left, mon
     assert worker._worker is None
     worker.submit(**inputs)
     assert _accounting(inputs) == alone
+
+
+def _rows(kind: str = "binary", n: int = 900, d: int = 6, seed: int = 11) -> SimpleNamespace:
+    g = np.random.default_rng(seed)
+    x = g.normal(size=(n, d)).astype(np.float32)
+    z = x @ g.normal(size=d) + g.normal(size=n)
+    y = {"binary": (z > 0).astype(np.float32),
+         "multiclass": np.digitize(z, np.quantile(z, [0.3, 0.7])).astype(np.int64),
+         "continuous": (1 / (1 + np.exp(-z))).astype(np.float32)}[kind]
+    cut = n * 2 // 3
+    return SimpleNamespace(x_train=torch.from_numpy(x[:cut]), y_train=torch.from_numpy(y[:cut]),
+                           x_test=torch.from_numpy(x[cut:]), y_test=torch.from_numpy(y[cut:]))
+
+
+def _objective(kind: str) -> object:
+    if kind == "binary":
+        return BinaryLogistic()
+    if kind == "multiclass":
+        objective = Multinomial()
+        objective.class_names = ("low", "mid", "high")
+        return objective
+    objective = LinearRegression()
+    objective.target_bounds = (-1.0, 3.0)
+    return objective
+
+
+def _evaluation(objective: object, data: SimpleNamespace) -> tuple:
+    """What a run's evaluation computes: the test metrics of some outputs and the baselines."""
+    width = 3 if isinstance(objective, Multinomial) else 1
+    weights = torch.linspace(-1, 1, data.x_test.shape[1] * width).reshape(-1, width)
+    outputs = (data.x_test @ weights).squeeze(1) if width == 1 else data.x_test @ weights
+    return objective.metrics(outputs, data.y_test), objective.baseline(data, seed=4)
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("the run computed a scikit-learn value itself")
+
+
+@pytest.mark.parametrize("kind", ["binary", "multiclass", "continuous"])
+def test_the_runs_sklearn_work_is_the_workers_and_its_own(kind, no_worker_left, monkeypatch):
+    """The baseline sent ahead and each AUC asked for come from the worker (the run's own copies of
+    the functions are replaced after the fork by ones that fail), bit for bit what the run
+    computes alone."""
+    data, objective = _rows(kind), _objective(kind)
+    alone = _evaluation(objective, data)
+    assert "nonprivate_acc" in alone[1] or "nonprivate_rmse" in alone[1]
+    worker.start(_cfg())
+    monkeypatch.setattr(baselines, "FUNCTIONS", dict.fromkeys(baselines.FUNCTIONS, _refuse))
+    name, args, kwargs = objective.baseline_job(data, seed=4)
+    baselines.prefetch(name, *args, **kwargs)
+    assert _evaluation(objective, data) == alone
+    auc_jobs = {"binary": 1, "multiclass": 3, "continuous": 0}[kind]
+    assert len(worker._worker.jobs) == 1 + auc_jobs  # the baseline's fit went once, ahead of its use
+
+
+def test_rows_changed_after_they_were_sent_get_an_answer_of_their_own(no_worker_left):
+    """A job's arguments are compared by a digest taken when they were sent: rows changed in place
+    since then are not answered with the fit on the old rows."""
+    data, objective = _rows(), BinaryLogistic()
+    before = objective.baseline(data, seed=4)["nonprivate_acc"]
+    flipped = SimpleNamespace(**{**vars(data), "y_train": 1 - data.y_train})
+    after = objective.baseline(flipped, seed=4)["nonprivate_acc"]
+    assert after != before  # the change matters
+    worker.start(_cfg())
+    name, args, kwargs = objective.baseline_job(data, seed=4)
+    baselines.prefetch(name, *args, **kwargs)  # the original rows
+    data.y_train.copy_(1 - data.y_train)  # every training label flipped, in place, after the send
+    assert objective.baseline(data, seed=4)["nonprivate_acc"] == after
+    assert len(worker._worker.jobs) == 2  # the changed rows went as a job of their own
+
+
+def test_a_failed_or_lost_job_is_left_to_the_run(no_worker_left, monkeypatch):
+    labels, scores = np.array([0, 1, 1, 0, 1]), np.array([0.1, 0.8, 0.3, 0.4, 0.9])
+    worker.start(_cfg())
+    assert worker.job_value("roc_auc", (labels, scores[:4]), {}) is None  # sklearn raises in the worker
+    assert worker.job_value("roc_auc", (labels, scores), {}) == (roc_auc_score(labels, scores),)
+    monkeypatch.setattr(worker, "MAX_JOB_BYTES", 64)  # rows too large to copy: computed by the run
+    assert worker.send_job("roc_auc", (labels, np.zeros(50)), {}) is None
+    assert worker.job_value("roc_auc", (labels, np.zeros(50)), {}) is None
+    assert len(worker._worker.jobs) == 2
+    worker._worker.process.kill()
+    assert worker.job_value("roc_auc", (labels, 1 - scores), {}) is None  # dead: nothing more comes
+    assert baselines.compute("roc_auc", labels, 1 - scores) == roc_auc_score(labels, 1 - scores)
 
 
 @pytest.mark.parametrize(("change", "env"), [
@@ -193,8 +284,9 @@ def _env(**extra: str) -> dict[str, str]:
 @pytest.mark.slow  # 26 s of the fast suite; CI runs it with -m slow
 def test_a_run_with_the_worker_writes_what_a_run_without_it_writes(tmp_path):
     """The same run (reproducible noise from a seed file) with the worker and without it: the
-    same privacy report, metrics and log (timings aside). The run's process, with the worker,
-    imports no dp-accounting: the worker computed every value it needed."""
+    same privacy report, metrics (the baseline and the AUCs included) and log (timings aside).
+    The run's process, with the worker, imports no dp-accounting, scikit-learn or scipy: the
+    worker computed every value it needed."""
     key = tmp_path / "noise.key"
     made = subprocess.run([sys.executable, "-m", "dptrain.privacy.randomness", str(key)], cwd=REPO, env=_env(),
                           capture_output=True, text=True, timeout=120)
@@ -205,7 +297,7 @@ def test_a_run_with_the_worker_writes_what_a_run_without_it_writes(tmp_path):
         run = tmp_path / mode
         res = subprocess.run([sys.executable, "-X", "importtime", "-m", "dptrain", "experiment=logit",
                               "data=synthetic", "data.n_rows=3000", "trainer.epochs=2", "trainer.batch_size=100",
-                              "trainer.progress=false", "trainer.baseline=false", "privacy.noise_multiplier=null",
+                              "trainer.progress=false", "trainer.eval_every=20", "privacy.noise_multiplier=null",
                               "privacy.target_epsilon=2", f"privacy.noise_seed_file={key}", f"hydra.run.dir={run}"],
                              cwd=REPO, env=_env(**env), capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr[-3000:]
@@ -213,14 +305,16 @@ def test_a_run_with_the_worker_writes_what_a_run_without_it_writes(tmp_path):
                     if line.startswith("import time:")}
         out[mode] = (run, imported)
     (with_run, with_imports), (alone_run, alone_imports) = out["worker"], out["alone"]
-    assert "dp_accounting" in alone_imports
-    assert "dp_accounting" not in with_imports and "torch" in with_imports
+    assert {"dp_accounting", "sklearn", "scipy"} <= alone_imports
+    assert not {"dp_accounting", "sklearn", "scipy"} & with_imports and "torch" in with_imports
     assert "torch._dynamo" not in with_imports | alone_imports  # dptrain.optimizers (tests/test_optimizers.py)
     a, b = (json.loads((r / "privacy.json").read_text()) for r in (with_run, alone_run))
     assert a == b and a["noise_multiplier_source"] == "calibrated"
     drop = re.compile(r'"time/[^"]*": [0-9.e+-]+,?')
-    metrics = [drop.sub("", (r / "metrics.json").read_text()) for r in (with_run, alone_run)]
-    assert metrics[0] == metrics[1]
+    for name in ("metrics.json", "private/metrics.json"):
+        metrics = [drop.sub("", (r / name).read_text()) for r in (with_run, alone_run)]
+        assert metrics[0] == metrics[1] and '"test/auc"' in metrics[0]
+    assert '"baseline/nonprivate_acc"' in metrics[0]  # private/metrics.json: the non-private baseline
 
     def log(run: Path) -> list[str]:
         text = (run / "private" / "dptrain.log").read_text().replace(str(run), "RUN")

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from dptrain.errors import DPTrainError
 
@@ -49,6 +48,8 @@ def aggregate_parts(estimates: np.ndarray, *, level: float = 0.95) -> Interval:
     k = a.shape[0]
     mean = a.mean(axis=0)
     se = a.std(axis=0, ddof=1) / np.sqrt(k)
+    from scipy import stats  # here, not at the top: a run without intervals never imports scipy.stats
+
     t = float(stats.t.ppf(0.5 + level / 2, df=k - 1))
     return Interval(mean, se, mean - t * se, mean + t * se, level)
 

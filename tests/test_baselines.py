@@ -1,0 +1,80 @@
+"""dptrain.baselines: the scikit-learn side of a run's evaluation (the NON-private baselines and the
+test ROC AUC), torch-free so that the accounting worker can compute it. Without a worker each
+objective's numbers are sklearn's own, fitted here."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from sklearn.linear_model import LinearRegression, LogisticRegression
+from sklearn.metrics import roc_auc_score
+
+from dptrain import baselines
+from dptrain.objectives import BinaryLogistic, Multinomial
+from dptrain.objectives import LinearRegression as LinearObjective
+
+
+def _rows(kind: str, n: int = 600, d: int = 5, seed: int = 3) -> SimpleNamespace:
+    g = np.random.default_rng(seed)
+    x = g.normal(size=(n, d)).astype(np.float32)
+    z = x @ g.normal(size=d)
+    y = {"binary": (z + g.normal(size=n) > 0).astype(np.float32),
+         "multiclass": np.digitize(z, np.quantile(z, [1 / 3, 2 / 3])).astype(np.int64),
+         "continuous": (1 / (1 + np.exp(-z))).astype(np.float32)}[kind]
+    cut = n * 2 // 3
+    return SimpleNamespace(x_train=torch.from_numpy(x[:cut]), y_train=torch.from_numpy(y[:cut]),
+                           x_test=torch.from_numpy(x[cut:]), y_test=torch.from_numpy(y[cut:]))
+
+
+def test_the_binary_baseline_and_auc_are_sklearns():
+    data = _rows("binary")
+    x, y, xt, yt = (t.numpy() for t in (data.x_train, data.y_train, data.x_test, data.y_test))
+    ref = LogisticRegression(max_iter=2000, random_state=7).fit(x, y).score(xt, yt)
+    out = BinaryLogistic().baseline(data, seed=7)
+    assert out["nonprivate_acc"] == pytest.approx(ref, abs=1e-12)
+    assert out["majority_acc"] == pytest.approx(max(yt.mean(), 1 - yt.mean()))
+    assert "nonprivate_acc" not in BinaryLogistic().baseline(data, seed=7, fit=False)
+    scores = torch.from_numpy(xt @ np.arange(1, 6, dtype=np.float32))
+    m = BinaryLogistic().metrics(scores, data.y_test)
+    assert m["auc"] == pytest.approx(roc_auc_score(yt, scores.numpy()), abs=1e-15)
+    assert math.isnan(BinaryLogistic().metrics(scores, torch.ones_like(data.y_test))["auc"])  # one class: no AUC
+
+
+def test_the_multinomial_and_linear_baselines_are_sklearns():
+    data = _rows("multiclass")
+    x, y, xt, yt = (t.numpy() for t in (data.x_train, data.y_train, data.x_test, data.y_test))
+    ref = LogisticRegression(max_iter=2000, random_state=1).fit(x, y).score(xt, yt)
+    objective = Multinomial()
+    objective.class_names = ("a", "b", "c")
+    assert objective.baseline(data, seed=1)["nonprivate_acc"] == pytest.approx(ref, abs=1e-12)
+    data = _rows("continuous")
+    x, y, xt, yt = (t.numpy() for t in (data.x_train, data.y_train, data.x_test, data.y_test))
+    pred = LinearRegression().fit(x, y).predict(xt)
+    objective = LinearObjective()
+    objective.target_bounds = (0.0, 10.0)  # the declared target range: [0, 10]
+    rmse = 10.0 * float(np.sqrt(np.mean((pred.astype(np.float64) - yt.astype(np.float64)) ** 2)))
+    assert objective.baseline(data, seed=0)["nonprivate_rmse"] == pytest.approx(rmse, rel=1e-9)
+
+
+def test_compute_runs_the_named_function_here_without_a_worker():
+    labels, scores = np.array([0, 1, 1, 0, 1]), np.array([0.1, 0.8, 0.3, 0.4, 0.9])
+    assert baselines.compute("roc_auc", labels, scores) == roc_auc_score(labels, scores)
+    with pytest.raises(KeyError):
+        baselines.compute("no_such_function")
+    baselines.prefetch("roc_auc", labels, scores)  # no worker: nothing to send, nothing happens
+
+
+def test_the_module_imports_no_torch_and_no_sklearn():
+    """The worker imports it before the run imports torch: it must not import torch itself, and
+    scikit-learn only when a function runs (or warm_up)."""
+    code = ("import sys; import dptrain.baselines; "
+            "print(sorted(m for m in ('torch', 'sklearn', 'scipy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
