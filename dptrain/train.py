@@ -155,16 +155,20 @@ def build_model(cfg: Config, *, spec: DataSpec, objective: Any) -> nn.Module:
     return model
 
 
-def mechanism_for(cfg: Config, *, dataset_size: int, delta: float, curves: bool = True) -> DPSGDMechanism:
+def mechanism_for(cfg: Config, *, dataset_size: int, delta: float, curves: bool = True,
+                  meanwhile: Callable[[], None] | None = None) -> DPSGDMechanism:
     """The run's mechanism from its settings and the PUBLIC N (sigma given or calibrated), with
     the dp/ training-loss curve when the run is private and ``trainer.dp_curves`` is on (and
     ``curves``: the audit passes False, dptrain.privacy.curves). The accounting worker, when the
-    command line started one, gets the same public inputs (dptrain.privacy.worker)."""
+    command line started one, gets the same public inputs (dptrain.privacy.worker);
+    ``meanwhile`` runs after that, while the worker calibrates (a run imports TensorBoard)."""
     from dptrain.privacy import worker
 
     inputs = dict(privacy=cfg.privacy, epochs=cfg.trainer.epochs, expected_batch_size=cfg.trainer.batch_size,
                   dataset_size=dataset_size, delta=delta, curves=curve_config(cfg) if curves else None)
     worker.submit(**inputs)
+    if meanwhile is not None:
+        meanwhile()
     return DPSGDMechanism.from_settings(**inputs)
 
 

@@ -232,3 +232,19 @@ def test_a_run_ended_by_the_fast_exit_writes_what_a_full_exit_writes(tmp_path):
     assert "train loop:" in (fast / "private" / "dptrain.log").read_text().splitlines()[-1]
     assert _without_timings("out", fast_res.stdout.encode(), fast) == _without_timings("out", full_res.stdout.encode(),
                                                                                        full)
+
+
+def test_the_tracker_imports_tensorboard_ahead_without_opening_a_writer(tmp_path):
+    """Tracker.warm_up (called while the accounting worker calibrates) imports TensorBoard's
+    writer when TensorBoard is on, and only then; it opens no writer and writes no event file
+    (a resumed run may still purge before its first write)."""
+    code = ("import sys; from pathlib import Path; from dptrain.tracking import Tracker\n"
+            "on = sys.argv[1] == 'on'\n"
+            "t = Tracker(Path(sys.argv[2]), tensorboard=on); t.warm_up(); t.purge_after(5)\n"
+            "print('torch.utils.tensorboard' in sys.modules, t._writer is None, t._purge_step, "
+            "(Path(sys.argv[2]) / 'tb').exists())")
+    for mode, imported in (("on", "True"), ("off", "False")):
+        out = subprocess.run([sys.executable, "-c", code, mode, str(tmp_path / mode)], cwd=REPO, env=_env(),
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == [imported, "True", "6", "False"]

@@ -58,8 +58,9 @@ def run_estimator(conf: Any, data: Any, *, delta: float, tracker: Any, launch: A
 
     name = conf.estimator.name
     if name == "dpsgd":
-        return fit(conf, data, mechanism=mechanism_for(conf, dataset_size=data.n_train, delta=delta),
-                   tracker=tracker, launch=launch)
+        mechanism = mechanism_for(conf, dataset_size=data.n_train, delta=delta,
+                                  meanwhile=getattr(tracker, "warm_up", None))  # while the worker calibrates
+        return fit(conf, data, mechanism=mechanism, tracker=tracker, launch=launch)
     if name == "subsample_aggregate":
         return _subsample_aggregate(conf, data, delta=delta, tracker=tracker, launch=launch)
     from dptrain.inference.ssp_run import run_ssp
