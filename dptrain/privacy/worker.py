@@ -256,9 +256,10 @@ def _size(value: Any) -> int:
     return int(getattr(value, "nbytes", 0))
 
 
-def send_job(name: str, args: tuple, kwargs: dict) -> int | None:
+def send_job(name: str, args: tuple, kwargs: dict, *, digest: Any = None) -> int | None:
     """Send ``dptrain.baselines.FUNCTIONS[name](*args, **kwargs)`` to the worker; its id, or None
-    when there is no worker to send it to, or its arrays exceed ``MAX_JOB_BYTES``."""
+    when there is no worker to send it to, or its arrays exceed ``MAX_JOB_BYTES``. ``digest``:
+    the call's :func:`_digest` when the caller has it already."""
     if _recording is not None or _worker is None or _worker.finished or _size((args, kwargs)) > MAX_JOB_BYTES:
         return None
     job_id = len(_worker.jobs)
@@ -268,7 +269,7 @@ def send_job(name: str, args: tuple, kwargs: dict) -> int | None:
         log.debug("accounting worker: %s", err)
         _worker.close()
         return None
-    _worker.jobs.append((job_id, _digest((name, args, kwargs))))
+    _worker.jobs.append((job_id, digest if digest is not None else _digest((name, args, kwargs))))
     return job_id
 
 
@@ -278,10 +279,10 @@ def job_value(name: str, args: tuple, kwargs: dict) -> Answer | None:
     lives; a job that failed in the worker is the caller's to compute."""
     if _recording is not None or _worker is None or _worker.finished:
         return None
-    key = _digest((name, args, kwargs)) if _worker.jobs else None
+    key = _digest((name, args, kwargs))
     job_id = next((i for i, d in _worker.jobs if d == key), None)
     if job_id is None:
-        job_id = send_job(name, args, kwargs)
+        job_id = send_job(name, args, kwargs, digest=key)
         if job_id is None:
             return None
     while job_id not in _worker.results and not _worker.finished:
