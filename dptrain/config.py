@@ -505,6 +505,11 @@ class TrainerConfig:
     device: str = setting("auto", help="where the model, the rows, the Poisson sampler and the noise live: auto = "
                           "the first CUDA device when torch sees one (cuda:LOCAL_RANK in a distributed run), else "
                           "the CPU (docs/devices.md)", allowed="auto | cpu | cuda | cuda:N")
+    cuda_graph: bool = setting(True, help="on a CUDA device, replay each step that logs nothing as one CUDA graph "
+                               "over a fixed number of rows, B + 3 sqrt(B) + 8, the batch padded with rows of weight "
+                               "0 (a larger batch and the logged steps run as usual): the same mechanism with far "
+                               "less host work per step; no effect on the CPU, with the Opacus engine or in a "
+                               "distributed run (docs/devices.md)", allowed="true | false")
     dp_curves: bool = setting(True, help="log dp/train_loss on the logged steps: the training loss released with "
                               "Gaussian noise, its privacy cost included in epsilon (docs/privacy.md, 'DP curves'); "
                               "no effect without privacy, in task=audit or on subsample_aggregate's parts",

@@ -29,7 +29,8 @@ from dptrain.optimizers import build_optimizer
 from dptrain.privacy.accounting import PrivacyAccountant
 from dptrain.privacy.curves import TAG as CURVE_TAG
 from dptrain.privacy.curves import CurveConfig
-from dptrain.privacy.engine import GradientEngine, make_sampler
+from dptrain.privacy.engine import DevicePoissonSampler, GradientEngine, make_sampler
+from dptrain.privacy.graph import BatchStep
 from dptrain.privacy.mechanism import DPSGDMechanism
 from dptrain.privacy.randomness import Randomness
 from dptrain.tracking import Tracker
@@ -197,7 +198,7 @@ class _Run:
     optimizer: torch.optim.Optimizer
     engine: GradientEngine
     accountant: PrivacyAccountant
-    sampler: Any  # PoissonSampler (CPU) or DevicePoissonSampler (GPU)
+    sampler: Any  # PoissonSampler (CPU), PinnedPoissonSampler or DevicePoissonSampler (GPU)
     x: torch.Tensor
     y: torch.Tensor
     launch: LaunchConfig
@@ -358,13 +359,17 @@ def _loop(run: _Run, data: Dataset, tracker: Tracker) -> float:
     start = time.perf_counter()
     bar = tqdm(total=run.steps, initial=min(run.done, run.steps), disable=not (t.progress and run.main),
                desc="dp-sgd" if run.mechanism.enabled else "sgd", dynamic_ncols=True)
+    # draws each step's Poisson batch and runs the engine; on a GPU the unlogged steps replay one
+    # CUDA graph (dptrain.privacy.graph)
+    batch_step = BatchStep(run.engine, run.sampler, run.x, run.y, cuda_graph=getattr(t, "cuda_graph", True))
+    if run.device.type == "cuda" and batch_step.graph_reason is not None:
+        log.info("CUDA graph: off, %s", batch_step.graph_reason)
     for step in range(run.done + 1, run.steps + 1):
         log_now = step % t.log_every == 0 or step == run.steps
         curve_now = run.mechanism.curve_due(step, last=run.steps)  # the dp/ curve: the same steps
         run.engine.collect_stats = log_now or curve_now  # diagnostics only on logged steps: off the hot path
         t0 = time.perf_counter()
-        idx = run.sampler.sample()
-        stats = run.engine(run.x.index_select(0, idx), run.y.index_select(0, idx))
+        stats = batch_step()
         run.optimizer.step()
         run.train_seconds += time.perf_counter() - t0
         if run.mechanism.enabled:
@@ -492,6 +497,18 @@ def _baseline_data(run: _Run, data: Dataset) -> Any:
     return baseline_data(data, run.launch.dist)
 
 
+def _gpu_streams(run: _Run) -> str:
+    """What the privacy report adds to the streams' description on a GPU: which stream is torch's
+    Philox generator there (the noise's always; the sampler's only when it draws on the GPU)."""
+    if run.device.type != "cuda":
+        return ""
+    philox = "its 64-bit key and 62-bit counter offset set from that secret"
+    if isinstance(run.sampler, DevicePoissonSampler):
+        return f" On the GPU both streams are torch's Philox generator, {philox}"
+    return (f" On the GPU the noise stream is torch's Philox generator, {philox}; the Poisson sampler's stream is "
+            "the numpy one as on the CPU (each batch's indices drawn on the host and copied to the GPU)")
+
+
 def _record(run: _Run, final_step: int) -> dict[str, Any]:
     """The mechanism and how the run went, for the privacy report."""
     dist, p = run.launch.dist, run.cfg.privacy
@@ -504,9 +521,7 @@ def _record(run: _Run, final_step: int) -> dict[str, Any]:
         "stop_reason": run.stop_reason, "resumed_from_step": run.done,
         "resumed_from": str(run.resume_path) if run.resume_path is not None else None,
         "checkpoint": str(run.launch.run_dir / "private" / "checkpoint.pt") if run.launch.run_dir else None,
-        "randomness": run.randomness.describe() + (
-            " On the GPU both streams are torch's Philox generator, its 64-bit key and 62-bit counter offset set "
-            "from that secret" if run.device.type == "cuda" else ""), "randomness_mode": run.randomness.mode,
+        "randomness": run.randomness.describe() + _gpu_streams(run), "randomness_mode": run.randomness.mode,
         "device": _describe_device(run.device),
         "distributed": None if dist is None else {
             "world_size": run.world, "backend": dist.backend,

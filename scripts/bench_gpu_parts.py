@@ -12,18 +12,27 @@ each block of steps between two ``torch.cuda.synchronize()``, and reported as th
 ms/step and its ratio to ``nonprivate``:
 
 * ``nonprivate``           plain PyTorch on a fixed-size batch (a slice of a per-epoch permutation);
-* ``nonprivate-poisson``   the same on dptrain's Poisson batches (``DevicePoissonSampler``);
-* ``fast-cpu-layout``      dptrain's fast engine with the buffered path's CPU layout (a ones
-                           column beside each hidden output, ``engine.ones_column = True``);
-* ``fast``                 the fast engine as it runs on a GPU (no ones column), Poisson batches;
-* ``fast-presampled``      the same on 16 Poisson batches drawn before the timing and reused in
+* ``nonprivate-poisson``   the same on dptrain's Poisson batches (``make_sampler``: on a GPU with
+                           q <= 0.1 the host-drawn, asynchronously copied ``PinnedPoissonSampler``);
+* ``fast``                 what a training run does: dptrain's fast engine (on a GPU without the
+                           ones column), Poisson batches from ``make_sampler``, the step run by
+                           ``BatchStep`` (on a GPU replayed as one CUDA graph);
+* ``fast-eager``           the same without the CUDA graph (``BatchStep(cuda_graph=False)``);
+* ``fast-device-sampler``  ``fast-eager`` with ``DevicePoissonSampler`` (drawn on the GPU; the batch
+                           size reaches the host by a wait for the GPU each step): the sampler a
+                           GPU run used before ``PinnedPoissonSampler``;
+* ``fast-cpu-layout``      ``fast`` with the buffered path's CPU layout (a ones column beside each
+                           hidden output, ``engine.ones_column = True``);
+* ``fast-presampled``      ``fast`` on 16 Poisson batches drawn before the timing and reused in
                            turn: the step without the sampler's cost (NOT a private run: a
                            measurement of what sampling costs);
-* ``sampler``              ``DevicePoissonSampler.sample()`` alone.
+* ``sampler``              ``make_sampler(...).sample()`` alone;
+* ``device-sampler``       ``DevicePoissonSampler.sample()`` alone.
 
 Measured on an H100 (experiments/performance/README.md, "CUDA"): ``fast`` over
-``fast-presampled`` is what drawing a Poisson batch costs per step; ``fast-cpu-layout`` over
-``fast`` is what the GPU layout saves.
+``fast-presampled`` is what drawing a Poisson batch costs per step; ``fast-eager`` over ``fast``
+what the CUDA graph saves; ``fast-device-sampler`` over ``fast-eager`` what drawing the batch on
+the host saves; ``fast-cpu-layout`` over ``fast-eager`` what the GPU layout saves.
 """
 
 from __future__ import annotations
@@ -46,7 +55,8 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 
 from dptrain.models import mlp
 from dptrain.objectives import BINARY
-from dptrain.privacy.engine import DevicePoissonSampler, make_engine
+from dptrain.privacy.engine import DevicePoissonSampler, make_engine, make_sampler
+from dptrain.privacy.graph import BatchStep
 from dptrain.privacy.randomness import Randomness
 
 #: name: (input width, hidden widths, expected batch B)
@@ -58,7 +68,8 @@ CASES = {
     "tiny": (8, [16, 16], 64),  # for a smoke run on the CPU
 }
 DEFAULT_CASES = ["mlp1024-b4096", "mlp256-b4096", "mlp256-b1024", "preset-mlp"]
-MODES = ["nonprivate", "nonprivate-poisson", "fast-cpu-layout", "fast", "fast-presampled", "sampler"]
+MODES = ["nonprivate", "nonprivate-poisson", "fast", "fast-eager", "fast-device-sampler", "fast-cpu-layout",
+         "fast-presampled", "sampler", "device-sampler"]
 
 
 def _sync(device: torch.device) -> None:
@@ -69,7 +80,7 @@ def _sync(device: torch.device) -> None:
 class _Presampled:
     """Batches drawn once before the timing, reused in turn (the step without sampling)."""
 
-    def __init__(self, sampler: DevicePoissonSampler, k: int = 16) -> None:
+    def __init__(self, sampler, k: int = 16) -> None:
         self.batches, self.i = [sampler.sample() for _ in range(k)], 0
 
     def sample(self) -> torch.Tensor:
@@ -84,10 +95,13 @@ def make_step(mode: str, case: str, x: torch.Tensor, y: torch.Tensor):
     torch.manual_seed(0)  # the same initial weights in every mode
     model = mlp(in_features=d, hidden=hidden).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    sampler = DevicePoissonSampler(num_rows=n, sample_rate=b / n,
-                                   generator=Randomness.fresh().torch("poisson-sampler", device=device))
+    secret = Randomness.fresh()
+    on_device = DevicePoissonSampler(num_rows=n, sample_rate=b / n,
+                                     generator=secret.torch("poisson-sampler", device=device))
+    sampler = on_device if mode in ("fast-device-sampler", "device-sampler") else \
+        make_sampler(num_rows=n, sample_rate=b / n, randomness=secret, index=0, device=device)
     loss = BINARY.per_example_loss
-    if mode == "sampler":
+    if mode.endswith("sampler") and not mode.startswith("fast"):
         return sampler.sample
     if mode.startswith("nonprivate"):
         gen = torch.Generator(device=device).manual_seed(2)
@@ -112,6 +126,14 @@ def make_step(mode: str, case: str, x: torch.Tensor, y: torch.Tensor):
                          generator=Randomness.fresh().torch("gaussian-noise", device=device))
     engine.collect_stats = False  # as in the training loop's unlogged steps
     engine.ones_column = mode == "fast-cpu-layout"
+    if mode in ("fast", "fast-eager"):
+        batch_step = BatchStep(engine, sampler, x, y, cuda_graph=mode == "fast")
+
+        def loop_step() -> None:
+            batch_step()
+            optimizer.step()
+
+        return loop_step
     source = _Presampled(sampler) if mode == "fast-presampled" else sampler
 
     def dp_step() -> None:

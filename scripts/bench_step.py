@@ -29,7 +29,9 @@ in-memory tensors x (N, d), y (N,) on the device, no DataLoader:
 * ``nonprivate``      plain PyTorch: a fixed-size batch (contiguous slice of a per-epoch
                       permutation), forward, ``per_example_loss(...).mean().backward()``,
                       ``optimizer.step()``, ``optimizer.zero_grad(set_to_none=True)``.
-* ``dptrain-fast``    ``make_sampler`` + ``make_engine(engine="fast")`` + ``optimizer.step()``.
+* ``dptrain-fast``    ``make_sampler`` + ``make_engine(engine="fast")`` + ``optimizer.step()``, the
+                      batch drawn and the engine run by ``BatchStep`` as in the training loop (on a
+                      GPU the step replayed as one CUDA graph, dptrain.privacy.graph).
 * ``dptrain-opacus``  the same with ``engine="opacus"`` (Opacus per-sample gradients, our clipping).
 * ``opacus-hooks``    Opacus' standard path: ``GradSampleModule`` + ``DPOptimizer``
                       (loss_reduction="mean"), on the same kind of Poisson-sampled batches.
@@ -37,9 +39,9 @@ in-memory tensors x (N, d), y (N,) on the device, no DataLoader:
                       ``DPOptimizerFastGradientClipping`` + ``DPLossFastGradientClipping``.
 
 All DP modes use C = 1, sigma = 1 and dptrain's Poisson sampler for the device
-(``make_sampler``: numpy on the CPU, a torch generator on a GPU; sample rate B / N), so they pay
-for sampling as real DP-SGD does. On a GPU every generator (permutation, sampler, noise) lives on
-the GPU too.
+(``make_sampler``: numpy on the CPU; on a GPU the same numpy draws copied to the device without
+waiting when q <= 0.1, else a torch generator on the GPU; sample rate B / N), so they pay for
+sampling as real DP-SGD does. On a GPU the other generators (permutation, noise) live on the GPU.
 
 Timing: warm-up (20 steps or 1 s, at least 2 steps), then R repeats; in each repeat every mode
 runs K steps (K chosen from the warm-up so that a block takes about 0.3 s, at least 1 step),
@@ -120,6 +122,10 @@ try:  # a checkout that predates device support (--baseline-engine runs): numpy 
     from dptrain.privacy.engine import make_sampler
 except ImportError:
     make_sampler = None
+try:  # the training loop's step (a CUDA graph on a GPU); older checkouts: the engine called directly
+    from dptrain.privacy.graph import BatchStep
+except ImportError:
+    BatchStep = None
 
 per_example_loss = BINARY.per_example_loss  # binary cross-entropy with logits, one per example
 
@@ -327,6 +333,15 @@ def _dptrain_step(mode, model, optimizer, batch, x, y):
                              expected_batch_size=batch, generator=_noise_generator(x.device))
     # as in dptrain's training loop, where diagnostics are computed on logged steps only
     engine.collect_stats = False
+    if BatchStep is not None and mode != "baseline-fast":
+        # the training loop's step: the sampler and the engine, on a GPU replayed as a CUDA graph
+        batch_step = BatchStep(engine, sampler, x, y)
+
+        def loop_step() -> None:
+            batch_step()
+            optimizer.step()
+
+        return loop_step
 
     def step() -> None:
         idx = sampler.sample()

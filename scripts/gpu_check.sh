@@ -8,8 +8,9 @@
 #   (b) scripts/bench_step.py --device cuda (the issue's six cases, ~2-4 min), then
 #       scripts/bench_gpu_parts.py (the DP step taken apart, ~1 min; appended to b_bench.log)
 #                                                             -> $OUT/b_bench.log, bench_cuda.md, bench_cuda.json
-#   (c) python -m dptrain experiment=mlp for exactly 2 steps, trainer.device=cuda and =cpu, then both
-#       runs' privacy.json "epsilon" and "steps" side by side and whether they are equal
+#   (c) python -m dptrain experiment=mlp for exactly 2 steps, trainer.device=cuda and =cpu, and the
+#       same under torchrun (one process, trainer.distributed=true: NCCL); then the runs'
+#       privacy.json "epsilon" and "steps" side by side and whether they are equal
 #                                                             -> $OUT/c_runs.log, c_privacy.json
 # and ends with PASS/FAIL per part in $OUT/summary.txt (also printed). Set-up (nvidia-smi, versions,
 # installs) goes to $OUT/setup.log. That is 8 files: the device tool returns at most 8 files from
@@ -17,7 +18,7 @@
 # (default /tmp/gpu_check_runs), not under $OUT, and only their privacy.json come back (c_privacy.json).
 #
 # Time (under 10 min at worst, the device tool's command limit; about 3.5 min measured on an H100):
-# set-up ~0.5 min, (a) <= 100 s, (b) <= 240 s + 75 s, (c) <= 2 x 75 s.
+# set-up ~0.5 min, (a) <= 80 s, (b) <= 200 s + 60 s, (c) <= 2 x 60 s + 70 s.
 #
 # Two steps: dptrain runs steps = round(epochs * N / B) (dptrain.privacy.mechanism: round(epochs / q),
 # q = B / N). experiment=mlp trains on Adult's N = 32,561 training rows (privacy.json "dataset_size",
@@ -90,7 +91,7 @@ record "setup (dptrain + opacus import, CUDA available)" "$check_rc" "see setup.
 tests=(tests/test_device.py)
 note=""
 if [ -f tests/test_cuda.py ]; then tests+=(tests/test_cuda.py); else note="tests/test_cuda.py is missing"; fi
-timeout -k 10 100 "$PY" -m pytest -q -p no:cacheprovider -rs "${tests[@]}" >"$OUT/a_pytest.log" 2>&1
+timeout -k 10 80 "$PY" -m pytest -q -p no:cacheprovider -rs "${tests[@]}" >"$OUT/a_pytest.log" 2>&1
 rc=$?
 [ -z "$note" ] || { [ "$rc" -eq 0 ] && rc=1; }
 tail -n 15 "$OUT/a_pytest.log"
@@ -98,8 +99,8 @@ record "a pytest ${tests[*]}" "$rc" "$note"
 
 # ------------------------------------------------------------------------ (b) the benchmark
 # the six cases with 5 repeats of ~0.3 s blocks per mode; --budget-seconds lowers the repeats
-# (never below 2) if the timed blocks would not fit in 120 s (data, memory and warm-up come on top)
-timeout -k 10 240 "$PY" scripts/bench_step.py --device cuda --repeats 5 --budget-seconds 120 \
+# (never below 2) if the timed blocks would not fit in 100 s (data, memory and warm-up come on top)
+timeout -k 10 200 "$PY" scripts/bench_step.py --device cuda --repeats 5 --budget-seconds 100 \
     --out "$OUT/bench_cuda.md" >"$OUT/b_bench.log" 2>&1
 rc=$?
 tail -n 40 "$OUT/b_bench.log"
@@ -112,7 +113,7 @@ fi
 record "b bench_step --device cuda" "$rc" "$note"
 # the step taken apart (dptrain's layouts, the sampler's cost), in the same log
 echo "== scripts/bench_gpu_parts.py --repeats 3" >>"$OUT/b_bench.log"
-timeout -k 10 75 "$PY" scripts/bench_gpu_parts.py --repeats 3 >>"$OUT/b_bench.log" 2>&1
+timeout -k 10 60 "$PY" scripts/bench_gpu_parts.py --repeats 3 >>"$OUT/b_bench.log" 2>&1
 rc=$?
 grep -E "^##|^  [a-z-]+ " "$OUT/b_bench.log" | tail -n 30
 record "b2 bench_gpu_parts" "$rc" "see b_bench.log"
@@ -123,16 +124,24 @@ mkdir -p "$RUN_ROOT"
 : >"$OUT/c_runs.log"
 for dev in cuda cpu; do
     echo "== python -m dptrain experiment=mlp trainer.device=$dev trainer.epochs=$EPOCHS_FOR_2_STEPS" >>"$OUT/c_runs.log"
-    timeout -k 10 75 "$PY" -m dptrain experiment=mlp trainer.device="$dev" trainer.epochs=$EPOCHS_FOR_2_STEPS \
+    timeout -k 10 60 "$PY" -m dptrain experiment=mlp trainer.device="$dev" trainer.epochs=$EPOCHS_FOR_2_STEPS \
         trainer.progress=false hydra.run.dir="$RUN_ROOT/run_$dev" >>"$OUT/c_runs.log" 2>&1
     echo "== rc=$? (trainer.device=$dev)" >>"$OUT/c_runs.log"
 done
+# the same command under torchrun with trainer.distributed=true: one process on the one GPU, so
+# the NCCL process group, its all_reduce and the noise-once rule run on CUDA tensors (several GPUs
+# are needed for more than one rank: NCCL refuses two ranks on one device)
+echo "== torchrun --nproc_per_node=1 -m dptrain experiment=mlp trainer.distributed=true trainer.device=cuda" >>"$OUT/c_runs.log"
+timeout -k 10 70 "$PY" -m torch.distributed.run --standalone --nproc_per_node=1 -m dptrain experiment=mlp \
+    trainer.distributed=true trainer.device=cuda trainer.epochs=$EPOCHS_FOR_2_STEPS trainer.progress=false \
+    hydra.run.dir="$RUN_ROOT/run_nccl" >>"$OUT/c_runs.log" 2>&1
+echo "== rc=$? (torchrun, trainer.distributed=true, trainer.device=cuda)" >>"$OUT/c_runs.log"
 "$PY" - "$RUN_ROOT" "$OUT/c_privacy.json" >>"$OUT/c_runs.log" 2>&1 <<'EOF'
 import json, math, sys
 from pathlib import Path
 root, out = Path(sys.argv[1]), Path(sys.argv[2])
 runs = {}
-for dev in ("cuda", "cpu"):
+for dev in ("cuda", "cpu", "nccl"):
     f = root / f"run_{dev}" / "privacy.json"
     runs[dev] = json.loads(f.read_text()) if f.exists() else None
     r = runs[dev] or {}
@@ -148,11 +157,16 @@ if ok:
           f"({a['steps']} and {b['steps']}; 2 planned); cuda run's device: {a.get('device')!r}")
     ok = close_eps and a["steps"] == b["steps"] == 2 and str(a.get("device", "")).startswith("cuda")
 print("SAME EPSILON CHECK:", "PASS" if ok else "FAIL")
-sys.exit(0 if ok else 1)
+c = runs["nccl"]
+nccl_ok = bool(c and b) and math.isclose(c["epsilon"], b["epsilon"], rel_tol=1e-12) and c["steps"] == 2 \
+    and (c.get("distributed") or {}).get("backend") == "nccl" and str(c.get("device", "")).startswith("cuda")
+print(f"nccl: distributed={(c or {}).get('distributed')!r}")
+print("NCCL RUN CHECK:", "PASS" if nccl_ok else "FAIL")
+sys.exit(0 if ok and nccl_ok else 1)
 EOF
 rc=$?
-grep -E "^(cuda|cpu):|epsilon equal|SAME EPSILON|== rc=" "$OUT/c_runs.log"
-record "c experiment=mlp 2 steps, cuda vs cpu: same epsilon and steps" "$rc" "see c_runs.log"
+grep -E "^(cuda|cpu|nccl):|epsilon equal|SAME EPSILON|NCCL RUN|== rc=" "$OUT/c_runs.log"
+record "c experiment=mlp 2 steps, cuda vs cpu (and torchrun + NCCL): same epsilon and steps" "$rc" "see c_runs.log"
 
 echo "== $(date -u +%FT%TZ); load $(cat /proc/loadavg)" >>"$SUMMARY"
 echo "== summary ($SUMMARY)"

@@ -147,9 +147,10 @@ def test_gpu_check_script_is_valid_bash_and_runs_every_part():
                  "scripts/bench_gpu_parts.py", "trainer.device=\"$dev\"", "summary.txt", "set -u"]:
         assert part in text
     # every part under a time limit, and the limits (set-up ~30 s on top) inside the device
-    # tool's 600 s per command: (a) + (b) + (b2) + 2 x (c)
+    # tool's 600 s per command: (a) + (b) + (b2) + 2 x (c) + (c, torchrun)
     limits = [int(m) for m in re.findall(r"timeout -k 10 (\d+) ", text)]
-    assert len(limits) == 4 and limits[0] + limits[1] + limits[2] + 2 * limits[3] + 30 <= 600, limits
+    assert len(limits) == 5 and limits[0] + limits[1] + limits[2] + 2 * limits[3] + limits[4] + 30 <= 600, limits
+    assert "-m torch.distributed.run --standalone --nproc_per_node=1" in text and "NCCL RUN CHECK" in text
 
 
 # ------------------------------------------------------------------------------ the CUDA code path
@@ -333,8 +334,8 @@ def test_gpu_parts_prints_every_mode_as_a_ratio_to_the_nonprivate_step(capsys):
     assert row["fast"] == ["3.000", "ms", "1.500x", "(1.500-4.500)"]
 
 
-@pytest.mark.parametrize("mode", ["nonprivate", "nonprivate-poisson", "fast-cpu-layout", "fast", "fast-presampled",
-                                  "sampler"])
+@pytest.mark.parametrize("mode", ["nonprivate", "nonprivate-poisson", "fast", "fast-eager", "fast-device-sampler",
+                                  "fast-cpu-layout", "fast-presampled", "sampler", "device-sampler"])
 def test_gpu_parts_modes_create_their_tensors_on_the_data_device(mode):
     parts = _load_parts()
     x, y = parts.make_data("tiny", torch.device("cpu"), rows=400)
@@ -351,10 +352,27 @@ def test_gpu_parts_layouts_are_the_ones_named(capsys):
     layouts = {}
     for mode in ("fast-cpu-layout", "fast"):
         step = parts.make_step(mode, "tiny", x, y)
-        engine = next(c.cell_contents for c in step.__closure__ if type(c.cell_contents).__name__ == "FastLinearEngine")
+        cells = [c.cell_contents for c in step.__closure__]
+        engine = next(c.engine if type(c).__name__ == "BatchStep" else c for c in cells
+                      if type(c).__name__ in ("FastLinearEngine", "BatchStep"))
         step()
         layouts[mode] = (engine.ones_column, engine._ws.ones_column)
     assert layouts == {"fast-cpu-layout": (True, True), "fast": (False, False)}
+    # the samplers are the ones named: make_sampler's (numpy on this CPU) and the GPU-drawing one
+    from dptrain.privacy.engine import DevicePoissonSampler, PoissonSampler
+
+    kinds = {}
+    for mode in ("fast", "fast-eager", "fast-device-sampler", "sampler", "device-sampler"):
+        f = parts.make_step(mode, "tiny", x, y)
+        if hasattr(f, "__self__"):
+            sampler = f.__self__
+        else:
+            cells = [c.cell_contents for c in f.__closure__]
+            sampler = next(c.sampler if type(c).__name__ == "BatchStep" else c for c in cells
+                           if "Sampler" in type(c).__name__ or type(c).__name__ == "BatchStep")
+        kinds[mode] = type(sampler)
+    assert kinds == {"fast": PoissonSampler, "fast-eager": PoissonSampler, "fast-device-sampler": DevicePoissonSampler,
+                     "sampler": PoissonSampler, "device-sampler": DevicePoissonSampler}
     with pytest.raises(SystemExit):
         parts.main(["--device", "cpu", "--repeats", "0"])
     assert "--repeats 0 is not allowed" in capsys.readouterr().err

@@ -14,6 +14,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 from scipy import stats
+from torch import nn
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -24,7 +25,8 @@ import dptrain.checkpoint as ckpt  # noqa: E402
 from dptrain import cli  # noqa: E402
 from dptrain.layers import Squeeze  # noqa: E402
 from dptrain.objectives import build_objective  # noqa: E402
-from dptrain.privacy.engine import DevicePoissonSampler, make_engine, make_sampler  # noqa: E402
+from dptrain.privacy.engine import DevicePoissonSampler, PinnedPoissonSampler, make_engine, make_sampler  # noqa: E402,E501
+from dptrain.privacy.graph import BatchStep  # noqa: E402
 from dptrain.privacy.randomness import Randomness, new_seed_file  # noqa: E402
 
 GPU = torch.device("cuda", 0)
@@ -53,13 +55,13 @@ def test_every_engine_steps_on_the_gpu_with_every_tensor_there(case):
                          generator=secret.torch("gaussian-noise", device=GPU),
                          objective=build_objective(objective_name))
     sampler = make_sampler(num_rows=n, sample_rate=0.1, randomness=secret, index=0, device=GPU)
-    assert isinstance(sampler, DevicePoissonSampler)
+    assert isinstance(sampler, PinnedPoissonSampler)  # q <= 0.1: drawn on the host, copied without waiting
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     audit = DeviceAudit(GPU)
-    with audit:
-        for _ in range(3):
-            idx = sampler.sample()
-            assert idx.device == GPU
+    for _ in range(3):
+        idx = sampler.sample()  # the indices are drawn on the host by design (PinnedPoissonSampler)
+        assert idx.device == GPU
+        with audit:
             engine(x.index_select(0, idx), y.index_select(0, idx))
             opt.step()
     # StepStats' Python numbers come back to the host; every tensor stayed on the GPU
@@ -145,14 +147,115 @@ def test_gpu_sampler_has_the_poisson_law():
     check_sampler_law(OnHost(s), num_rows=n, sample_rate=q, draws=3000)
 
 
+def test_the_gpu_sampler_draws_the_cpu_samplers_batches_when_q_is_small():
+    """q <= 0.1: the GPU's batches are the CPU sampler's (the same numpy stream of the same
+    secret), copied to the device; above 0.1 they are drawn on the GPU."""
+    secret = Randomness.fresh()
+    n = 5000
+    on_gpu = make_sampler(num_rows=n, sample_rate=0.02, randomness=secret, index=0, device=GPU)
+    on_cpu = make_sampler(num_rows=n, sample_rate=0.02, randomness=secret, index=0, device="cpu")
+    assert isinstance(on_gpu, PinnedPoissonSampler)
+    sizes = []
+    for _ in range(50):
+        a, b = on_gpu.sample(), on_cpu.sample()
+        assert a.device == GPU and a.dtype == torch.int64
+        assert torch.equal(a.cpu(), b)
+        sizes.append(b.numel())
+    assert len(set(sizes)) > 5  # batches of varying size: the comparison is not of empty batches
+    assert on_gpu.get_state() == on_cpu.get_state()
+    dense = make_sampler(num_rows=n, sample_rate=0.3, randomness=secret, index=0, device=GPU)
+    assert isinstance(dense, DevicePoissonSampler) and dense.sample().device == GPU
+
+
+def test_pinned_sampler_has_the_poisson_law_on_the_gpu():
+    class OnHost:
+        def __init__(self, s):
+            self.s = s
+
+        def sample(self):
+            return self.s.sample().cpu()
+
+    n, q = 500, 0.07
+    s = make_sampler(num_rows=n, sample_rate=q, randomness=Randomness.fresh(), index=0, device=GPU)
+    assert isinstance(s, PinnedPoissonSampler)
+    check_sampler_law(OnHost(s), num_rows=n, sample_rate=q, draws=3000)
+
+
+@pytest.mark.parametrize("width", [1, 3], ids=["binary MLP", "3-class MLP"])
+def test_a_cuda_graph_run_takes_the_same_steps_as_an_unreplayed_one(width):
+    """Two copies of a float64 MLP on the GPU, the same secret streams: one stepped by BatchStep
+    (the training loop's step: unlogged steps replay a CUDA graph over `capacity` rows), one by
+    the sampler and the engine directly. The capacity is B, so about half the batches exceed it
+    and run unreplayed, and every 10th step is a logged (unreplayed) one. After 40 steps the two
+    models agree to float64 rounding, the batch sizes agree, and both noise generators have
+    advanced alike: each replay drew fresh noise from the secret generator, none was skipped or
+    repeated, and the padding added nothing."""
+    secret = Randomness.fresh()
+    torch.manual_seed(0)
+    layers = [nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, width)]
+    base = nn.Sequential(*layers, *([Squeeze()] if width == 1 else [])).double().to(GPU)
+    n, b = 2000, 50.0
+    x = torch.rand(n, 6, dtype=torch.float64, device=GPU)
+    y = (torch.randint(0, 3, (n,), device=GPU) if width == 3 else (torch.rand(n, device=GPU) > 0.5).double())
+    objective = build_objective("multinomial" if width == 3 else "binary")
+    models = [base, copy.deepcopy(base)]
+    engines = [make_engine(m, engine="fast", max_grad_norm=1.0, noise_multiplier=1.3, expected_batch_size=b,
+                           generator=secret.torch("gaussian-noise", device=GPU), objective=objective) for m in models]
+    samplers = [make_sampler(num_rows=n, sample_rate=b / n, randomness=secret, index=0, device=GPU) for _ in models]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in models]
+    step = BatchStep(engines[0], samplers[0], x, y, capacity=int(b))
+    assert step.graph_reason is None
+    sizes = []
+    for i in range(40):
+        for e in engines:
+            e.collect_stats = i % 10 == 9
+        s1 = step()
+        idx = samplers[1].sample()
+        s2 = engines[1](x.index_select(0, idx), y.index_select(0, idx))
+        assert s1.batch_size == s2.batch_size
+        sizes.append(s1.batch_size)
+        for o in opts:
+            o.step()
+    assert step.graphed and step.graph_reason is None
+    assert sum(k <= b for k in sizes) >= 5 and sum(k > b for k in sizes) >= 5, sizes  # both kinds of steps
+    for p, q in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-11)
+    assert torch.equal(engines[0].generator.get_state(), engines[1].generator.get_state())
+
+
+def test_consecutive_replays_draw_fresh_noise():
+    secret = Randomness.fresh()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1), Squeeze()).to(GPU)
+    n = 1000
+    x, y = torch.rand(n, 6, device=GPU), (torch.rand(n, device=GPU) > 0.5).float()
+    engine = make_engine(model, engine="fast", max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=20.0,
+                         generator=secret.torch("gaussian-noise", device=GPU))
+    engine.collect_stats = False
+    sampler = make_sampler(num_rows=n, sample_rate=0.02, randomness=secret, index=0, device=GPU)
+    step = BatchStep(engine, sampler, x, y)
+    grads = []
+    for _ in range(3):
+        step()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone())
+    assert step.graphed
+    assert not torch.allclose(grads[0], grads[1]) and not torch.allclose(grads[1], grads[2])
+    # the parameters were not changed (no optimiser step): the differences are noise of SD sigma C / B
+    diff = (grads[1] - grads[2]).std().item()
+    assert 0.5 * (2 ** 0.5) / 20 < diff < 2.0 * (2 ** 0.5) / 20
+
+
 @pytest.mark.parametrize("preset", ["logit", "mlp"])
-def test_a_gpu_run_has_the_cpu_runs_epsilon(tmp_path, preset):
+def test_a_gpu_run_has_the_cpu_runs_epsilon(tmp_path, preset, caplog):
+    caplog.set_level("INFO")
     gpu = _run(tmp_path / "gpu", [f"experiment={preset}", *SMALL, "trainer.device=cuda"])
+    assert "CUDA graph: the unlogged steps replay one graph" in caplog.text
     cpu = _run(tmp_path / "cpu", [f"experiment={preset}", *SMALL, "trainer.device=cpu"])
     assert gpu["device"].startswith("cuda:0") and cpu["device"] == "cpu"
     for key in ("epsilon", "epsilons", "steps", "sample_rate", "noise_multiplier", "dataset_size"):
         assert gpu[key] == cpu[key], key
-    assert "Philox" in gpu["randomness"]
+    assert "noise stream is torch's Philox generator" in gpu["randomness"]
+    assert "Poisson sampler's stream is the numpy one" in gpu["randomness"]  # q = 100 / 2,400 <= 0.1
     m = json.loads((tmp_path / "gpu" / "private" / "metrics.json").read_text())
     assert 0.0 <= m["test/acc"] <= 1.0
 

@@ -33,7 +33,7 @@ from dptrain.data import load_dataset
 from dptrain.device import DeviceError, resolve_device
 from dptrain.layers import Squeeze
 from dptrain.objectives import build_objective
-from dptrain.privacy.engine import DevicePoissonSampler, PoissonSampler, make_engine, make_sampler
+from dptrain.privacy.engine import DevicePoissonSampler, PinnedPoissonSampler, PoissonSampler, make_engine, make_sampler
 from dptrain.privacy.randomness import Randomness, philox_state, seeded_philox
 from dptrain.tracking import Tracker
 from dptrain.train import LaunchConfig, fit, mechanism_for
@@ -277,6 +277,43 @@ def test_device_sampler_has_the_poisson_law():
     assert abs(out["mean_z"]) < 4 and out["max_row_z"] < 6
     idx = sampler.sample()
     assert idx.dtype == torch.int64 and bool((idx[1:] > idx[:-1]).all())
+
+
+def test_a_gpu_sampler_with_q_at_most_a_tenth_draws_the_cpu_stream_and_copies_without_waiting(monkeypatch):
+    """On a GPU, q <= 0.1: the CPU sampler's numpy draws (the same secret stream, so the same
+    batches as on the CPU), copied from page-locked memory with non_blocking=True, so that the host
+    never waits for the GPU. Here on a "meta" device, with pin_memory recorded (a CPU-only torch
+    cannot page-lock memory)."""
+    secret = Randomness.fresh()
+    meta = torch.device("meta")
+    on_dev = make_sampler(num_rows=2000, sample_rate=0.05, randomness=secret, index=0, device=meta)
+    on_cpu = make_sampler(num_rows=2000, sample_rate=0.05, randomness=secret, index=0, device=CPU)
+    assert isinstance(on_dev, PinnedPoissonSampler) and on_dev.device == meta
+    assert type(on_cpu) is PoissonSampler
+    calls = []
+    real_to = torch.Tensor.to
+
+    def pin_memory(self, *args, **kwargs):
+        calls.append(("pin_memory", self.device))
+        return self
+
+    def to(self, *args, **kwargs):
+        calls.append(("to", args, kwargs))
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    sizes = []
+    for _ in range(20):
+        calls.clear()
+        idx, ref = on_dev.sample(), on_cpu.sample()
+        assert idx.device == meta and idx.dtype == torch.int64 and idx.shape == ref.shape
+        assert calls == [("pin_memory", CPU), ("to", (meta,), {"non_blocking": True})]
+        sizes.append(ref.numel())
+    assert len(set(sizes)) > 3 and on_dev.get_state() == on_cpu.get_state()  # the same stream, step for step
+    # the law is PoissonSampler's (tests/dp_invariants.py) on the host-side draws
+    host = PinnedPoissonSampler(num_rows=500, sample_rate=0.07, rng=np.random.default_rng(3), device=CPU)
+    check_sampler_law(host, num_rows=500, sample_rate=0.07, draws=3000)
 
 
 def test_sampler_states_do_not_cross_generator_kinds():
