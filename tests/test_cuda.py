@@ -20,6 +20,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 from dp_invariants import check_sampler_law  # noqa: E402
 from test_device import CASES, DeviceAudit  # noqa: E402
+from test_graph_step import step_beside  # noqa: E402
 
 import dptrain.checkpoint as ckpt  # noqa: E402
 from dptrain import cli  # noqa: E402
@@ -134,17 +135,20 @@ def test_gpu_streams_reproduce_from_a_seed_file_and_use_the_offset(tmp_path):
                                                                                     device=GPU))
 
 
+class _OnHost:
+    """A GPU sampler whose batches are read on the host (for tests/dp_invariants.py)."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def sample(self):
+        return self.sampler.sample().cpu()
+
+
 def test_gpu_sampler_has_the_poisson_law():
-    class OnHost:
-        def __init__(self, s):
-            self.s = s
-
-        def sample(self):
-            return self.s.sample().cpu()
-
     n, q = 500, 0.07
     s = DevicePoissonSampler(num_rows=n, sample_rate=q, generator=Randomness.fresh().torch("s", device=GPU))
-    check_sampler_law(OnHost(s), num_rows=n, sample_rate=q, draws=3000)
+    check_sampler_law(_OnHost(s), num_rows=n, sample_rate=q, draws=3000)
 
 
 def test_the_gpu_sampler_draws_the_cpu_samplers_batches_when_q_is_small():
@@ -168,17 +172,10 @@ def test_the_gpu_sampler_draws_the_cpu_samplers_batches_when_q_is_small():
 
 
 def test_pinned_sampler_has_the_poisson_law_on_the_gpu():
-    class OnHost:
-        def __init__(self, s):
-            self.s = s
-
-        def sample(self):
-            return self.s.sample().cpu()
-
     n, q = 500, 0.07
     s = make_sampler(num_rows=n, sample_rate=q, randomness=Randomness.fresh(), index=0, device=GPU)
     assert isinstance(s, PinnedPoissonSampler)
-    check_sampler_law(OnHost(s), num_rows=n, sample_rate=q, draws=3000)
+    check_sampler_law(_OnHost(s), num_rows=n, sample_rate=q, draws=3000)
 
 
 @pytest.mark.parametrize("width", [1, 3], ids=["binary MLP", "3-class MLP"])
@@ -205,17 +202,7 @@ def test_a_cuda_graph_run_takes_the_same_steps_as_an_unreplayed_one(width):
     opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in models]
     step = BatchStep(engines[0], samplers[0], x, y, capacity=int(b))
     assert step.graph_reason is None
-    sizes = []
-    for i in range(40):
-        for e in engines:
-            e.collect_stats = i % 10 == 9
-        s1 = step()
-        idx = samplers[1].sample()
-        s2 = engines[1](x.index_select(0, idx), y.index_select(0, idx))
-        assert s1.batch_size == s2.batch_size
-        sizes.append(s1.batch_size)
-        for o in opts:
-            o.step()
+    sizes = step_beside(step, engines[1], samplers[1], x, y, opts)
     assert step.graphed and step.graph_reason is None
     assert sum(k <= b for k in sizes) >= 5 and sum(k > b for k in sizes) >= 5, sizes  # both kinds of steps
     for p, q in zip(models[0].parameters(), models[1].parameters()):

@@ -167,6 +167,26 @@ def test_the_setting_is_in_the_config_and_the_settings_reference():
     assert "`trainer.cuda_graph`" in text
 
 
+def step_beside(step: BatchStep, engine, sampler, x, y, opts, *, steps: int = 40) -> list[int]:
+    """``steps`` steps of ``step`` and, from twin streams, of ``engine`` on ``sampler``'s batches
+    (the unreplayed step), every 10th one logged; each step's batch size, which must agree. A
+    step that is not logged and fits the capacity (a replay) computes no diagnostics."""
+    sizes = []
+    for i in range(steps):
+        for e in (step.engine, engine):
+            e.collect_stats = i % 10 == 9
+        s1 = step()
+        idx = sampler.sample()
+        s2 = engine(x.index_select(0, idx), y.index_select(0, idx))
+        assert s1.batch_size == s2.batch_size
+        if step.graphed and not step.engine.collect_stats and s1.batch_size <= step.capacity:
+            assert np.isnan(s1.loss_sum) and s1.correct == 0 and s1.clipped == 0
+        sizes.append(s1.batch_size)
+        for o in opts:
+            o.step()
+    return sizes
+
+
 class _ReplayedBody:
     """A stand-in for a CUDA graph on the CPU: each replay reruns the captured body and writes its
     outputs into the ones the capture returned (what a graph replay does to its static outputs)."""
@@ -206,19 +226,7 @@ def test_the_graph_steps_book_keeping_on_the_cpu(case, monkeypatch):
     assert "not a CUDA device" in step.graph_reason
     step.graph_reason = None  # as on a GPU (test_which_steps_can_be_replayed_as_a_cuda_graph)
     assert not step.graphed
-    sizes = []
-    for i in range(40):
-        for e in engines:
-            e.collect_stats = i % 10 == 9
-        s1 = step()
-        idx = samplers[1].sample()
-        s2 = engines[1](x.index_select(0, idx), y.index_select(0, idx))
-        assert s1.batch_size == s2.batch_size
-        if not engines[0].collect_stats and s1.batch_size <= B:
-            assert np.isnan(s1.loss_sum) and s1.correct == 0 and s1.clipped == 0  # a replay computes no stats
-        sizes.append(s1.batch_size)
-        for o in opts:
-            o.step()
+    sizes = step_beside(step, engines[1], samplers[1], x, y, opts)
     replayed = [k for i, k in enumerate(sizes) if k <= B and i % 10 != 9]
     assert step.graphed and step._graph.replays == len(replayed) >= 5
     assert sum(k > B for k in sizes) >= 5, sizes
