@@ -136,13 +136,14 @@ class PinnedPoissonSampler(PoissonSampler):
     """:class:`PoissonSampler`'s draws (numpy on the host, O(batch) per step, the same law and
     the same stream) for rows on a GPU: each batch's indices are copied to the device from
     page-locked host memory without waiting (``non_blocking``), so the host never waits for the
-    GPU and queues the step's kernels while the GPU still runs the last step's.
+    GPU to learn the batch's size.
 
-    :class:`DevicePoissonSampler` draws on the GPU, but its batch SIZE is only known on the GPU:
-    ``nonzero`` makes the host wait for the GPU to finish everything queued, every step, and the
-    GPU then idles while the host queues the next step (on an H100 for an MLP 1024-1024-1024-1
-    at B = 4,096: 0.39 ms of a 1.2 ms step). Only the indices cross to the device (32 KB at
-    B = 4,096), never a row; they live in this process's memory, as on the CPU."""
+    :class:`DevicePoissonSampler` draws on the GPU, but its batch SIZE is only known there:
+    ``nonzero`` makes the host wait for the GPU every step. Knowing the size on the host is what
+    lets a step replay a CUDA graph over a padded batch (dptrain.privacy.graph); without the
+    graph this sampler alone was no faster on an H100 (experiments/performance/README.md, "CUDA
+    graph"). Only the indices cross to the device (32 KB at B = 4,096), never a row; they live
+    in this process's memory, as on the CPU."""
 
     def __init__(self, *, num_rows: int, sample_rate: float, rng: np.random.Generator,
                  device: torch.device | str) -> None:

@@ -98,7 +98,7 @@ class BatchStep:
         engine, cap = self.engine, self.capacity
         weights = (rows < meta[cap]).to(self.x.dtype)  # 1 for the batch's k rows, 0 for the padding
         xb = self.x.index_select(0, meta[:cap])
-        xb.mul_(weights.view(-1, *([1] * (xb.dim() - 1))))  # padding rows read zeros
+        xb.mul_(weights[:, None])  # padding rows read zeros
         yb = self.y.index_select(0, meta[:cap])
         std = engine.noise_std
         noise = engine._draw() if std > 0 else None
