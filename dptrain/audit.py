@@ -184,7 +184,7 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     from dptrain.objectives import build_objective
     from dptrain.outputs import randomness_for
     from dptrain.tracking import atomic_write_text
-    from dptrain.train import build_model, data_spec_from_config
+    from dptrain.train import bound_to_rows, build_model, data_spec_from_config
 
     conf: Config = OmegaConf.to_object(cfg)
     validate(conf)
@@ -192,6 +192,7 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     build_model(conf, spec=data_spec_from_config(conf.data, extra_features=conf.audit.canaries),
                 objective=build_objective(conf.objective))
     data = load_dataset(conf.data, seed=conf.seed)
+    randomness = bound_to_rows(randomness, data)
     atomic_write_text(run_dir / ".hydra" / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     report = run_audit(conf, data, run_dir=run_dir, randomness=randomness)
     for line in format_audit(report):
@@ -296,7 +297,7 @@ def _write_audit_files(run_dir: Path, report: dict[str, Any], *, canaries: Canar
         "private/dptrain.log": "the log",
         "private/checkpoint.pt": "not written: an audit is one fresh run",
     }, guarantee=f"the audited run claims ({report['claimed_epsilon']:.4g}, {report['delta']:.3g})-DP; this audit "
-                 "is a lower bound, not a proof")
+                 "is a lower bound, not a proof", report="audit.json")
 
 
 def format_audit(report: dict[str, Any]) -> list[str]:

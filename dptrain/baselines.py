@@ -52,9 +52,13 @@ def linear_predictions(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndar
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """sklearn's ROC AUC of ``scores`` against binary ``labels`` (both classes must be present)."""
+    """sklearn's ROC AUC of ``scores`` against binary ``labels`` (both classes must be present).
+    Non-finite scores (a diverged model, e.g. a tuning candidate at a huge learning rate) rank as
+    the extremes they tend to (NaN in the middle) instead of stopping the run."""
     from sklearn.metrics import roc_auc_score
 
+    scores = np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=0.0, posinf=np.finfo(np.float64).max,
+                           neginf=-np.finfo(np.float64).max)
     return float(roc_auc_score(labels, scores))
 
 

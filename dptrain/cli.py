@@ -6,7 +6,9 @@ It only dispatches: the composed config's ``task`` names a module in ``TASKS`` w
 extensions they register (objectives, accountants, engines, release methods) are known when the
 config is checked. Every error a user can cause is a :class:`dptrain.errors.DPTrainError`: it is
 printed once (on stderr; the run's private log keeps it too) with the setting, the value and what
-is allowed, and the run exits with status 2 before anything is written.
+is allowed, and the run exits with status 2 before anything is written. When the task returns,
+every file and folder of its run folder gets one time, the run's start (a multirun: the
+sweep's), so that no duration can be read from the folder (:func:`run`, docs/privacy.md).
 
 Before Hydra writes anything into the run folder, :class:`LaunchChecks` (a Hydra callback,
 ``hydra.callbacks`` in conf/config.yaml) refuses keys the task's schema does not have (however
@@ -27,18 +29,23 @@ import logging
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from dptrain import runlock, verify
 from dptrain.config import check_command_line, check_known_keys, register_configs
 from dptrain.errors import DPTrainError
 from dptrain.privacy import worker
 from dptrain.registry import Registry, load_plugins
+from dptrain.stopping import EXIT_STOPPED, RunStopped, resume_hint
+from dptrain.tracking import stamp_times
 
 log = logging.getLogger("dptrain")
 
@@ -122,19 +129,47 @@ class LaunchChecks(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self._check(config, multirun=True)
 
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        """Release the sweep folder's lock, then give the folder and multirun.yaml the sweep's
+        start again (removing the lock moved the folder's time)."""
+        folder = OmegaConf.select(config, "hydra.sweep.dir", default=None)
+        if folder is None:
+            return
+        sweep = Path(str(folder))
+        started = sweep_started(sweep)
+        runlock.release_all()
+        if started is not None:
+            for path in (sweep, sweep / SWEEP_FILE):
+                os.utime(path, ns=(started, started))
+
     @staticmethod
     def _check(config: DictConfig, *, multirun: bool) -> None:
         try:
             precheck(config, multirun=multirun)
+            folder = OmegaConf.select(config, "hydra.sweep.dir" if multirun else "hydra.run.dir", default=None)
+            if folder is not None and _rank() == 0:  # one writer: taken before Hydra writes .hydra/
+                _lock(Path(str(folder)))
         except DPTrainError as err:
             print(f"dptrain: error: {err}", file=sys.stderr)
             raise SystemExit(2) from None
 
 
-def run(cfg: DictConfig, *, run_dir: Path) -> float:
-    """Run one job of the config's task; returns its objective (what a sweeper optimises)."""
+def run(cfg: DictConfig, *, run_dir: Path, started_ns: int | None = None) -> float:
+    """Run one job of the config's task; returns its objective (what a sweeper optimises).
+
+    The job holds its run folder's exclusive lock (:mod:`dptrain.runlock`; the command line took
+    it before Hydra wrote anything) for as long as it writes: a second process into the same
+    folder is refused. A training run stopped by SIGTERM, SIGINT or SIGUSR1 ends at a step
+    boundary with a checkpoint and exit status 75 (:mod:`dptrain.stopping`). When the task has
+    ended, every file and folder of ``run_dir`` (.hydra/ and private/ included) gets ONE
+    modification and access time, ``started_ns`` (nanoseconds since the epoch; default: when this
+    call began), so that no duration can be read from the folder: a search's duration grows with
+    its secret number of candidates (docs/privacy.md, "Time")."""
+    started_ns = time.time_ns() if started_ns is None else started_ns
+    lock = None
     try:
         check_known_keys(cfg)  # again here for callers that compose without the command line
+        lock = _lock(run_dir)
         load_plugins(list(cfg.get("plugins") or []))
         module, _, function = TASKS.get(cfg.task).partition(":")
         worker.start(cfg)  # before the task imports torch: the accounting beside it (dptrain.privacy.worker)
@@ -143,13 +178,64 @@ def run(cfg: DictConfig, *, run_dir: Path) -> float:
             return run_task(cfg, run_dir=run_dir)
         finally:
             worker.stop()
+    except RunStopped as stop:
+        _stopped(stop, run_dir)
     except DPTrainError as err:
+        if lock is not None and lock.created:  # refused: leave no folder behind
+            lock.discard()
         _fail(err)
+    finally:
+        if lock is not None:
+            lock.release()  # before the stamp: removing the lock file moves private/'s time
+            stamp_times(run_dir, started_ns)
+
+
+def _lock(run_dir: Path) -> runlock.RunLock | None:
+    """This job's lock on its run folder (none for the ranks > 0 of a torchrun job: they write
+    no run folder)."""
+    if _rank() > 0:
+        return None
+    lock = runlock.acquire(run_dir)
+    message = runlock.took_over_message(lock)
+    if message:
+        log.warning("%s", message)
+    return lock
+
+
+def _stopped(stop: RunStopped, run_dir: Path) -> NoReturn:
+    """A run stopped by a signal: where, the checkpoint, the command that resumes it; exit 75."""
+    log.warning("%s", stop, extra={"console": False})
+    lines = [f"dptrain: {stop}"]
+    if stop.checkpoint is not None:
+        lines.append(f"dptrain: resume with: {resume_hint(sys.argv[1:], run_dir)}")
+    print("\n".join(lines), file=sys.stderr)
+    raise SystemExit(EXIT_STOPPED)
+
+
+#: the file Hydra writes at the top of a multirun folder when the sweep starts
+SWEEP_FILE = "multirun.yaml"
+
+
+def sweep_started(sweep_dir: Path) -> int | None:
+    """When the sweep in ``sweep_dir`` started (the time Hydra wrote its multirun.yaml, in ns),
+    or None. Every job of a sweep is stamped with it, not with its own start: the jobs run one
+    after another, so each job's start would publish the durations of the jobs before it."""
+    try:
+        return (Path(sweep_dir) / SWEEP_FILE).stat().st_mtime_ns
+    except OSError:
+        return None
 
 
 @hydra.main(version_base="1.3", config_path="pkg://dptrain.conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> float:
-    return run(cfg, run_dir=Path(HydraConfig.get().runtime.output_dir))
+    hydra_cfg = HydraConfig.get()
+    sweep = Path(hydra_cfg.sweep.dir) if hydra_cfg.mode == RunMode.MULTIRUN else None
+    started = sweep_started(sweep) if sweep is not None else None
+    value = run(cfg, run_dir=Path(hydra_cfg.runtime.output_dir), started_ns=started)
+    if started is not None:  # the sweep folder's own time moves when a job creates its folder
+        for path in (sweep, sweep / SWEEP_FILE):
+            os.utime(path, ns=(started, started))
+    return value
 
 
 #: hydra/launcher=NAME -> (the module its plugin installs, the extra of dptrain that installs it)
@@ -190,6 +276,8 @@ def _rank() -> int:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["verify"]:  # dptrain verify RUN: check a run folder's digests (no Hydra)
+        raise SystemExit(verify.main(sys.argv[2:]))
     check_launcher(sys.argv[1:])
     if _rank() > 0:
         # torchrun starts one process per rank; only rank 0 writes a run folder. The others get

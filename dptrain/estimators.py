@@ -23,8 +23,10 @@ min / max) fall outside the guarantee. For the same reason a data-fitted preproc
 before the estimator (``StandardScaler``, ``MinMaxScaler``, ``OneHotEncoder(categories="auto")``,
 imputers fitted on the rows) is outside the guarantee: use :class:`PublicBoundsScaler`, or
 transformers whose parameters you declare (``OneHotEncoder(categories=[...])``,
-``FunctionTransformer``). The set of labels (``classes_``) is taken from ``y`` unless
-``classes`` declares it; like the schema, it is treated as public.
+``FunctionTransformer``). The two labels are DECLARED too: ``classes`` (default ``(0, 1)``)
+is the public label set, ``classes_`` is always that declaration (never ``np.unique(y)``: which
+labels occur in the private rows is itself private), and a row whose label is not declared is
+refused with a message that quotes no value of ``y``.
 
 The hyperparameters are the fields of :class:`DPClassifierConfig` (and :class:`DPMLPConfig`):
 ``__init__`` takes them as keyword arguments, and ``get_params`` / ``set_params`` / ``clone``
@@ -178,7 +180,7 @@ class DPClassifierConfig:
     lr, momentum: torch.optim.SGD's, on the noisy gradient.
     accountant: rdp | pld: the headline epsilon and the calibration.
     engine: auto | fast | opacus.
-    classes: the two labels, declared (None: taken from y, treated as public).
+    classes: the two PUBLIC labels (negative, positive), declared; default (0, 1). Never taken from y.
     random_state: seeds the initial weights only (the noise and batches stay secret).
     """
 
@@ -193,7 +195,7 @@ class DPClassifierConfig:
     momentum: float = 0.0
     accountant: str = "rdp"
     engine: str = "auto"
-    classes: Any = None
+    classes: Any = (0, 1)
     random_state: int | None = None
 
 
@@ -265,22 +267,21 @@ class _DPClassifier(ClassifierMixin, BaseEstimator):
         return self
 
     def _labels(self, y: Any, n: int) -> np.ndarray:
-        """y as 0/1 float32 (1 = classes_[1]); sets ``classes_``."""
+        """y as 0/1 float32 (1 = classes_[1]); sets ``classes_`` to the DECLARED ``classes``. A row
+        whose label is not declared is refused (no label is quoted: y is private)."""
         labels = np.asarray(y)
         if labels.ndim != 1 or labels.shape[0] != n:
             raise DPTrainError("y must be 1-D with one label per row of X")
-        if self.classes is not None:
-            classes = np.asarray(list(self.classes))
-            if classes.shape != (2,) or classes[0] == classes[1]:
-                raise bad("classes", self.classes, "must list exactly two distinct labels")
-            if not np.isin(labels, classes).all():
-                raise DPTrainError("y has labels that are not in classes (no label is quoted: y is private); "
-                                   "allowed: the two labels declared in classes")
-        else:
-            classes = np.unique(labels)
-            if classes.shape[0] != 2:
-                raise DPTrainError("y must hold exactly two distinct labels (binary classification); declare "
-                                   "them with classes=[negative, positive]")
+        if self.classes is None or isinstance(self.classes, (str, bytes)):
+            raise bad("classes", self.classes, "declare the two PUBLIC labels, e.g. classes=(0, 1) (the default) or "
+                      "classes=['no', 'yes']: labels taken from y would reveal which labels the private rows hold")
+        classes = np.asarray(list(self.classes))
+        if classes.shape != (2,) or classes[0] == classes[1]:
+            raise bad("classes", self.classes, "must list exactly two distinct labels (negative, positive)")
+        if not np.isin(labels, classes).all():
+            raise DPTrainError(f"y has labels that are not in classes={list(classes.tolist())!r} (no label of y is "
+                               "quoted: y is private); allowed: only the two declared labels (declare yours with "
+                               "classes=[negative, positive])")
         self.classes_ = classes
         return (labels == classes[1]).astype(np.float32)
 

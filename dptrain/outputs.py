@@ -70,7 +70,8 @@ def write_training_outputs(conf: Config, cfg: Any, result: Any, *, data: Any, tr
     files["private"].update(write_data_diagnostics(run_dir, data))
     write_json(run_dir / "privacy.json", report)
     atomic_write_text(run_dir / "privacy.txt", format_report(report))
-    write_manifest(run_dir, publishable=files["publishable"], private=files["private"], guarantee=report["guarantee"])
+    write_manifest(run_dir, publishable=files["publishable"], private=files["private"], guarantee=report["guarantee"],
+                   report="privacy.json")
     return report
 
 

@@ -32,7 +32,14 @@ The loss is the objective's per-example loss: ``loss="binary"`` (default: binary
 on one logit per example, the model ending in :class:`dptrain.layers.Squeeze`), the name of any
 registered objective, or a callable ``loss(outputs, y)`` returning ONE LOSS PER EXAMPLE (shape
 (n,), e.g. ``torch.nn.functional.cross_entropy(..., reduction="none")``); each example's loss
-must depend on that example alone.
+must depend on that example alone. A callable is probed before training like the model
+(:func:`dptrain.privacy.model_check.check_loss`): a reduced loss, or one whose value or gradient
+for one example moves when another example changes (a batch mean inside it), is refused by name.
+
+``randomness``: fresh OS entropy by default; a :meth:`Randomness.from_seed_file` source is bound
+to the rows (:meth:`Randomness.for_data` of :func:`~dptrain.privacy.randomness.data_digest` of
+``x`` and ``y`` as the mechanism reads them), so the same key on a table with one row more draws
+independent noise, and the same key on the same rows reproduces the run.
 
 Not covered: the data's preprocessing (scale with PUBLIC bounds, never with statistics of the
 rows), what you compute on the training rows outside :meth:`PrivateTraining.step` (the step's
@@ -52,6 +59,8 @@ import torch
 from torch import nn
 
 from dptrain.errors import DPTrainError
+from dptrain.privacy.model_check import check_loss, check_model
+from dptrain.privacy.randomness import Randomness, data_digest
 from dptrain.validation import ConfigError, bad, integer, one_of, real
 
 __all__ = ["DPConfig", "PrivateTraining", "make_private"]
@@ -191,8 +200,6 @@ class PrivateTraining:
                  **settings: Any) -> None:
         from dptrain.privacy.accounting import PrivacyAccountant
         from dptrain.privacy.engine import make_sampler
-        from dptrain.privacy.model_check import check_model
-        from dptrain.privacy.randomness import Randomness
 
         self.config = dp_config(config, **settings)
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
@@ -205,10 +212,14 @@ class PrivateTraining:
         delta = check_dp_config(self.config, n, names=names)
         self.objective = _objective(loss)
         check_model(model, in_features=int(self.x.shape[1]) if self.x.dim() == 2 else None)
+        if isinstance(self.objective, LossObjective):
+            check_loss(self.objective.loss, model, self.x, self.y)  # a loss mixing examples: refused by name
         if randomness is not None and not isinstance(randomness, Randomness):
             raise bad("randomness", randomness, "must be None (fresh from the OS CSPRNG) or a "
                       "dptrain.privacy.randomness.Randomness")
-        self.randomness = randomness if randomness is not None else Randomness.fresh()
+        # a reused noise key on other rows (one row more) must draw independent noise: bound to the rows
+        self.randomness = (randomness if randomness is not None else Randomness.fresh()).for_data(
+            data_digest(self.x, self.y))
         self.mechanism = _mechanism(self.config, n=n, delta=delta)
         self.model, self.optimizer = model, optimizer
         self.engine = self.mechanism.build_engine(model, engine=self.config.engine, objective=self.objective,
@@ -289,7 +300,8 @@ def training_report(run: PrivateTraining, *, data_source: str, seed: int | None)
 
     m, steps = run.mechanism, run.steps_done
     record = {
-        **m.report_fields(), "engine": run.engine.name, "steps": steps, "epochs": steps * m.sample_rate,
+        **m.report_fields(), **run.engine.noise_record(), "engine": run.engine.name, "steps": steps,
+        "epochs": steps * m.sample_rate,
         "delta_source": "config" if run.config.delta is not None else "default: largest power of ten <= 1/(10 N)",
         "max_epsilon": None, "stopped_early": steps < m.planned_steps,
         "stop_reason": "completed the planned steps" if steps >= m.planned_steps else

@@ -26,6 +26,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dptrain import verify
+
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so that a crash never leaves a truncated file: write a
@@ -75,10 +77,19 @@ class ConsoleFilter:
 
 
 def write_manifest(run_dir: Path, *, publishable: dict[str, str], private: dict[str, str],
-                   guarantee: str) -> None:
+                   guarantee: str, report: str | None = None) -> None:
     """``FILES.txt``: which files of the run folder may be published and which must stay with
-    the data, one line each with the reason. ``publishable`` / ``private`` map a path relative
-    to the run folder to a one-line description."""
+    the data, one line each with the reason, then the SHA-256 of every publishable file
+    (:mod:`dptrain.verify`). ``publishable`` / ``private`` map a path relative to the run folder
+    to a one-line description. ``report`` (e.g. "privacy.json"): the report that vouches for the
+    other publishable files; their digests are added to it (key ``sha256``) before its own digest
+    is taken, so the report names the exact files it describes."""
+    run_dir = Path(run_dir)
+    files = verify.expand_publishable(run_dir, list(publishable))
+    if report is not None and (run_dir / report).is_file():
+        covered = verify.digests(run_dir, [f for f in files if f != report])
+        body = json.loads((run_dir / report).read_text(encoding="utf-8"))
+        write_json(run_dir / report, {**body, "sha256": covered})
     lines = [
         "Files of this run folder",
         "",
@@ -86,13 +97,31 @@ def write_manifest(run_dir: Path, *, publishable: dict[str, str], private: dict[
         "",
         "PUBLISHABLE (covered by the guarantee above, or computed from public information only):",
         *[f"  {name:28s} {why}" for name, why in publishable.items()],
+        *verify.manifest_lines(verify.digests(run_dir, files)),
         "",
         f"PRIVATE: keep with the data, never publish (everything under {PRIVATE_DIR}/):",
         *[f"  {name:28s} {why}" for name, why in private.items()],
         "",
         "Anything not listed (e.g. files added later) is private until you have checked it.",
     ]
-    atomic_write_text(Path(run_dir) / MANIFEST, "\n".join(lines) + "\n")
+    atomic_write_text(run_dir / MANIFEST, "\n".join(lines) + "\n")
+
+
+def stamp_times(folder: Path, when_ns: int) -> None:
+    """Set the modification and access times of ``folder``, and of every file and folder under it,
+    to ``when_ns`` (nanoseconds since the epoch): a run folder stamped with its start shows no
+    duration (a search's duration grows with its secret number of candidates). Links are stamped
+    themselves, never their targets."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    links = os.utime in os.supports_follow_symlinks
+    for root, dirs, files in os.walk(folder, topdown=False):
+        for name in [*files, *dirs]:
+            path = os.path.join(root, name)
+            if links or not os.path.islink(path):
+                os.utime(path, ns=(when_ns, when_ns), follow_symlinks=not links)
+    os.utime(folder, ns=(when_ns, when_ns))
 
 
 def _jsonable(value: Any) -> Any:

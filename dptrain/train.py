@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from torch import nn
 from tqdm import tqdm
 
+from dptrain.checkpoint import checkpoint_path_in
 from dptrain.config import Config, ConfigError
 from dptrain.data import Dataset
 from dptrain.objectives import DataSpec, build_objective
@@ -32,7 +33,8 @@ from dptrain.privacy.curves import CurveConfig
 from dptrain.privacy.engine import DevicePoissonSampler, GradientEngine, make_sampler
 from dptrain.privacy.graph import BatchStep
 from dptrain.privacy.mechanism import DPSGDMechanism
-from dptrain.privacy.randomness import Randomness
+from dptrain.privacy.randomness import Randomness, data_digest
+from dptrain.stopping import RunStopped, StopSignals
 from dptrain.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -42,11 +44,14 @@ log = logging.getLogger(__name__)
 class LaunchConfig:
     """Where and how a run executes: its folder (checkpoints, resume), the source of its secret
     randomness (default: fresh from the OS CSPRNG) and, for one job across processes, the
-    :class:`dptrain.distributed.DistContext`."""
+    :class:`dptrain.distributed.DistContext`. ``quiet``: the fit's set-up lines (engine, CUDA
+    graph) go to the log at DEBUG, not INFO: a caller that fits a secret number of times
+    (``task=tune``) prints no line per fit."""
 
     run_dir: Path | None = None
     randomness: Randomness | None = None
     dist: Any = None
+    quiet: bool = False
 
 
 @dataclass
@@ -80,6 +85,7 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     build_model(conf, spec=data_spec_from_config(conf.data), objective=build_objective(conf.objective))
     dist_ctx, run_dir = _join_processes(conf, run_dir)  # before the data: a sharded read sums N over the ranks
     data = load_training_data(conf, dist=dist_ctx)  # this rank's shard of a partitioned Parquet set, or all rows
+    randomness = bound_to_rows(randomness, data, dist=dist_ctx)
     delta = validate_against_size(conf, data.n_train)
     check_estimator_size(conf, data.n_train)
     main = dist_ctx is None or dist_ctx.is_main
@@ -102,6 +108,19 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
 
         shutdown()
     return float(result.metrics[f"test/{build_objective(conf.objective).primary_metric}"])
+
+
+def bound_to_rows(randomness: Randomness, data: Dataset, *, dist: Any = None) -> Randomness:
+    """The run's streams bound to its training rows (:meth:`Randomness.for_data`): with an opt-in
+    noise key, a table with one row more draws independent noise. Every rank binds to the digest
+    of ALL training rows (a sharded read: the ranks' digests in rank order), so the noise drawn on
+    rank 0 changes whichever rank holds a changed row. Fresh OS entropy is returned as it is."""
+    if not randomness.reproducible:
+        return randomness
+    digest = data_digest(data.x_train, data.y_train)
+    if dist is not None and data.shard is not None:
+        digest = data_digest(*dist.all_gather_objects(digest))
+    return randomness.for_data(digest)
 
 
 def _join_processes(conf: Config, run_dir: Path) -> tuple[Any, Path]:
@@ -242,6 +261,8 @@ def _set_up(cfg: Config, data: Dataset, mechanism: DPSGDMechanism, launch: Launc
     rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
     device = run_device(cfg, distributed=dist is not None)
     randomness = launch.randomness if launch.randomness is not None else Randomness.fresh()
+    if not randomness.bound:  # a noise key handed to fit() directly: bound to the rows it trains on
+        randomness = bound_to_rows(randomness, data, dist=dist)
     objective = build_objective(cfg.objective)
     model = build_model(cfg, spec=data.spec, objective=objective).to(device)
     optimizer = build_optimizer(cfg.optim, [p for p in model.parameters() if p.requires_grad])
@@ -345,17 +366,18 @@ def fit(cfg: Config, data: Dataset, *, mechanism: DPSGDMechanism, tracker: Track
     run.steps, run.stop_reason = planned_steps_within_budget(cfg, run.accountant, done=run.done, mechanism=mechanism)
     prefetch_baseline(cfg, data, objective=run.objective, main=run.main)
     tracker.purge_after(run.done)  # a resumed run overwrites TensorBoard points logged after its checkpoint
-    log.info("engine=%s, N=%d, B=%d, q=%.6g, steps=%d, sigma=%g", run.engine.name, mechanism.dataset_size,
-             mechanism.expected_batch_size, mechanism.sample_rate, run.steps, mechanism.noise_multiplier)
-    loop_seconds = _loop(run, data, tracker)
+    with StopSignals(enabled=launch.dist is None) as stop:  # from here a stop signal ends at a step boundary
+        log.log(logging.DEBUG if launch.quiet else logging.INFO, "engine=%s, N=%d, B=%d, q=%.6g, steps=%d, sigma=%g",
+                run.engine.name, mechanism.dataset_size, mechanism.expected_batch_size, mechanism.sample_rate,
+                run.steps, mechanism.noise_multiplier)
+        loop_seconds = _loop(run, data, tracker, stop)
     return _summarise(run, data, tracker, loop_seconds)
 
 
-def _loop(run: _Run, data: Dataset, tracker: Tracker) -> float:
+def _loop(run: _Run, data: Dataset, tracker: Tracker, stop: StopSignals) -> float:
     """The DP-SGD steps: sample, clipped noisy gradient, optimiser step, account. Returns the
     loop's wall time."""
     t = run.cfg.trainer
-    sizes, window = 0, 0  # realised batch sizes since the last log line (a non-private diagnostic)
     start = time.perf_counter()
     bar = tqdm(total=run.steps, initial=min(run.done, run.steps), disable=not (t.progress and run.main),
                desc="dp-sgd" if run.mechanism.enabled else "sgd", dynamic_ncols=True)
@@ -363,7 +385,17 @@ def _loop(run: _Run, data: Dataset, tracker: Tracker) -> float:
     # CUDA graph (dptrain.privacy.graph)
     batch_step = BatchStep(run.engine, run.sampler, run.x, run.y, cuda_graph=getattr(t, "cuda_graph", True))
     if run.device.type == "cuda" and batch_step.graph_reason is not None:
-        log.info("CUDA graph: off, %s", batch_step.graph_reason)
+        log.log(logging.DEBUG if run.launch.quiet else logging.INFO, "CUDA graph: off, %s", batch_step.graph_reason)
+    _steps(run, data, tracker, bar, batch_step, stop)
+    bar.close()
+    return time.perf_counter() - start
+
+
+def _steps(run: _Run, data: Dataset, tracker: Tracker, bar: Any, batch_step: BatchStep, stop: StopSignals) -> None:
+    """Steps ``run.done + 1`` to ``run.steps``; a stop signal ends the loop after the current
+    step with a checkpoint of it (:mod:`dptrain.stopping`)."""
+    t = run.cfg.trainer
+    sizes, window = 0, 0  # realised batch sizes since the last log line (a non-private diagnostic)
     for step in range(run.done + 1, run.steps + 1):
         log_now = step % t.log_every == 0 or step == run.steps
         curve_now = run.mechanism.curve_due(step, last=run.steps)  # the dp/ curve: the same steps
@@ -385,8 +417,11 @@ def _loop(run: _Run, data: Dataset, tracker: Tracker) -> float:
         if t.checkpoint_every > 0 and step % t.checkpoint_every == 0 and step != run.steps:
             _checkpoint(run, step)
         bar.update(1)
-    bar.close()
-    return time.perf_counter() - start
+        if stop.requested is not None and step != run.steps:
+            bar.close()
+            _checkpoint(run, step)
+            where = checkpoint_path_in(run.launch.run_dir) if run.launch.run_dir is not None else None
+            raise RunStopped(signal_name=stop.requested, step=step, planned=run.steps, checkpoint=where)
 
 
 def release_curve(run: _Run, stats: Any, step: int) -> float:
@@ -513,7 +548,7 @@ def _record(run: _Run, final_step: int) -> dict[str, Any]:
     """The mechanism and how the run went, for the privacy report."""
     dist, p = run.launch.dist, run.cfg.privacy
     return {
-        **run.mechanism.report_fields(), "engine": run.engine.name, "steps": final_step,
+        **run.mechanism.report_fields(), **run.engine.noise_record(), "engine": run.engine.name, "steps": final_step,
         "dp_curves": run.mechanism.curve_report(releases=run.accountant.count(run.mechanism.curve_event)),
         "epochs": final_step * run.mechanism.sample_rate,
         "delta_source": "config" if p.delta is not None else "default: largest power of ten <= 1/(10 N)",

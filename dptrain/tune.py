@@ -34,12 +34,14 @@ assumes an adversary who sees only the selected candidate.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
 import json
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,8 +54,9 @@ from omegaconf import OmegaConf, open_dict
 from dptrain.errors import DPTrainError
 from dptrain.validation import bad
 
-__all__ = ["LAWS", "CandidateLaw", "base_event", "calibrate_search", "flatten_space", "run_task", "search_epsilon",
-           "search_event", "validation_mask"]
+__all__ = ["LAWS", "CandidateLaw", "base_event", "calibrate_search", "console_withheld", "draw_settings",
+           "flatten_space", "row_scores", "run_task", "search_epsilon", "search_event", "select_best", "selection_key",
+           "validation_mask"]
 
 log = logging.getLogger(__name__)
 
@@ -296,13 +299,39 @@ def _split(data: Any, mask: np.ndarray) -> tuple[Any, tuple[torch.Tensor, torch.
 @torch.no_grad()
 def row_scores(objective: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Per validation row, a score in [0, 1]: correct (classifiers) or 1 - min((z - y)^2, 1)
-    on the [0, 1]-scaled target (regression)."""
-    out = model(x)
+    on the [0, 1]-scaled target (regression). A row whose output is not finite (a diverged
+    candidate) scores 0, the lowest score: each row's score stays in [0, 1] whatever the model,
+    so the score sum's sensitivity stays 1."""
+    out = model(x).reshape(len(y), -1).double()
     if objective.name == "linear":
-        return 1.0 - (out.reshape(-1) - y).square().clamp(max=1.0)
-    if out.dim() == 2 and out.shape[1] > 1:
-        return (out.argmax(1) == y).double()
-    return ((out.reshape(-1) > 0).to(y.dtype) == y).double()
+        score = 1.0 - (out[:, 0] - y.double()).square().clamp(max=1.0)
+    elif out.shape[1] > 1:
+        score = (out.argmax(1) == y).double()
+    else:
+        score = ((out[:, 0] > 0).to(y.dtype) == y).double()
+    finite = torch.isfinite(out).all(1) & torch.isfinite(score)
+    return torch.where(finite, score.clamp(0.0, 1.0), torch.zeros_like(score))
+
+
+def selection_key(score: float) -> float:
+    """What the selection compares: a candidate's noisy score, or minus infinity when it is not
+    finite (NaN would compare False against everything)."""
+    return score if math.isfinite(score) else -math.inf
+
+
+def select_best(scores: list[float]) -> int | None:
+    """The index of the highest noisy score (:func:`selection_key`); ties go to the earliest
+    candidate (a fixed order); None for no candidate. The rule the accounting theorem analyses."""
+    best = None
+    for i, score in enumerate(scores):
+        if best is None or selection_key(score) > selection_key(scores[best]):
+            best = i
+    return best
+
+
+def draw_settings(secret: np.random.Generator, space: dict[str, list[Any]]) -> dict[str, Any]:
+    """One candidate's settings: one value per searched key, uniformly from its list (secret)."""
+    return {key: values[int(secret.integers(len(values)))] for key, values in space.items()}
 
 
 # ------------------------------------------------------------------------------ the task
@@ -361,7 +390,7 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     from dptrain.data import load_dataset
     from dptrain.objectives import build_objective
     from dptrain.outputs import randomness_for
-    from dptrain.train import build_model, data_spec_from_config
+    from dptrain.train import bound_to_rows, build_model, data_spec_from_config
 
     conf = OmegaConf.to_object(cfg)
     validate(conf)
@@ -370,6 +399,7 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     randomness = randomness_for(conf, cfg, run_dir=run_dir)
     build_model(conf, spec=data_spec_from_config(conf.data), objective=build_objective(conf.objective))
     data = load_dataset(conf.data, seed=conf.seed)
+    randomness = bound_to_rows(randomness, data)
     delta = validate_against_size(conf, data.n_train)
     mask = validation_mask(data.x_train, data.y_train, fraction=conf.tune.validation_fraction, seed=conf.seed)
     fit_data, validation = _split(data, mask)
@@ -380,10 +410,9 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
 
 def _run_candidates(cfg: Any, conf: Any, search: Search, fit_data: Any, validation: tuple, randomness: Any,
                     ) -> tuple[dict | None, list[dict]]:
-    """K candidates (K from the law, secret): each trained, scored with noise; the best kept."""
+    """K candidates (K from the law, secret): each trained, scored with noise; the best kept
+    (:func:`select_best`). Nothing is printed per candidate (:func:`console_withheld`)."""
     from dptrain.objectives import build_objective
-    from dptrain.privacy.mechanism import DPSGDMechanism
-    from dptrain.train import LaunchConfig, fit
 
     objective = build_objective(conf.objective)
     secret = randomness.numpy("tune-search")
@@ -391,35 +420,68 @@ def _run_candidates(cfg: Any, conf: Any, search: Search, fit_data: Any, validati
     score_noise = randomness.torch("tune-score")
     best: dict[str, Any] | None = None
     records = []
-    for i in range(k):
-        draws = {key: values[int(secret.integers(len(values)))] for key, values in search.space.items()}
-        trial = cfg
-        for key, value in draws.items():
-            trial = _with(trial, key, value)
-        conf_i = OmegaConf.to_object(trial)
-        conf_i.trainer = dataclasses.replace(conf_i.trainer, progress=False, checkpoint_every=0, eval_every=10**9,
-                                             baseline=False)
-        mech = DPSGDMechanism(enabled=True, noise_multiplier=search.sigma,
-                              max_grad_norm=float(conf_i.privacy.max_grad_norm),
-                              expected_batch_size=conf.trainer.batch_size, dataset_size=search.n_fit,
-                              planned_steps=search.steps, delta=search.delta, accountant="rdp",
-                              noise_multiplier_source="calibrated (task=tune: the whole search)",
-                              target_epsilon=conf.privacy.target_epsilon)
-        result = fit(conf_i, fit_data, mechanism=mech, launch=LaunchConfig(randomness=randomness.child(
-            f"candidate {i}")))
-        total = float(row_scores(objective, result.model, *validation).sum())
-        noise = float(torch.randn((), dtype=torch.float64, generator=score_noise)) * search.score_noise
-        score = (total + noise) / search.n_val
-        records.append({"candidate": i, "settings": draws, "score_dp": score, "model_sha256": _digest(result.model),
-                        "nonprivate_validation_score": total / search.n_val})
-        if best is None or score > best["score"]:
-            best = {"score": score, "index": i, "settings": draws, "result": result, "cfg": trial}
+    with console_withheld():
+        for i in range(k):
+            draws = draw_settings(secret, search.space)
+            trial = cfg
+            for key, value in draws.items():
+                trial = _with(trial, key, value)
+            result = _fit_candidate(trial, search, fit_data, randomness.child(f"candidate {i}"))
+            total = float(row_scores(objective, result.model, *validation).sum())
+            noise = float(torch.randn((), dtype=torch.float64, generator=score_noise)) * search.score_noise
+            score = (total + noise) / search.n_val
+            records.append({"candidate": i, "settings": draws, "score_dp": score,
+                            "model_sha256": _digest(result.model), "nonprivate_validation_score": total / search.n_val})
+            if select_best([r["score_dp"] for r in records]) == i:  # the best so far: keep its model
+                best = {"score": score, "index": i, "settings": draws, "result": result, "cfg": trial}
     return best, records
+
+
+def _fit_candidate(trial: Any, search: Search, fit_data: Any, randomness: Any) -> Any:
+    """One candidate's DP-SGD fit with the search's mechanism; no progress bar, checkpoint,
+    evaluation, baseline or set-up line (their number would show K)."""
+    from dptrain.privacy.mechanism import DPSGDMechanism
+    from dptrain.train import LaunchConfig, fit
+
+    conf_i = OmegaConf.to_object(trial)
+    conf_i.trainer = dataclasses.replace(conf_i.trainer, progress=False, checkpoint_every=0, eval_every=10**9,
+                                         baseline=False)
+    mech = DPSGDMechanism(enabled=True, noise_multiplier=search.sigma,
+                          max_grad_norm=float(conf_i.privacy.max_grad_norm),
+                          expected_batch_size=conf_i.trainer.batch_size, dataset_size=search.n_fit,
+                          planned_steps=search.steps, delta=search.delta, accountant="rdp",
+                          noise_multiplier_source="calibrated (task=tune: the whole search)",
+                          target_epsilon=conf_i.privacy.target_epsilon)
+    return fit(conf_i, fit_data, mechanism=mech, launch=LaunchConfig(randomness=randomness, quiet=True))
+
+
+def _not_on_console(record: logging.LogRecord) -> bool:
+    return False
+
+
+@contextlib.contextmanager
+def console_withheld() -> Iterator[None]:
+    """While the candidates run, log records reach the log FILES only (private/dptrain.log), not
+    the console (a stream handler of the root or the dptrain logger): a line per candidate, or a
+    warning each candidate repeats, would show their number K on a screen."""
+    handlers = [h for name in ("", "dptrain") for h in logging.getLogger(name).handlers
+                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
+    for handler in handlers:
+        handler.addFilter(_not_on_console)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(_not_on_console)
 
 
 TUNE_NOT_COVERED = [
     "the wall-clock time of the search and the log (private/dptrain.log): they grow with the number of candidates "
-    "K, which must stay secret (publishing K would undo the analysis): keep them with the data",
+    "K, which must stay secret (publishing K would undo the analysis): keep them with the data. Every file and "
+    "folder of the run folder carries the search's START time as its modification time, so the folder shows no "
+    "duration; the console shows no line per candidate. Copy the folder without its times (cp -r "
+    "--no-preserve=timestamps: each file gets the copy's time; tar --mtime=@0, or find DIR -exec touch -h -d @0 {} +: "
+    "every time set to 1970-01-01) or with them (cp -a, rsync -t keep the one start time)",
     "the sizes of the fit and validation parts (privacy.json: fit_rows, validation_rows): treated as public, "
     "like N, although each row's side is decided by a keyed hash of its content",
 ]
@@ -452,7 +514,7 @@ def _tuning_section(conf: Any, search: Search, best: dict | None) -> dict[str, A
 
 def _report(conf: Any, data: Any, search: Search, best: dict) -> dict[str, Any]:
     """privacy.json of a search: the selected candidate's mechanism, the search's epsilon."""
-    from dptrain.privacy.report import NOT_COVERED, build_report, files_section
+    from dptrain.privacy.report import NOT_COVERED, build_report, files_section, noise_sampler_section
 
     result, eps = best["result"], search.epsilon
     record = {**result.privacy, "steps": search.steps, "epochs": search.steps * search.sample_rate,
@@ -468,6 +530,12 @@ def _report(conf: Any, data: Any, search: Search, best: dict) -> dict[str, Any]:
                                     "repeat-and-select bound, not reported"},
                   noise_multiplier_source="calibrated for the whole search (task=tune)",
                   not_covered=[*TUNE_NOT_COVERED, *NOT_COVERED[1:]])
+    # the sampler's tail over the whole search: a union bound over E[K] candidates' steps
+    sampler = noise_sampler_section({**record, "steps": math.ceil(search.law.mean * search.steps)}, eps)
+    if sampler is not None:
+        sampler["steps_rule"] = "E[K] x T: the expected number of candidates times each candidate's steps"
+        report.update(noise_sampler=sampler, delta_total=sampler["delta_total"],
+                      guarantee=_guarantee(search, sampler["delta_total"]))
     files = files_section(test_public=bool(conf.data.test_public), checkpoint=False)
     files["private"]["private/candidates.jsonl"] = ("every candidate's settings, noisy and non-private validation "
                                                     "scores and model digest: reveals the number of candidates")
@@ -475,8 +543,10 @@ def _report(conf: Any, data: Any, search: Search, best: dict) -> dict[str, Any]:
     return report
 
 
-def _guarantee(search: Search) -> str:
-    return (f"({search.epsilon:.4g}, {search.delta:.3g})-DP, example-level, add/remove-one-record neighbours, for "
+def _guarantee(search: Search, delta_total: float | None = None) -> str:
+    delta = f"{search.delta:.3g}" + ("" if delta_total is None else
+                                     f" + {delta_total - search.delta:.2g} (delta_total, see 'noise sampler')")
+    return (f"({search.epsilon:.4g}, {delta})-DP, example-level, add/remove-one-record neighbours, for "
             "the WHOLE search: every candidate's training and noisy score, the selection and the released model "
             "(RDP accountant, dp-accounting RepeatAndSelectDpEvent)")
 
@@ -512,7 +582,8 @@ def _write(conf: Any, cfg: Any, *, run_dir: Path, data: Any, best: dict | None, 
     write_json(run_dir / "privacy.json", report)
     atomic_write_text(run_dir / "privacy.txt", format_report(report))
     files = report["files"]
-    write_manifest(run_dir, publishable=files["publishable"], private=files["private"], guarantee=report["guarantee"])
+    write_manifest(run_dir, publishable=files["publishable"], private=files["private"], guarantee=report["guarantee"],
+                   report="privacy.json")
     log.info("tune: selected %s (noisy validation score %.4f); epsilon %.6g for the whole search; outputs in %s",
              best["settings"], best["score"], search.epsilon, run_dir)
     return float(best["score"])

@@ -1,20 +1,27 @@
 """Summarise a DP-SGD training multirun (``python -m dptrain -m ...``) over seeds.
 
-    python scripts/summarize_sweep.py MULTIRUN_DIR [--out DIR] [--metric test/acc]
+    python scripts/summarize_sweep.py MULTIRUN_DIR [--out DIR] [--metric test/acc] [--no-diffprivlib]
 
-Reads, in every direct sub-folder (one Hydra job) of MULTIRUN_DIR, ``private/metrics.json`` (all
-metrics: the comparison uses the test metrics and the non-private baseline, so the summary is a
-PRIVATE evaluation unless the test rows are public), ``privacy.json``, ``.hydra/config.yaml`` and
-``.hydra/overrides.yaml``; a folder missing any of
-them is skipped with a warning naming it. Runs are grouped by every override that varies across
-the sweep except ``seed`` (plus the model name), and ``summary.csv``, ``summary.md`` and
-``summary.png`` are written into --out (default: MULTIRUN_DIR).
+Reads, in every direct sub-folder (one Hydra job) of MULTIRUN_DIR, ``privacy.json``,
+``private/metrics.json``, ``metrics.json`` (the run's publishable metrics), ``.hydra/config.yaml``
+and ``.hydra/overrides.yaml``; a folder missing a required one is skipped with a warning naming it.
+Runs are grouped by every override that varies across the sweep except ``seed`` (plus the model
+name). Like a run folder, the output (--out, default: MULTIRUN_DIR) is split in two:
+
+* at the top, publishable numbers only: ``summary.csv``, ``summary.md``, ``summary.png`` (only when
+  some run has a publishable --metric) and ``FILES.txt``. Each setting's epsilon and delta (from
+  privacy.json) and its settings; test metrics (and the majority-class rate) only of runs that are
+  private and whose test rows are public (``data.test_public=true``), read from their metrics.json.
+* under ``private/``, computed from private rows, to keep with the data: the same three files with
+  every metric of private/metrics.json (test metrics on private rows when data.test_public=false, the
+  non-private baseline) and diffprivlib's LogisticRegression fitted on the sweep's private training
+  rows at the sweep's epsilons (privacy spent outside every run's report), and a ``FILES.txt``.
 
 Columns of summary.csv: model, the varying overrides (one column each, as written on the command
 line), private, target_epsilon, noise_multiplier (mean over seeds), epsilon (mean over seeds of
 the headline epsilon), epsilon_max, accountant, delta, n_seeds, seeds, then for test/acc,
 test/loss and test/auc: ``<metric>_mean``, ``_std`` (sample std, ddof=1; empty for one seed),
-``_min``, ``_max``; then baseline/nonprivate_acc_mean and baseline/majority_acc_mean.
+``_min``, ``_max``; then baseline/nonprivate_acc_mean (private/ only) and baseline/majority_acc_mean.
 Runs of classifiers only (objective=binary or multinomial); another objective is refused by name.
 """
 
@@ -30,6 +37,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from dptrain.tracking import MANIFEST, PRIVATE_DIR, private_dir, write_manifest
+
 CAVEAT = (
     "Choosing the best run of this sweep is itself a use of the private data: "
     "no single run's epsilon covers that choice."
@@ -40,6 +49,15 @@ CLASSIFIERS = ("binary", "multinomial")
 NONPRIVATE_LABEL = "non-private (same pipeline)"
 SKLEARN_LABEL = "sklearn non-private logistic regression"
 MAJORITY_LABEL = "majority-class rate"
+#: every metric a record carries; PUBLIC_KEYS: those a run publishes when its test rows are public
+METRIC_KEYS = (*METRICS, "baseline/nonprivate_acc", "baseline/majority_acc")
+PUBLIC_KEYS = (*METRICS, "baseline/majority_acc")
+
+
+def _config_file(run: Path) -> Path:
+    """The run's composed config: the resolved copy a finished run writes, else Hydra's own."""
+    resolved = run / ".hydra" / "resolved_config.yaml"
+    return resolved if resolved.is_file() else run / ".hydra" / "config.yaml"
 
 
 def _read_run(run: Path) -> dict | None:
@@ -47,7 +65,7 @@ def _read_run(run: Path) -> dict | None:
     files = {
         "metrics": run / "private" / "metrics.json",
         "privacy": run / "privacy.json",
-        "config": run / ".hydra" / "config.yaml",
+        "config": _config_file(run),
         "overrides": run / ".hydra" / "overrides.yaml",
     }
     missing = [str(p.relative_to(run)) for p in files.values() if not p.is_file()]
@@ -59,6 +77,7 @@ def _read_run(run: Path) -> dict | None:
         privacy = json.loads(files["privacy"].read_text())
         config = yaml.safe_load(files["config"].read_text()) or {}
         overrides = yaml.safe_load(files["overrides"].read_text()) or []
+        published = json.loads((run / "metrics.json").read_text()) if (run / "metrics.json").is_file() else {}
     except (OSError, ValueError, yaml.YAMLError) as err:
         warnings.warn(f"skipping {run}: unreadable file ({err})", stacklevel=2)
         return None
@@ -74,6 +93,7 @@ def _read_run(run: Path) -> dict | None:
         key, _, value = str(item).partition("=")
         over[key.lstrip("+~")] = value
     private = bool(privacy.get("private", False))
+    test_public = (config.get("data") or {}).get("test_public") is True
     return {
         "run": run.name,
         "model": target.rsplit(".", 1)[-1],
@@ -85,16 +105,23 @@ def _read_run(run: Path) -> dict | None:
         "delta": privacy.get("delta") if private else None,
         "target_epsilon": privacy.get("target_epsilon") if private else None,
         "noise_multiplier": privacy.get("noise_multiplier") if private else None,
-        **{m: metrics.get(m) for m in METRICS},
-        "baseline/nonprivate_acc": metrics.get("baseline/nonprivate_acc"),
-        "baseline/majority_acc": metrics.get("baseline/majority_acc"),
+        **{m: metrics.get(m) for m in METRIC_KEYS},
+        # what the run itself published, and only for a private run on public test rows
+        "public": {m: published.get(m) for m in PUBLIC_KEYS} if private and test_public else {},
     }
 
 
+def public_view(runs: list[dict]) -> list[dict]:
+    """The runs with every metric replaced by its publishable value (None where there is none)."""
+    return [{**r, **{m: r["public"].get(m) for m in METRIC_KEYS}} for r in runs]
+
+
 def load_runs(sweep: Path, exclude: Path | None = None) -> list[dict]:
+    """Every job folder of ``sweep`` except ``exclude`` (the output folder) and its private/."""
+    skip = {exclude.resolve(), (exclude / PRIVATE_DIR).resolve()} if exclude is not None else set()
     runs = []
     for run in sorted(p for p in sweep.iterdir() if p.is_dir()):
-        if exclude is not None and run.resolve() == exclude.resolve():
+        if run.resolve() in skip:
             continue
         record = _read_run(run)
         if record is not None:
@@ -190,12 +217,28 @@ def to_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_markdown(table: pd.DataFrame, path: Path, sweep: Path) -> None:
+PUBLIC_NOTE = (
+    "Publishable numbers only: each setting's epsilon and delta (from each run's privacy.json) and its "
+    "settings; test metrics and the majority-class rate only of private runs whose test rows are public "
+    "(data.test_public=true), as each run published them in its metrics.json. Metrics computed from "
+    "private rows (test metrics when data.test_public=false, the non-private baseline, non-private runs, "
+    "diffprivlib) are in private/ only."
+)
+PRIVATE_NOTE = (
+    "PRIVATE: computed from private rows; keep with the data, never publish (private/FILES.txt). Every metric "
+    "of each run's private/metrics.json: test metrics are on private rows unless the run's data.test_public "
+    "is true, and the non-private baseline is fitted on the training rows without privacy."
+)
+
+
+def write_markdown(table: pd.DataFrame, path: Path, sweep: Path, *, public: bool) -> None:
     varying = table.attrs.get("varying", [])
     text = [
-        f"# Sweep summary: {sweep}",
+        f"# Sweep summary: {sweep}" + ("" if public else " (PRIVATE)"),
         "",
         f"**{CAVEAT}**",
+        "",
+        PUBLIC_NOTE if public else PRIVATE_NOTE,
         "",
         f"One row per setting (grouped by model and the varying overrides except seed: "
         f"{', '.join(varying) or 'none'}). `epsilon` is the mean over seeds of each run's "
@@ -237,13 +280,15 @@ def plot(table: pd.DataFrame, metric: str, path: Path) -> None:
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     nonpriv = table[~table["private"].astype(bool)]
     for i, (model, grp) in enumerate(nonpriv.groupby("model", sort=True)):
+        if mean_c not in grp or grp[mean_c].isna().all():
+            continue
         ax.axhline(grp[mean_c].mean(), linestyle="-.", color=colors[(i + 3) % len(colors)],
                    label=f"{NONPRIVATE_LABEL}, {model}")
     if metric == "test/acc":
-        sk = table["baseline/nonprivate_acc_mean"].dropna()
+        sk = table.get("baseline/nonprivate_acc_mean", pd.Series(dtype=float)).dropna()
         if len(sk):
             ax.axhline(sk.mean(), linestyle="--", color="black", label=SKLEARN_LABEL)
-        maj = table["baseline/majority_acc_mean"].dropna()
+        maj = table.get("baseline/majority_acc_mean", pd.Series(dtype=float)).dropna()
         if len(maj):
             ax.axhline(maj.mean(), linestyle=":", color="grey", label=MAJORITY_LABEL)
     if len(priv):
@@ -265,26 +310,39 @@ DIFFPRIVLIB_NOTE = (
     "pure epsilon-DP (delta = 0) under replace-one neighbours (N public), data_norm = sqrt(#numeric + "
     "#categorical columns) from the public schema, fitted on the same features and split; DP-SGD rows are "
     "(epsilon, delta)-DP under add/remove neighbours (an add/remove epsilon-DP method is 2 epsilon-DP "
-    "under replace-one, so this comparison favours diffprivlib by up to that factor)"
+    "under replace-one, so this comparison favours diffprivlib by up to that factor). These fits are trained "
+    "on the sweep's private training rows: each spends its epsilon outside every run's privacy report (no run's "
+    "report accounts for it), so these rows stay in private/"
 )
+
+
+def _sweep_data(run: Path) -> tuple:
+    """The data of one run of the sweep (read with its source's own schema, as the run read it)
+    and diffprivlib's data_norm from its public schema; a config or data problem is one line."""
+    import numpy as np
+
+    from dptrain.config import as_source
+    from dptrain.data import load_dataset, schema_from_config
+    from dptrain.errors import DPTrainError
+
+    config = yaml.safe_load(_config_file(run).read_text()) or {}
+    try:
+        data_cfg = as_source(config.get("data") or {})
+        data = load_dataset(data_cfg, seed=int(config.get("seed", 0)))
+        schema = schema_from_config(data_cfg)  # the explicit declaration (Adult's ships as a package file)
+    except DPTrainError as err:
+        raise SystemExit(f"summarize_sweep.py: cannot load the data of {run} for the diffprivlib comparison ({err}); "
+                         "rerun with --no-diffprivlib to skip it") from None
+    return data, float(np.sqrt(len(schema.numeric) + len(schema.categorical)))
 
 
 def diffprivlib_rows(sweep: Path, table: pd.DataFrame, runs: list[dict]) -> pd.DataFrame:
     """diffprivlib's LogisticRegression at each epsilon of the sweep's private settings, one fit
     per seed of the sweep, on the data of the sweep's first run (same features and split)."""
-    import numpy as np
     from diffprivlib.models import LogisticRegression
-    from omegaconf import OmegaConf
 
-    from dptrain.config import DataConfig
-    from dptrain.data import load_dataset, schema_from_config
-
-    config = yaml.safe_load((sweep / runs[0]["run"] / ".hydra" / "config.yaml").read_text())
-    data_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), config["data"]))
+    data, norm = _sweep_data(sweep / runs[0]["run"])
     seeds = sorted({int(r["seed"]) for r in runs if r["seed"] is not None}) or [0]
-    data = load_dataset(data_cfg, seed=int(config.get("seed", 0)))
-    schema = schema_from_config(data_cfg)  # the explicit declaration (Adult's ships as a package file)
-    norm = float(np.sqrt(len(schema.numeric) + len(schema.categorical)))
     eps_values = sorted({round(float(e), 6) for e in table.loc[table["private"].astype(bool), "epsilon"].dropna()})
     rows = []
     for eps in eps_values:
@@ -304,13 +362,77 @@ def diffprivlib_rows(sweep: Path, table: pd.DataFrame, runs: list[dict]) -> pd.D
     return pd.DataFrame(rows)
 
 
+SUMMARY_FILES = ("summary.csv", "summary.md", "summary.png")
+
+
+def _private_manifest(*, diffprivlib: bool) -> str:
+    """private/FILES.txt: what each file is, and that it stays with the data."""
+    dpl = ("diffprivlib LogisticRegression fitted on the sweep's private training rows at the sweep's epsilons, one "
+           "fit per epsilon and seed: their epsilon is NOT accounted by any run's report (privacy.json); each fit "
+           "spends privacy of its own")
+    return "\n".join([
+        "Files of the sweep summary's private/ folder",
+        "",
+        "PRIVATE: computed from private rows; keep with the data, never publish:",
+        f"  {'summary.csv, summary.md':28s} every setting's metrics from each run's private/metrics.json: test "
+        "metrics on private rows where the run's data.test_public is false, the non-private baseline fitted on "
+        "the training rows without privacy, the metrics of non-private runs",
+        f"  {'summary.png':28s} the same metrics against epsilon",
+        *([f"  {'diffprivlib rows (all three)':28s} {dpl}"] if diffprivlib else []),
+        f"  {MANIFEST:28s} this list",
+        "",
+    ])
+
+
+def write_private(out: Path, runs: list[dict], sweep: Path, *, metric: str, diffprivlib: bool) -> pd.DataFrame:
+    """``out/private/``: every metric of private/metrics.json (and diffprivlib) with its FILES.txt."""
+    table = summarize(runs)
+    if diffprivlib and table["private"].astype(bool).any():
+        extra = diffprivlib_rows(sweep, table, runs)
+        attrs = dict(table.attrs)
+        table = pd.concat([table, extra], ignore_index=True)
+        table.attrs.update(attrs)
+        table.attrs["diffprivlib"] = True
+    folder = private_dir(out)
+    table.to_csv(folder / "summary.csv", index=False)
+    write_markdown(table, folder / "summary.md", sweep, public=False)
+    plot(table, metric, folder / "summary.png")
+    (folder / MANIFEST).write_text(_private_manifest(diffprivlib=bool(table.attrs.get("diffprivlib"))))
+    return table
+
+
+def write_public(out: Path, runs: list[dict], sweep: Path, *, metric: str) -> pd.DataFrame:
+    """``out/``: publishable numbers only (PUBLIC_NOTE) and FILES.txt."""
+    table = summarize(public_view(runs)).drop(columns=["baseline/nonprivate_acc_mean"])
+    table.to_csv(out / "summary.csv", index=False)
+    write_markdown(table, out / "summary.md", sweep, public=True)
+    figure = f"{metric}_mean" in table and table[f"{metric}_mean"].notna().any()
+    if figure:
+        plot(table, metric, out / "summary.png")
+    else:  # no publishable value to plot; never leave an earlier (private) figure beside the summary
+        (out / "summary.png").unlink(missing_ok=True)
+    guarantee = f"each run's own, in its privacy.json (this summary repeats its epsilon and delta). {CAVEAT}"
+    write_manifest(out, guarantee=guarantee, publishable={
+        "summary.csv, summary.md": PUBLIC_NOTE,
+        **({"summary.png": f"{metric} of those runs against epsilon"} if figure else {}),
+        MANIFEST: "this list",
+    }, private={
+        f"{PRIVATE_DIR}/": "the summary with every metric computed from private rows, and diffprivlib's fits "
+        f"(their epsilon is not accounted by any run's report): {PRIVATE_DIR}/{MANIFEST}",
+        **({"<each run folder>/": f"its own {MANIFEST} says which of its files may be published"}
+           if out.resolve() == sweep.resolve() else {}),
+    })
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("multirun_dir", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: MULTIRUN_DIR)")
     parser.add_argument("--metric", default="test/acc", choices=METRICS, help="metric for the plot")
     parser.add_argument("--no-diffprivlib", action="store_true",
-                        help="skip diffprivlib's LogisticRegression at the sweep's epsilons")
+                        help="skip diffprivlib's LogisticRegression at the sweep's epsilons (fits on the private "
+                        "training rows, written under private/ only)")
     args = parser.parse_args(argv)
 
     sweep: Path = args.multirun_dir
@@ -322,17 +444,11 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         print(f"no complete runs found under {sweep}", file=sys.stderr)
         return 1
-    table = summarize(runs)
-    if not args.no_diffprivlib and table["private"].astype(bool).any():
-        extra = diffprivlib_rows(sweep, table, runs)
-        attrs = dict(table.attrs)
-        table = pd.concat([table, extra], ignore_index=True)
-        table.attrs.update(attrs)
-        table.attrs["diffprivlib"] = True
-    table.to_csv(out / "summary.csv", index=False)
-    write_markdown(table, out / "summary.md", sweep)
-    plot(table, args.metric, out / "summary.png")
-    print(f"{len(runs)} runs -> {len(table)} settings; wrote summary.csv, summary.md, summary.png in {out}")
+    private = write_private(out, runs, sweep, metric=args.metric, diffprivlib=not args.no_diffprivlib)
+    public = write_public(out, runs, sweep, metric=args.metric)
+    extra = " and diffprivlib's fits" if private.attrs.get("diffprivlib") else ""
+    print(f"{len(runs)} runs, {len(public)} settings: publishable summary and {MANIFEST} in {out}; "
+          f"the summary computed from private rows{extra} in {out / PRIVATE_DIR} (keep with the data)")
     print(CAVEAT)
     return 0
 

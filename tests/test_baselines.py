@@ -78,3 +78,11 @@ def test_the_module_imports_no_torch_and_no_sklearn():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_auc_of_a_diverged_model_is_computed_not_raised():
+    """A tuning candidate at lr 3e38 gives inf/NaN outputs; sklearn raised "Input contains
+    infinity" and ended the whole search (issue 29, finding 5)."""
+    labels = np.array([0, 1, 0, 1, 1])
+    assert baselines.roc_auc(labels, np.array([-np.inf, np.inf, np.nan, 2.0, np.inf])) == 1.0
+    assert baselines.roc_auc(labels, np.full(5, np.nan)) == 0.5

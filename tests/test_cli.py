@@ -293,7 +293,7 @@ def test_joblib_launched_sweep_preset(tmp_path):
     assert summ.returncode == 0, summ.stderr[-3000:]
     import pandas as pd
 
-    table = pd.read_csv(tmp_path / "report" / "summary.csv")
+    table = pd.read_csv(tmp_path / "report" / "private" / "summary.csv")
     assert set(table.model) == {"logit", "diffprivlib LogisticRegression"}
     dpl = table[table.model == "diffprivlib LogisticRegression"].sort_values("epsilon")
     assert np.allclose(dpl.epsilon, sorted(eps), rtol=1e-5) and dpl["test/acc_mean"].between(0, 1).all()

@@ -125,7 +125,7 @@ def test_gpu_noise_has_sd_sigma_c_over_b_and_fresh_streams_differ():
 def test_gpu_streams_reproduce_from_a_seed_file_and_use_the_offset(tmp_path):
     key = tmp_path / "noise.key"
     new_seed_file(key)
-    r = Randomness.from_seed_file(key, run_label="x")
+    r = Randomness.from_seed_file(key, run_label="x").for_data("rows")
     g1, g2 = r.torch("gaussian-noise", device=GPU), r.torch("gaussian-noise", device=GPU)
     assert torch.equal(torch.randn(100, generator=g1, device=GPU), torch.randn(100, generator=g2, device=GPU))
     g3 = r.torch("gaussian-noise", device=GPU)

@@ -246,8 +246,8 @@ def test_gpu_streams_take_a_64_bit_key_and_a_secret_offset_from_the_secret(monke
     # ranks give different ones; the CPU stream of the same name is not derived from the same words
     key_file = tmp_path / "noise.key"
     rnd.new_seed_file(key_file)
-    a = Randomness.from_seed_file(key_file, run_label="run-a")
-    b = Randomness.from_seed_file(key_file, run_label="run-a")
+    a = Randomness.from_seed_file(key_file, run_label="run-a").for_data("rows")
+    b = Randomness.from_seed_file(key_file, run_label="run-a").for_data("rows")
     assert _philox_of(a, "gaussian-noise", monkeypatch=monkeypatch) == _philox_of(b, "gaussian-noise",
                                                                                  monkeypatch=monkeypatch)
     distinct = {_philox_of(a, "gaussian-noise", monkeypatch=monkeypatch),

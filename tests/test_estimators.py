@@ -83,7 +83,7 @@ def test_scikit_learn_parameters_clone_and_cross_validation():
 def test_coefficients_are_in_the_units_of_x_and_labels_are_kept():
     x, y = _synthetic()
     labels = np.where(y == 1, "yes", "no")
-    clf = DPLogisticRegression(bounds=(0, 100), batch_size=200, epochs=2).fit(x, labels)
+    clf = DPLogisticRegression(bounds=(0, 100), classes=["no", "yes"], batch_size=200, epochs=2).fit(x, labels)
     assert list(clf.classes_) == ["no", "yes"]
     assert np.allclose(clf.decision_function(x), x @ clf.coef_[0] + clf.intercept_[0], atol=1e-4)
     assert set(clf.predict(x)) <= {"no", "yes"}
@@ -128,8 +128,10 @@ def test_bad_parameters_are_refused_by_name(params, needle):
     with pytest.raises(DPTrainError) as err:
         est.fit(x, y)
     assert needle in str(err.value)
-    with pytest.raises(DPTrainError, match="exactly two"):
-        DPLogisticRegression(bounds=(0, 100)).fit(x, np.zeros(len(x)))
+    with pytest.raises(DPTrainError, match="exactly two distinct labels"):
+        DPLogisticRegression(bounds=(0, 100), classes=[1, 1]).fit(x, y)
+    with pytest.raises(DPTrainError, match=r"not in classes=\[0, 1\]"):  # labels are declared, never read from y
+        DPLogisticRegression(bounds=(0, 100)).fit(x, np.where(y == 1, "yes", "no"))
 
 
 def test_public_bounds_scaler_learns_nothing_from_the_rows():

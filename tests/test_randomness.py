@@ -80,7 +80,8 @@ def test_seed_file_rules(tmp_path):
     a = Randomness.from_seed_file(key, run_label="x")
     b = Randomness.from_seed_file(key, run_label="x")
     c = Randomness.from_seed_file(key, run_label="y")
-    draw = lambda r: torch.randn(16, generator=r.torch("gaussian-noise"))  # noqa: E731
+    # a key draws once bound to its data (tests/test_noise_key.py)
+    draw = lambda r: torch.randn(16, generator=r.for_data("rows").torch("gaussian-noise"))  # noqa: E731
     assert torch.equal(draw(a), draw(b)) and not torch.equal(draw(a), draw(c))
     assert "REMOVE the noise" in a.describe() and key.read_text().strip() not in a.describe()
     short = tmp_path / "short"

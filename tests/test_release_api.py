@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from dptrain.release.api import CellEstimates, Release, fit_cells
+from dptrain.validation import ConfigError
 
 
 def _frame(seed=0, n_cells=12):
@@ -20,9 +21,14 @@ def _frame(seed=0, n_cells=12):
     return pd.DataFrame({"cell": cell, "x": x, "y": y})
 
 
+def _keys(n_cells):
+    """The PUBLIC list of the cells of :func:`_frame` (the API refuses cells observed in the rows)."""
+    return pd.DataFrame({"cell": np.arange(n_cells)})
+
+
 def test_fit_and_release_round_trip():
     df = _frame()
-    est = fit_cells(df, x="x", y="y", cells=["cell"])
+    est = fit_cells(df, x="x", y="y", cells=["cell"], cell_keys=_keys(12))
     assert isinstance(est, CellEstimates)
     for g in range(3):
         sub = df[df.cell == est.keys.cell[g]]
@@ -43,7 +49,7 @@ def test_fit_and_release_round_trip():
 
 def test_custom_statistic_by_brute_force_matches_closed_form():
     df = _frame(seed=1, n_cells=5)
-    est = fit_cells(df, x="x", y="y", cells=["cell"])
+    est = fit_cells(df, x="x", y="y", cells=["cell"], cell_keys=_keys(5))
 
     def slope(x, y):
         return np.polyfit(x, y, 1)[0]
@@ -62,8 +68,8 @@ def test_custom_statistic_by_brute_force_matches_closed_form():
 
 def test_fit_cells_with_public_cell_keys():
     """With ``cell_keys`` the list of cells is the caller's public list: a listed cell without
-    rows stays (0 rows), rows of unlisted cells are left out; without it the cells are observed
-    (private) and the release says so."""
+    rows stays (0 rows), rows of unlisted cells are left out; without it (and without a private
+    selection) the command line's refusal is raised (tests/test_api_guarantee.py)."""
     df = _frame(seed=2, n_cells=4)
     keys = pd.DataFrame({"cell": [0, 1, 2, 7]})
     est = fit_cells(df, x="x", y="y", cells=["cell"], cell_keys=keys)
@@ -71,6 +77,6 @@ def test_fit_cells_with_public_cell_keys():
     assert est.n[3] == 0 and list(est.n[:3]) == [int((df.cell == g).sum()) for g in range(3)]
     rel = est.release(statistic="p25", epsilon=1.0, seed=1)
     assert rel.frame.reason.iloc[3] == "n < 3" and "declared" in rel.info["cells_source"]
-    observed = fit_cells(df, x="x", y="y", cells=["cell"]).release(epsilon=1.0)
-    assert "PRIVATE" in observed.info["cells_source"]
+    with pytest.raises(ConfigError, match="release.cell_values=null and release.cell_keys_file=null"):
+        fit_cells(df, x="x", y="y", cells=["cell"])
     assert "1" not in rel.info["rng"]  # the seed is not echoed

@@ -28,7 +28,7 @@ def _load_module():
 
 
 def _write_run(sweep: Path, *, target_eps, seed, eps, acc, loss, auc, model="logit",
-               private=True, metrics=True, nonprivate_acc=0.85, majority=0.75):
+               private=True, metrics=True, nonprivate_acc=0.85, majority=0.75, test_public=True):
     overrides = [f"experiment={model}"]
     if private:
         overrides.append(f"privacy.target_epsilon={target_eps}")
@@ -39,14 +39,20 @@ def _write_run(sweep: Path, *, target_eps, seed, eps, acc, loss, auc, model="log
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     (run / ".hydra" / "config.yaml").write_text(
-        f"seed: {seed}\nmodel:\n  _target_: dptrain.models.{model}\nprivacy:\n  enabled: {str(private).lower()}\n"
+        f"seed: {seed}\ndata:\n  name: synthetic\n  test_public: {str(test_public).lower()}\n"
+        f"model:\n  _target_: dptrain.models.{model}\nprivacy:\n  enabled: {str(private).lower()}\n"
     )
     if metrics:
         (run / "private").mkdir()
+        tests = {"test/acc": acc, "test/loss": loss, "test/auc": auc}
         (run / "private" / "metrics.json").write_text(json.dumps({
-            "test/acc": acc, "test/loss": loss, "test/auc": auc,
-            "baseline/nonprivate_acc": nonprivate_acc, "baseline/majority_acc": majority,
+            **tests, "baseline/nonprivate_acc": nonprivate_acc, "baseline/majority_acc": majority,
             "train/steps": 10,
+        }))
+        # the run's publishable metrics.json, as dptrain.outputs.publishable_metrics writes it
+        (run / "metrics.json").write_text(json.dumps({
+            "train/steps": 10, **({"privacy/epsilon": eps, "privacy/delta": 1e-5} if private else {}),
+            **({**tests, "baseline/majority_acc": majority} if test_public else {}),
         }))
     if private:
         privacy = {
@@ -99,6 +105,8 @@ def test_summary_from_subprocess(sweep, tmp_path):
         {"epsilon": 1.99, "test/acc": (0.82, 0.04 / s2, 0.80, 0.84),
          "test/loss": (0.42, 0.04 / s2, 0.40, 0.44), "test/auc": (0.88, 0.04 / s2, 0.86, 0.90)},
     ]
+    private = pd.read_csv(out / "private" / "summary.csv").sort_values("target_epsilon").reset_index(drop=True)
+    assert "baseline/nonprivate_acc_mean" not in table  # fitted on the training rows without privacy
     for i, exp in enumerate(expected):
         row = table.iloc[i]
         assert row["epsilon"] == pytest.approx(exp["epsilon"], abs=1e-12)
@@ -108,7 +116,7 @@ def test_summary_from_subprocess(sweep, tmp_path):
             assert row[f"{metric}_std"] == pytest.approx(std, abs=1e-12)
             assert row[f"{metric}_min"] == pytest.approx(lo, abs=1e-12)
             assert row[f"{metric}_max"] == pytest.approx(hi, abs=1e-12)
-        assert row["baseline/nonprivate_acc_mean"] == pytest.approx(0.85)
+        assert private.iloc[i]["baseline/nonprivate_acc_mean"] == pytest.approx(0.85)
         assert row["baseline/majority_acc_mean"] == pytest.approx(0.75)
 
     md = (out / "summary.md").read_text()
@@ -127,13 +135,151 @@ def test_nonprivate_and_default_out(sweep, recwarn):
                private=False)
     assert mod.main([str(sweep), "--metric", "test/acc", "--no-diffprivlib"]) == 0
     assert any("privacy.target_epsilon=8" in str(w.message) for w in recwarn)
-    table = pd.read_csv(sweep / "summary.csv")
-    assert len(table) == 3
-    nonpriv = table[~table["private"].astype(bool)]
-    assert len(nonpriv) == 1
-    assert nonpriv["epsilon"].isna().all()
-    assert nonpriv["test/acc_mean"].iloc[0] == pytest.approx(0.87)
-    assert int(nonpriv["n_seeds"].iloc[0]) == 2
-    assert (sweep / "summary.png").stat().st_size > 1000
-    # rerunning with outputs inside the sweep folder still works (files, not folders)
+    for folder in (sweep, sweep / "private"):
+        table = pd.read_csv(folder / "summary.csv")
+        assert len(table) == 3
+        nonpriv = table[~table["private"].astype(bool)]
+        assert len(nonpriv) == 1
+        assert nonpriv["epsilon"].isna().all()
+        assert int(nonpriv["n_seeds"].iloc[0]) == 2
+        assert (folder / "summary.png").stat().st_size > 1000
+        # a non-private model's metrics are covered by no guarantee: private/ only
+        acc = nonpriv["test/acc_mean"].iloc[0]
+        assert acc == pytest.approx(0.87) if folder.name == "private" else math.isnan(acc)
+    # rerunning with outputs inside the sweep folder still works: private/ is not read as a run
+    recwarn.clear()
     assert mod.main([str(sweep), "--metric", "test/loss", "--no-diffprivlib"]) == 0
+    assert not any(f"skipping {sweep / 'private'}:" in str(w.message) for w in recwarn)
+
+
+PRIVATE_NUMBERS = {"test/acc": (0.6173, 0.6391), "test/loss": (0.4829, 0.4417), "test/auc": (0.7715, 0.7937)}
+
+
+def test_private_rows_stay_under_private(tmp_path):
+    """data.test_public=false: the test metrics (and the non-private baseline) are computed from
+    private rows, so they are under private/ with its FILES.txt and nowhere in the top-level files."""
+    sweep = tmp_path / "multirun"
+    for seed in (0, 1):
+        _write_run(sweep, target_eps=1, seed=seed, eps=0.98 + 0.02 * seed, test_public=False, nonprivate_acc=0.8123,
+                   majority=0.7531, **{k.split("/")[1]: v[seed] for k, v in PRIVATE_NUMBERS.items()})
+    (sweep / "summary.png").write_bytes(b"a figure of private numbers written by an earlier version")
+    mod = _load_module()
+    assert mod.main([str(sweep), "--no-diffprivlib"]) == 0
+
+    top = pd.read_csv(sweep / "summary.csv")
+    assert top["epsilon"].tolist() == [pytest.approx(0.99)] and top["delta"].tolist() == [1e-5]
+    assert not [c for c in top if c.startswith(("test/", "baseline/")) and top[c].notna().any()]
+    assert not (sweep / "summary.png").exists()  # nothing publishable to plot
+    values = [v for pair in PRIVATE_NUMBERS.values() for v in pair] + [0.8123, 0.7531]
+    for name in ("summary.csv", "summary.md", "FILES.txt"):
+        text = (sweep / name).read_text()
+        assert not [v for v in values if str(v) in text or f"{v:.3g}" in text], name
+    manifest = (sweep / "FILES.txt").read_text()
+    assert "summary.csv, summary.md" in manifest.split("PRIVATE:")[0] and "private/" in manifest.split("PRIVATE:")[1]
+
+    private = pd.read_csv(sweep / "private" / "summary.csv")
+    assert private["test/acc_mean"].tolist() == [pytest.approx(0.6282)]
+    assert private["test/auc_max"].tolist() == [pytest.approx(0.7937)]
+    assert private["baseline/nonprivate_acc_mean"].tolist() == [pytest.approx(0.8123)]
+    assert "PRIVATE" in (sweep / "private" / "summary.md").read_text()
+    assert (sweep / "private" / "summary.png").stat().st_size > 1000
+    files = (sweep / "private" / "FILES.txt").read_text()
+    assert "keep with the data, never publish" in files and "summary.csv" in files and "summary.png" in files
+
+
+def _readme_sweep(sweep: Path, sigmas=(0.5, 1, 2, 4)) -> None:
+    """The folders of the README's sweep (python -m dptrain -m experiment=logit
+    privacy.noise_multiplier=0.5,1,2,4): each job's .hydra/config.yaml composed by Hydra from the
+    shipped config as the run saves it, and its report and metrics files."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from dptrain.config import register_configs
+
+    register_configs()  # the schemas the shipped config extends, as python -m dptrain registers them
+    for i, sigma in enumerate(sigmas):
+        overrides = ["experiment=logit", f"privacy.noise_multiplier={sigma}"]
+        with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+        run = sweep / ",".join(overrides)
+        (run / ".hydra").mkdir(parents=True)
+        (run / "private").mkdir()
+        (run / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+        (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+        eps = 4.0 / sigma
+        (run / "privacy.json").write_text(json.dumps({"private": True, "epsilon": eps, "delta": 1e-5, "seed": 0,
+                                                      "accountant": "rdp", "noise_multiplier": sigma}))
+        metrics = {"test/acc": 0.84 + 0.001 * i, "test/loss": 0.35, "test/auc": 0.89, "baseline/majority_acc": 0.76}
+        (run / "metrics.json").write_text(json.dumps({"privacy/epsilon": eps, "privacy/delta": 1e-5, **metrics}))
+        (run / "private" / "metrics.json").write_text(json.dumps({**metrics, "baseline/nonprivate_acc": 0.85}))
+
+
+class _QuickDPLogit:
+    """Stands in for diffprivlib's LogisticRegression (seconds per fit on Adult): records its calls."""
+
+    calls: list = []
+
+    def __init__(self, *, epsilon, data_norm, random_state, max_iter):
+        self.args = {"epsilon": epsilon, "data_norm": data_norm}
+
+    def fit(self, x, y):
+        self.calls.append({**self.args, "x": x.shape, "y": sorted(set(y.tolist()))})
+        return self
+
+    def score(self, x, y):
+        return 0.5
+
+
+def test_readme_sweep_does_not_crash(tmp_path, monkeypatch, capsys):
+    """issue 32 item 3: on the README's own sweep (data=adult, whose composed data.target is null) the
+    script crashed with a 40-line OmegaConf traceback while loading the data for the diffprivlib
+    comparison (its data section was merged onto the generic DataConfig, whose target is a string).
+    Now it loads Adult with the source's own schema and exits 0 (diffprivlib's fit is stubbed here for
+    speed; test_readme_sweep_with_diffprivlib runs it)."""
+    import diffprivlib.models
+
+    sweep = tmp_path / "multirun"
+    _readme_sweep(sweep)
+    monkeypatch.setattr(diffprivlib.models, "LogisticRegression", _QuickDPLogit)
+    monkeypatch.setattr(_QuickDPLogit, "calls", [])
+    assert _load_module().main([str(sweep)]) == 0
+    assert capsys.readouterr().out.startswith("4 runs, 4 settings: ")  # not "4 runs -> 8 settings" (issue 32, 14)
+    calls = _QuickDPLogit.calls
+    assert [c["epsilon"] for c in calls] == [1, 2, 4, 8]  # one fit per epsilon of the sweep, one seed
+    assert [c["data_norm"] for c in calls] == [pytest.approx(math.sqrt(5 + 8))] * 4  # Adult: 5 numeric, 8 categorical
+    assert all(c["y"] == [0.0, 1.0] and c["x"][0] > 10000 for c in calls)
+    private = pd.read_csv(sweep / "private" / "summary.csv")
+    assert (private.model == "diffprivlib LogisticRegression").sum() == 4
+    assert "diffprivlib" not in set(pd.read_csv(sweep / "summary.csv").model)
+
+
+@pytest.mark.slow  # four diffprivlib fits on Adult: 15-30 s on 2 cores
+def test_readme_sweep_with_diffprivlib(tmp_path):
+    """The README's sweep with the real diffprivlib: exits 0, and the diffprivlib fits (trained on the
+    private training rows) are in private/ only."""
+    sweep = tmp_path / "multirun"
+    _readme_sweep(sweep)
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(sweep)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    top = pd.read_csv(sweep / "summary.csv")
+    assert top["model"].tolist() == ["logit"] * 4  # Adult's test file is public: its test metrics are here
+    assert top.sort_values("epsilon")["test/acc_mean"].tolist() == pytest.approx([0.843, 0.842, 0.841, 0.84])
+    private = pd.read_csv(sweep / "private" / "summary.csv")
+    dpl = private[private.model == "diffprivlib LogisticRegression"].sort_values("epsilon")
+    assert dpl["epsilon"].tolist() == pytest.approx([1, 2, 4, 8]) and dpl["test/acc_mean"].between(0.5, 1).all()
+    assert "not accounted by any run's report" in (sweep / "private" / "FILES.txt").read_text().lower()
+    assert "diffprivlib" not in (sweep / "summary.md").read_text().split("Publishable numbers only")[1].split(
+        "are in private/ only")[1]
+
+
+def test_unloadable_data_is_one_line(tmp_path):
+    """A run whose data cannot be loaded for the diffprivlib comparison: one line naming the run,
+    the setting and the way out (--no-diffprivlib), not a traceback."""
+    sweep = tmp_path / "multirun"
+    run = _write_run(sweep, target_eps=1, seed=0, eps=1.0, acc=0.8, loss=0.4, auc=0.9)
+    (run / ".hydra" / "config.yaml").write_text("seed: 0\ndata:\n  name: table\n  target: y\n")
+    with pytest.raises(SystemExit) as err:
+        _load_module().main([str(sweep)])
+    message = str(err.value.code)
+    assert "\n" not in message and str(run) in message
+    assert "data.path=None is not allowed" in message and message.endswith("rerun with --no-diffprivlib to skip it")

@@ -210,3 +210,65 @@ def test_readme_tune_command_runs_as_written(tmp_path, monkeypatch):
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert 0.99 <= report["epsilon"] <= 1.0 and report["delta"] == 1e-5
     assert metrics["test/acc"] > 0.82  # majority class 0.76; the untuned preset ~0.847
+
+
+def test_diverged_candidate_is_not_released_over_a_finite_one(tmp_path, monkeypatch):
+    """Replays finding 5 of issue 29: candidate 0 diverges (optim.lr=3e38, accepted: NaN outputs,
+    which made its per-row scores and its noisy score NaN, and `score > best` is False against
+    NaN, so it was released), candidate 1 is finite. Now the diverged candidate's rows score 0,
+    its noisy score is finite and low, and the finite candidate is selected and released."""
+    from dptrain import tune
+    from dptrain.predict import load_model
+
+    draws = iter([{"optim.lr": 3e38}, {"optim.lr": 0.2}])
+    monkeypatch.setattr(CandidateLaw, "sample", lambda self, rng: 2)
+    monkeypatch.setattr(tune, "draw_settings", lambda secret, space: next(draws))
+    overrides = ["experiment=linreg", "trainer.epochs=1", "trainer.progress=false", "trainer.baseline=false",
+                 "logger.tensorboard=false", "privacy.target_epsilon=1", "++tune.space={optim: {lr: [3e38, 0.2]}}"]
+    score = cli.run(_compose(overrides), run_dir=tmp_path)
+    candidates = [json.loads(line) for line in (tmp_path / "private" / "candidates.jsonl").read_text().splitlines()]
+    assert [c["settings"]["optim.lr"] for c in candidates] == [3e38, 0.2]
+    diverged, finite = candidates
+    assert diverged["nonprivate_validation_score"] == 0.0 and math.isfinite(diverged["score_dp"])
+    assert finite["nonprivate_validation_score"] > 0.8  # 1 - squared error on the [0, 1]-scaled target
+    assert [c["selected"] for c in candidates] == [False, True] and score == pytest.approx(finite["score_dp"])
+    assert json.loads((tmp_path / "privacy.json").read_text())["tuning"]["selected"] == {"optim.lr": 0.2}
+    assert _digest(load_model(tmp_path).module) == finite["model_sha256"]
+
+
+@pytest.mark.parametrize(("scores", "selected"), [
+    ([math.nan, 0.5], 1), ([0.5, math.nan], 0), ([math.inf, 0.2], 1), ([-math.inf, -3.0], 1),
+    ([math.nan, math.nan], 0), ([math.nan, -math.inf, math.inf], 0), ([0.3, 0.3], 0), ([0.1, 0.7, math.nan, 0.7], 1),
+    ([], None),
+])
+def test_selection_rule_takes_the_highest_finite_score_and_the_earliest_of_ties(scores, selected):
+    """The rule the accounting theorem analyses: a non-finite noisy score counts as minus infinity
+    (NaN compared False against everything and kept whichever came first), ties go to the earlier
+    candidate (a fixed order)."""
+    from dptrain.tune import select_best, selection_key
+
+    assert select_best(scores) == selected
+    assert [selection_key(s) for s in (math.nan, math.inf, -math.inf, 0.25)] == [-math.inf] * 3 + [0.25]
+
+
+@pytest.mark.parametrize("objective", ["linear", "binary", "multinomial"])
+def test_row_scores_stay_in_the_unit_interval_whatever_the_outputs(objective):
+    """A row whose output is not finite scores 0 (before: NaN for regression, and a NaN logit
+    counted as a prediction, right or wrong, for classifiers); every score is in [0, 1], so the
+    score sum moves by at most 1 when one row is added or removed."""
+    from types import SimpleNamespace
+
+    from dptrain.tune import row_scores
+
+    nan, inf = math.nan, math.inf
+    if objective == "multinomial":
+        out = torch.tensor([[nan, 0.0], [inf, 0.0], [0.0, 1.0], [1.0, 0.0], [1e38, -1e38]])
+        y = torch.tensor([0, 0, 1, 1, 0])
+        expected = [0.0, 0.0, 1.0, 0.0, 1.0]
+    else:
+        out = torch.tensor([[nan], [inf], [-inf], [0.9], [-2.0]])
+        y = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0])
+        expected = [0.0, 0.0, 0.0, 1.0, 1.0] if objective == "binary" else [0.0, 0.0, 0.0, 1 - 0.1**2, 0.0]
+    scores = row_scores(SimpleNamespace(name=objective), lambda x: out, torch.zeros(len(y), 1), y)
+    assert scores.tolist() == pytest.approx(expected)
+    assert bool(((scores >= 0) & (scores <= 1)).all())

@@ -2,12 +2,14 @@
 for the estimate, Ferrando, Wang & Sheldon 2022 (parametric bootstrap) for the interval.
 
 With the public schema every encoded row lies in a known box: numeric features in [0, 1], each
-categorical block one-hot (one entry 1), the target scaled to [0, 1] by its public bounds. With
-``z = (1, x, y)`` the mechanism releases ``S = Z'Z`` (it holds N, the column sums, X'X, X'y and
-y'y) plus symmetric Gaussian noise: each entry on and above the diagonal gets an independent
-N(0, (s Delta)^2), mirrored below. Adding or removing one row changes S by ``z z'``, whose
-upper triangle has L2 norm at most ``||z||^2 <= Delta = 2 + (numeric columns) + (categorical
-columns)`` (:func:`sensitivity`): this is the Gaussian mechanism with L2 sensitivity Delta and
+categorical block one-hot (one entry 1), the target scaled to [0, 1] by its public bounds. Each
+row ``z = (1, x, y)`` is centred at a public point ``m`` (:func:`centre`) and the mechanism
+releases ``S = C'C`` of the centred rows ``c = z - m`` (it holds N, the centred column sums and
+cross-products) plus symmetric Gaussian noise: each entry on and above the diagonal gets an
+independent N(0, (s Delta)^2), mirrored below. Adding or removing one row changes S by ``c c'``,
+whose upper triangle has L2 norm at most ``Delta = sqrt((||c||^4 + sum_i c_i^4) / 2)`` at the
+worst corner of the box (:func:`sensitivity`; the report states it in words with its numbers,
+:func:`sensitivity_rule`): this is the Gaussian mechanism with L2 sensitivity Delta and
 noise multiplier s, ONE ``GaussianDpEvent(s)`` (add/remove neighbours), s calibrated to
 ``privacy.target_epsilon`` by the run's accountant (:func:`calibrate`).
 
@@ -38,7 +40,8 @@ from dptrain.inference.coefficients import CoefficientEncoder, coefficient_map, 
 from dptrain.inference.intervals import Interval
 from dptrain.privacy.events import EVENT_KINDS, Event
 
-__all__ = ["SSPFit", "calibrate", "gaussian_event", "kept_columns", "release", "sensitivity", "ssp_estimate"]
+__all__ = ["SSPFit", "calibrate", "gaussian_event", "kept_columns", "release", "sensitivity", "sensitivity_rule",
+           "ssp_estimate"]
 
 
 class Gaussian:
@@ -81,6 +84,16 @@ def centre(enc: CoefficientEncoder) -> np.ndarray:
     return np.asarray(m + [0.5])
 
 
+def _corner_sums(enc: CoefficientEncoder) -> tuple[float, float]:
+    """(||c||^2, sum_i c_i^4) at the worst corner of the centred box (:func:`sensitivity`)."""
+    sq, quart = 1.0 + 0.25 * (len(enc.numeric) + 1), 1.0 + 0.0625 * (len(enc.numeric) + 1)
+    for _, levels in enc.categorical:
+        k = len(levels) + 1
+        sq += (1 - 1 / k) ** 2 + (k - 1) / k**2
+        quart += (1 - 1 / k) ** 4 + (k - 1) / k**4
+    return sq, quart
+
+
 def sensitivity(enc: CoefficientEncoder) -> float:
     """Delta: the largest L2 norm of the upper triangle (diagonal included) of ``c c'`` over the
     centred rows ``c = z - m`` (:func:`centre`), i.e. of the change of the released entries when
@@ -88,12 +101,22 @@ def sensitivity(enc: CoefficientEncoder) -> float:
     same corner of the box (each numeric column and the target at a bound, any level), where
     ``c_i^2`` is 1 (intercept), 1/4 (numeric, target) and, for a block of k = L + 1 one-hot
     columns, ``(1 - 1/k)^2`` once and ``1/k^2`` k - 1 times."""
-    sq, quart = 1.0 + 0.25 * (len(enc.numeric) + 1), 1.0 + 0.0625 * (len(enc.numeric) + 1)
-    for _, levels in enc.categorical:
-        k = len(levels) + 1
-        sq += (1 - 1 / k) ** 2 + (k - 1) / k**2
-        quart += (1 - 1 / k) ** 4 + (k - 1) / k**4
+    sq, quart = _corner_sums(enc)
     return float(math.sqrt((sq**2 + quart) / 2))
+
+
+def sensitivity_rule(enc: CoefficientEncoder) -> str:
+    """The report's words for :func:`sensitivity`, with its numbers for this encoder."""
+    sq, quart = _corner_sums(enc)
+    return ("L2 sensitivity of the upper triangle (diagonal included) of C'C under add/remove of one row, where "
+            "each row z = (1, x, y) is CENTRED at the public point m before the release (c = z - m; m: 0 for the "
+            "intercept, 1/2 for each numeric column and the target, 1/(L+1) for each column of a one-hot block of "
+            "L declared levels plus <other>; numeric features and the target scaled to [0, 1] by their PUBLIC "
+            "bounds): one row changes the upper triangle by that of c c', of L2 norm "
+            "sqrt((||c||^4 + sum_i c_i^4) / 2), largest at a corner of the box, where ||c||^2 = 1 (intercept) + "
+            "1/4 per numeric column + 1/4 (target) + (1 - 1/k)^2 + (k - 1)/k^2 per one-hot block of k columns "
+            f"= {sq:.6g} and sum_i c_i^4 = {quart:.6g}: Delta = {math.sqrt((sq**2 + quart) / 2):.6g} "
+            "(not the uncentred bound ||z||^2)")
 
 
 def calibrate(*, target_epsilon: float, delta: float, accountant: str = "rdp", rtol: float = 1e-4) -> float:
@@ -168,6 +191,7 @@ class SSPFit:
     interval: Interval
     noise_multiplier: float
     sensitivity: float
+    sensitivity_rule: str = ""  # the report's words for the sensitivity used (:func:`sensitivity_rule`)
 
 
 def _bootstrap(a: np.ndarray, b: np.ndarray, yy: float, theta: np.ndarray, *, noise_std: float,
@@ -217,7 +241,7 @@ def ssp_estimate(x: np.ndarray, y: np.ndarray, enc: CoefficientEncoder, *, noise
     alpha = 1 - level
     lo_q, hi_q = np.quantile(dev, [alpha / 2, 1 - alpha / 2], axis=0)
     interval = Interval(est, dev.std(axis=0, ddof=1), est - hi_q, est - lo_q, level)
-    return SSPFit(float(full[0]), full[1:], interval, float(noise_multiplier), delta_s)
+    return SSPFit(float(full[0]), full[1:], interval, float(noise_multiplier), delta_s, sensitivity_rule(enc))
 
 
 def ssp_config_check(enc: CoefficientEncoder) -> None:
@@ -232,11 +256,10 @@ def ssp_config_check(enc: CoefficientEncoder) -> None:
 def describe(fit: SSPFit, *, epsilon: float, delta: float, accountant: str) -> dict[str, Any]:
     """The estimator's part of the privacy report."""
     return {
-        "mechanism": "Gaussian mechanism on the sufficient statistics Z'Z of z = (1, x, y) (one release)",
+        "mechanism": "Gaussian mechanism on the sufficient statistics C'C of the centred rows c = (1, x, y) - m "
+        "(one release)",
         "sensitivity": fit.sensitivity,
-        "sensitivity_rule": "L2 sensitivity of the upper triangle of Z'Z under add/remove of one row: "
-        "||z||^2 <= 1 (intercept) + 1 per numeric column + 1 per categorical column + 1 (target), with numeric "
-        "features and the target scaled to [0, 1] by their PUBLIC bounds and one-hot categories",
+        "sensitivity_rule": fit.sensitivity_rule,
         "noise_multiplier": fit.noise_multiplier,
         "noise_std": fit.noise_multiplier * fit.sensitivity,
         "event": f"GaussianDpEvent({fit.noise_multiplier:.6g}), once",

@@ -8,7 +8,9 @@ Poisson batch and leaves in every trainable parameter's ``.grad``
 where ``clip_C(v) = v * min(1, C / (||v|| + 1e-6))`` over ALL parameters (flat clipping), the
 noise is drawn ONCE per step for the whole sum, and B is the EXPECTED batch size (the realised
 batch size is private and is never used to scale). Any optimiser can then consume ``.grad``
-(post-processing).
+(post-processing). The noise is drawn in float64 (Box-Muller on 53-bit uniforms), added to the
+clipped sum in float64 and the result rounded once to the model's dtype: float32 draws would be
+a Gaussian truncated at |z| <= 5.77 (dptrain.privacy.noise_law bounds the float64 sampler's tail).
 
 Engines:
 
@@ -18,7 +20,7 @@ Engines:
   Bu et al. 2023; docs/engine.md). Never materialises per-example gradients. A plain stack
   (Linear, activation, ..., Linear(., 1) + Squeeze, or a Linear(., K) head with K > 1 for
   multi-output objectives) runs without autograd on buffers reused from step to step, with the
-  bias gradients, 1/B and the noise folded into the same matrix products.
+  bias gradients and 1/B folded into the same matrix products, then the float64 noise added.
 * :class:`OpacusEngine` ("opacus"): any model Opacus' ``GradSampleModule`` supports; per-example
   gradients are materialised by Opacus' hooks, clipping and noise are done here.
 * :class:`NonPrivateEngine`: the same pipeline with no clipping and no noise (sum / B).
@@ -31,6 +33,7 @@ import math
 import os
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +48,80 @@ from dptrain.registry import Registry
 log = logging.getLogger(__name__)
 
 _CLIP_EPS = 1e-6  # as Opacus: factor = C / (norm + 1e-6), capped at 1
+#: the noise is drawn and added in float64 whatever the model's dtype (dptrain.privacy.noise_law)
+DRAW_DTYPE = torch.float64
+_TWO_PI = 2.0 * math.pi
+#: below this many coordinates torch's own (scalar) float64 normal_ is as fast as the vectorised copy
+_VECTOR_NORMAL_MIN = 512
+
+
+def _box_muller16(u: torch.Tensor, out: torch.Tensor) -> None:
+    """torch's CPU ``normal_fill_16`` on k blocks of 16 float64 uniforms ``u`` (k * 16,): in each
+    block u1 = 1 - u[j], u2 = u[j + 8] (j < 8) give out[j] = R cos(2 pi u2), out[j + 8] =
+    R sin(2 pi u2), R = sqrt(-2 ln u1); vectorised over the blocks."""
+    b, o = u.view(-1, 2, 8), out.view(-1, 2, 8)
+    radius = torch.log(torch.rsub(b[:, 0], 1.0)).mul_(-2.0).sqrt_()
+    theta = b[:, 1] * _TWO_PI
+    torch.mul(radius, torch.cos(theta), out=o[:, 0])
+    torch.mul(radius, theta.sin_(), out=o[:, 1])
+
+
+def standard_normal64(n: int, *, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """n N(0, 1) numbers in float64: torch's ``normal_`` (Box-Muller on 53-bit uniforms,
+    dptrain.privacy.noise_law). On the CPU, for n >= 512, the same algorithm on the same
+    uniforms in the same order (n of them, then 16 more for the last block when 16 does not
+    divide n), vectorised: torch's float64 normal_ evaluates its logs and cosines one number at a
+    time (5x its float32 draw). The same generator state follows either way; values agree to
+    within rounding of the last bit."""
+    if device.type != "cpu" or n < _VECTOR_NORMAL_MIN:
+        return torch.empty(n, dtype=DRAW_DTYPE, device=device).normal_(0.0, 1.0, generator=generator)
+    rest = n % 16
+    u = torch.empty(n + (16 if rest else 0), dtype=DRAW_DTYPE, device=device).uniform_(0.0, 1.0, generator=generator)
+    z = torch.empty(n, dtype=DRAW_DTYPE, device=device)
+    _box_muller16(u[:n - rest], z[:n - rest])
+    if rest:  # torch redraws the last 16 numbers (overlapping the last full block)
+        last = torch.empty(16, dtype=DRAW_DTYPE, device=device)
+        _box_muller16(u[n:], last)
+        z[n - 16:] = last
+    return z
+
+
+#: the refined float32 sampler (:func:`standard_normal32_refined`): a pair's 24-bit u1 at or below
+#: this is refined with 53 more bits (the pairs whose radius is >= sqrt(24 ln 2) = 4.08)
+REFINE_BELOW = 2.0 ** -12
+
+
+def standard_normal32_refined(n: int, *, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """n N(0, 1) numbers in float32 by Box-Muller whose tail is not truncated at 5.77 (torch's
+    float32 ``normal_``, on 24-bit uniforms, never exceeds it): pairs ``R (cos t, sin t)`` with
+    ``t = 2 pi u2`` (u2 a 24-bit uniform) and ``R = sqrt(-2 ln u1)``, where ``u1 = 1 - k 2^-24``
+    (k a 24-bit uniform integer) and, wherever ``u1 <= 2^-12``, ``u1 - v 2^-24`` with ``v`` a
+    53-bit uniform: exactly uniform on a 2^-77 grid there, so ``R <= sqrt(154 ln 2) = 10.33`` and
+    the Gaussian pair mass beyond is 2^-77 (dptrain.privacy.noise_law). Cost: about that of the
+    float32 normal_ (one float32 uniform per number; the refinement touches ~1 pair in 4,096),
+    a quarter of a float64 draw's."""
+    h = (n + 1) // 2
+    u = torch.empty(2 * h, dtype=torch.float32, device=device).uniform_(0.0, 1.0, generator=generator)
+    return refined_box_muller(u, lambda k: torch.empty(k, dtype=torch.float64, device=device).uniform_(
+        0.0, 1.0, generator=generator))[:n]
+
+
+def refined_box_muller(u: torch.Tensor, refine: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    """The transform of :func:`standard_normal32_refined`: 2h float32 uniforms ``u`` (u1 = 1 -
+    u[:h], u2 = u[h:]) and ``refine(k)``, k float64 uniforms for the pairs whose u1 <= 2^-12, in
+    order; returns the 2h numbers, first the cosines, then the sines (``u`` is overwritten)."""
+    h = u.numel() // 2
+    u1 = torch.rsub(u[:h], 1.0)  # 1 - k 2^-24: exact in float32, in [2^-24, 1]
+    r = torch.log(u1)
+    tail = (u1 <= REFINE_BELOW).nonzero().squeeze(1)
+    if tail.numel():  # the far tail: u1 refined with 53 more uniform bits, its log taken in float64
+        r[tail] = torch.log(u1[tail].double() - refine(tail.numel()) * 2.0 ** -24).float()
+    r.mul_(-2.0).sqrt_()
+    theta = u[h:].mul_(_TWO_PI)
+    z = torch.empty(2 * h, dtype=torch.float32, device=u.device)
+    torch.mul(r, torch.cos(theta), out=z[:h])
+    torch.mul(r, theta.sin_(), out=z[h:])
+    return z
 
 
 def _lowest_cpu_priority() -> None:
@@ -221,9 +298,9 @@ class GradientEngine:
 
     name = "base"
     PREFETCH_MIN_PARAMS = 1 << 15
-    STARVED_WAIT_S = 0.005  # a background draw of 2^17 numbers takes ~0.4 ms when it gets a CPU
-    #: True when :meth:`noisy_grads` computes the whole ``.grad`` in one pass (clipped sum,
-    #: division by B and the noise folded into each layer's matrix product)
+    STARVED_WAIT_S = 0.005  # a background float64 draw of 2^17 numbers takes ~1.5 ms when it gets a CPU
+    #: True when :meth:`noisy_grads` computes the whole ``.grad`` in one pass (clipped sum and
+    #: division by B folded into each layer's matrix product, then one float64 add of the noise)
     fused = False
     #: private engines refuse models whose examples are not independent (model_check.py)
     checks_model = True
@@ -257,8 +334,10 @@ class GradientEngine:
         if torch.device(generator.device).type != self.device.type:
             raise ValueError(f"the noise generator is on {generator.device} but the model is on {self.device}; "
                              "build it with Randomness.torch(..., device=<the model's device>)")
-        # the noise is drawn in the parameters' precision: float32 noise added to a float64 sum
-        # would leave the sum's low-order bits unprotected
+        # the precision of the noisy gradient: the noise is DRAWN in float64 (DRAW_DTYPE: Box-Muller
+        # on 53-bit uniforms, whose tail the report accounts for, dptrain.privacy.noise_law), added
+        # to the clipped sum in float64, and the result rounded to this dtype (the parameters'; a
+        # float64 model keeps every bit: float32 noise would leave its low-order bits unprotected)
         dtypes = {p.dtype for p in self.params}
         self.noise_dtype = torch.float64 if torch.float64 in dtypes else (dtypes.pop() if len(dtypes) == 1
                                                                           else torch.get_default_dtype())
@@ -285,6 +364,12 @@ class GradientEngine:
         self._clock = time.perf_counter  # times the wait for a queued draw (tests replace it)
 
     # ------------------------------------------------------------------ noise
+    def noise_record(self) -> dict[str, Any]:
+        """What the privacy report needs to bound the sampler's tail (dptrain.privacy.noise_law):
+        the noise coordinates d of a step and the dtype the noisy gradient is rounded to."""
+        return {"noise_coordinates": sum(self._sizes), "noise_dtype": str(self.noise_dtype).replace("torch.", ""),
+                "noise_refined32": self._refined32}
+
     @property
     def noise_std(self) -> float:
         """SD of the noise in each coordinate of ``.grad``: sigma C / B (the one formula)."""
@@ -293,8 +378,22 @@ class GradientEngine:
         return self.noise_multiplier * self.max_grad_norm / self.expected_batch_size
 
     def _draw(self) -> torch.Tensor:
-        return torch.empty(sum(self._sizes), dtype=self.noise_dtype, device=self.device).normal_(
-            0.0, 1.0, generator=self.generator)
+        """One step's N(0, I) vector (torch's float32 normal_ is Box-Muller on 24-bit uniforms:
+        |z| <= 5.77, a truncated Gaussian). A float32 model on the CPU with >= 512 coordinates:
+        the refined float32 Box-Muller (:func:`standard_normal32_refined`, |z| <= 10.33); a
+        float64 model, a GPU or fewer coordinates (where torch's scalar float64 normal_ is the
+        cheaper call): float64 Box-Muller on 53-bit uniforms (|z| <= 8.57 / 8.65), added in
+        float64."""
+        n = sum(self._sizes)
+        if self._refined32:
+            return standard_normal32_refined(n, generator=self.generator, device=self.device)
+        return standard_normal64(n, generator=self.generator, device=self.device)
+
+    @property
+    def _refined32(self) -> bool:
+        """Whether :meth:`_draw` uses the refined float32 sampler (else float64 Box-Muller)."""
+        cpu32 = self.device.type == "cpu" and self.noise_dtype == torch.float32
+        return cpu32 and sum(self._sizes) >= _VECTOR_NORMAL_MIN
 
     def _standard_normal(self) -> torch.Tensor:
         """This step's N(0, I) vector (one per step, whole model), and the next one queued.
@@ -365,7 +464,7 @@ class GradientEngine:
         chunks = noise.split(self._sizes) if noise is not None else [None] * len(sums)
         for p, total, z in zip(self.params, sums, chunks):
             total.mul_(inv_b)  # sums are fresh tensors: in place is safe
-            if z is not None:
+            if z is not None:  # computed in float64 (z's dtype), rounded once into total's dtype
                 total.add_(z.view_as(total), alpha=std)
             p.grad = total
         return stats
@@ -383,22 +482,25 @@ class GradientEngine:
 
     def noisy_grads(self, x: torch.Tensor, y: torch.Tensor, *, noise: torch.Tensor | None,
                     noise_scale: float, sum_scale: float) -> tuple[list[torch.Tensor], StepStats]:
-        """``sum_scale * sum_i clip_C(grad_i) + noise_scale * noise`` per parameter, written
-        into ``noise`` (a flat N(0, I) vector, consumed) or into a fresh buffer when None."""
+        """``sum_scale * sum_i clip_C(grad_i) + noise_scale * noise`` per parameter (views of one
+        fresh flat buffer of the rows' dtype); ``noise`` is a flat N(0, I) vector (float64, from
+        :meth:`_draw`), added in float64 and rounded once, or None."""
         raise NotImplementedError
 
     def _distributed_finish(self, sums: list[torch.Tensor], stats: StepStats) -> StepStats:
         """Across processes: rank 0 adds the step's ONE noise draw N(0, sigma^2 C^2) to its local
         clipped sum, one all_reduce adds every rank's sum, then all ranks divide by the GLOBAL
         expected batch size B (dptrain.distributed)."""
-        flat = torch.cat([s.reshape(-1) for s in sums])
+        # in float64 (DRAW_DTYPE) until the end: the float64 noise, then the other ranks' sums,
+        # are added without rounding to the model's dtype in between; rounded once, at the end
+        flat = torch.cat([s.reshape(-1) for s in sums]).to(DRAW_DTYPE)
         std = self.noise_std * self.expected_batch_size  # on the SUM, before the division by B
         if self.dist.is_main and std > 0:
             flat.add_(self._standard_normal(), alpha=std)
         self.dist.all_reduce_sum(flat)
         flat.mul_(1.0 / self.expected_batch_size)
         for p, chunk in zip(self.params, flat.split(self._sizes)):
-            p.grad = chunk.view_as(p).clone()
+            p.grad = chunk.view_as(p).to(p.dtype, copy=True)
         if self.collect_stats:  # job-wide diagnostics on logged steps (non-private) and the dp/ curve's sum
             t = torch.tensor([stats.batch_size, stats.loss_sum, stats.correct, stats.clipped, stats.bounded_loss_sum],
                              dtype=torch.float64, device=flat.device)
@@ -655,8 +757,9 @@ class FastLinearEngine(GradientEngine):
     * a plain stack (Linear, one activation, ..., Linear(., 1), Squeeze, or ending in a
       Linear(., K) head with K > 1 and no Squeeze): forward and backward
       written out on reusable buffers (:class:`_Workspace`), without autograd, and the step's
-      ``.grad`` formed by one ``addmm`` per weight that folds in the clip factors, 1/B and the
-      noise: ``grad_W = (sigma C / B) z_W + (1 / B) (c * g)^T a`` (``fused``);
+      ``.grad`` formed by one ``addmm`` per weight that folds in the clip factors and 1/B, then
+      one float64 add of the noise over all parameters:
+      ``grad_W = round((1 / B) (c * g)^T a + (sigma C / B) z_W)`` (``fused``);
     * any other Sequential of Linear layers and elementwise activations: autograd with a hook
       on each Linear output that captures its output gradient.
     """
@@ -702,14 +805,19 @@ class FastLinearEngine(GradientEngine):
             sq = term if sq is None else sq.add_(term)
         return sq
 
-    def _grad_views(self, noise: torch.Tensor | None, noise_scale: float,
-                    dtype: torch.dtype) -> tuple[float, dict[int, torch.Tensor]]:
-        """Where this step's ``.grad`` tensors are written: views (by parameter id) of the flat
-        noise vector, scaled by ``beta`` = noise_scale as the products add into it, or of a
-        zero buffer (beta = 0) when there is no noise."""
-        flat = noise if noise is not None else torch.zeros(sum(self._sizes), dtype=dtype, device=self.device)
-        beta = noise_scale if noise is not None else 0.0
-        return beta, {id(p): v.view_as(p) for p, v in zip(self.params, flat.split(self._sizes))}
+    def _grad_views(self, dtype: torch.dtype) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Where this step's ``.grad`` tensors are written: one fresh flat zero buffer of the rows'
+        dtype and its views by parameter id (the clipped sums are written into them, then
+        :meth:`_add_noise` adds the noise to the whole buffer)."""
+        flat = torch.zeros(sum(self._sizes), dtype=dtype, device=self.device)
+        return flat, {id(p): v.view_as(p) for p, v in zip(self.params, flat.split(self._sizes))}
+
+    @staticmethod
+    def _add_noise(flat: torch.Tensor, noise: torch.Tensor | None, noise_scale: float) -> None:
+        """``flat += noise_scale * noise``: computed in float64 (the noise's dtype) and rounded
+        once into ``flat``'s dtype, so the float64 noise keeps its tail (dptrain.privacy.noise_law)."""
+        if noise is not None:
+            flat.add_(noise, alpha=noise_scale)
 
     @torch.no_grad()
     def _logistic_noisy_grads(self, x: torch.Tensor, y: torch.Tensor, *, noise: torch.Tensor | None,
@@ -718,7 +826,7 @@ class FastLinearEngine(GradientEngine):
         """One Linear to one output in closed form: g_i = dL_i/dz_i (the objective's output
         gradient; sigmoid(z_i) - y_i for binary logistic), so example i's
         gradient is g_i (x_i, 1), of squared norm g_i^2 (||x_i||^2 + 1) (docs/engine.md). The
-        weight gradient is one matrix-vector product x^T (c * g) with the noise folded in."""
+        weight gradient is one matrix-vector product x^T (c * g), then the float64 noise is added."""
         lin = self.layers[0]
         bias = lin.bias is not None
         z = torch.addmv(lin.bias, x, lin.weight[0]) if bias else torch.mv(x, lin.weight[0])
@@ -728,10 +836,11 @@ class FastLinearEngine(GradientEngine):
         sq = self.per_example_sq_norms([x], [g], [bias])
         stats = self.step_stats(z, y, None, sq)
         g.mul_(self.clip_factors(sq))
-        beta, views = self._grad_views(noise, noise_scale, x.dtype)
-        views[id(lin.weight)].view(-1).addmv_(x.t(), g, beta=beta, alpha=sum_scale)
+        flat, views = self._grad_views(x.dtype)
+        views[id(lin.weight)].view(-1).addmv_(x.t(), g, beta=0.0, alpha=sum_scale)
         if bias:
-            views[id(lin.bias)].mul_(beta).add_(g.sum(), alpha=sum_scale)
+            views[id(lin.bias)].add_(g.sum(), alpha=sum_scale)
+        self._add_noise(flat, noise, noise_scale)
         return [views[id(p)] for p in self.params], stats
 
     @torch.no_grad()
@@ -741,7 +850,7 @@ class FastLinearEngine(GradientEngine):
         """One Linear to K > 1 outputs in closed form: g_i = dL_i/dz_i, a K-vector (the
         objective's output gradient; softmax(z_i) - onehot(y_i) for multinomial), so example i's
         gradient is the outer product g_i (x_i, 1)^T, of squared norm ||g_i||^2 (||x_i||^2 + 1).
-        The weight gradient is one matrix product (c * g)^T x with the noise folded in."""
+        The weight gradient is one matrix product (c * g)^T x, then the float64 noise is added."""
         lin = self.layers[0]
         bias = lin.bias is not None
         z = torch.addmm(lin.bias, x, lin.weight.t()) if bias else torch.mm(x, lin.weight.t())
@@ -751,10 +860,11 @@ class FastLinearEngine(GradientEngine):
         sq = self.per_example_sq_norms([x], [g], [bias])
         stats = self.step_stats(z, y, None, sq)
         g.mul_(self.clip_factors(sq)[:, None])
-        beta, views = self._grad_views(noise, noise_scale, x.dtype)
-        views[id(lin.weight)].addmm_(g.t(), x, beta=beta, alpha=sum_scale)
+        flat, views = self._grad_views(x.dtype)
+        views[id(lin.weight)].addmm_(g.t(), x, beta=0.0, alpha=sum_scale)
         if bias:
-            views[id(lin.bias)].mul_(beta).add_(g.sum(0), alpha=sum_scale)
+            views[id(lin.bias)].add_(g.sum(0), alpha=sum_scale)
+        self._add_noise(flat, noise, noise_scale)
         return [views[id(p)] for p in self.params], stats
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
@@ -795,9 +905,10 @@ class FastLinearEngine(GradientEngine):
         out_grads = self._buffered_backward(logits, y, ws, pre, post, row_weights)
         sq = self.per_example_sq_norms(inputs, out_grads, self._has_bias)
         stats = self.step_stats(logits, y, losses, sq)
-        beta, views = self._grad_views(noise, noise_scale, x.dtype)
+        flat, views = self._grad_views(x.dtype)
         self._buffered_products(ws, self.clip_factors(sq), (inputs, aug_inputs, out_grads), views=views,
-                                beta=beta, sum_scale=sum_scale)
+                                sum_scale=sum_scale)
+        self._add_noise(flat, noise, noise_scale)
         return [views[id(p)] for p in self.params], stats
 
     def _buffered_forward(self, x: torch.Tensor, ws: _Workspace) -> tuple:
@@ -852,11 +963,12 @@ class FastLinearEngine(GradientEngine):
                 g = ws.d[k - 1][:n]
         return out_grads
 
-    def _buffered_products(self, ws: _Workspace, factors: torch.Tensor, trace: tuple, *, views: dict, beta: float,
+    def _buffered_products(self, ws: _Workspace, factors: torch.Tensor, trace: tuple, *, views: dict,
                            sum_scale: float) -> None:
-        """.grad = sum_scale * sum_i c_i grad_i + noise_scale * noise, per layer: scale the
-        narrower operand by the clip factors c, one matrix product, one add into the noise view.
-        ``trace``: the forward's inputs a_k and [a_k | 1] and the backward's output gradients."""
+        """``views`` (zeros) = sum_scale * sum_i c_i grad_i, per layer: scale the narrower operand
+        by the clip factors c, one matrix product written into the layer's views (the noise is
+        added afterwards, in float64: :meth:`_add_noise`). ``trace``: the forward's inputs a_k
+        and [a_k | 1] and the backward's output gradients."""
         n, col = factors.shape[0], factors[:, None]
         inputs, aug_inputs, out_grads = trace
         for k, ((lin, _), a, a_aug, g) in enumerate(zip(self.plan, inputs, aug_inputs, out_grads)):
@@ -866,12 +978,12 @@ class FastLinearEngine(GradientEngine):
                 if a.shape[1] < g.shape[1]:  # scale a (the input x into a buffer): bias = g^T c
                     a = torch.mul(a, col, out=ws.x_aug[:n, :a.shape[1]]) if k == 0 else a.mul_(col)
                     if gb is not None:
-                        gb.addmv_(g.t(), factors, beta=beta, alpha=sum_scale)
+                        gb.addmv_(g.t(), factors, beta=0.0, alpha=sum_scale)
                 else:
                     g.mul_(col)
                     if gb is not None:
-                        gb.mul_(beta).add_(g.sum(0), alpha=sum_scale)
-                gw.addmm_(g.t(), a, beta=beta, alpha=sum_scale)
+                        gb.add_(g.sum(0), alpha=sum_scale)
+                gw.addmm_(g.t(), a, beta=0.0, alpha=sum_scale)
                 continue
             gb, t = views[id(lin.bias)], ws.wt[k]
             if k == 0 and ws.x_aug is not None:  # [c * x | c]
@@ -889,8 +1001,8 @@ class FastLinearEngine(GradientEngine):
                 a_aug.mul_(col)  # also turns the ones column into c
             if a_aug is not None:
                 torch.addmm(t, g.t(), a_aug, beta=0.0, alpha=sum_scale, out=t)
-            torch.add(t[:, :-1], gw, alpha=beta, out=gw)
-            torch.add(t[:, -1], gb, alpha=beta, out=gb)
+            gw.copy_(t[:, :-1])
+            gb.copy_(t[:, -1])
 
     # ------------------------------------------------------------------ autograd path
     def _autograd_clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:

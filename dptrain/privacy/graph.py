@@ -16,7 +16,8 @@ rows are padding with weight 0 (their input rows zeroed and their output gradien
 0), so they add exactly nothing to the sums. The same mechanism: the same Poisson batch (drawn on
 the host by :class:`~dptrain.privacy.engine.PinnedPoissonSampler`, the batch size known there
 before the step), the same clipping and one N(0, sigma^2 C^2 I) draw per step from the same
-secret generator (registered with the graph, so each replay draws fresh numbers). A batch larger
+secret generator (registered with the graph, so each replay draws fresh numbers), drawn in float64
+and added to the clipped sum in float64 as in every step (``engine._draw``, ``noisy_grads``). A batch larger
 than the capacity (probability about 0.13% per step) and every logged step run as usual.
 
 What differs from an unreplayed step is floating-point rounding (matrix products over more rows

@@ -1,4 +1,5 @@
-"""Models that DP-SGD can protect: each example's output must depend on that example alone.
+"""Models (and losses) that DP-SGD can protect: each example's output, and its loss, must
+depend on that example alone.
 
 Per-example clipping bounds one example's influence on a step only if the loss of example i
 is a function of example i (and the parameters) alone. A layer that mixes the examples of a
@@ -21,6 +22,12 @@ an engine is built (every engine: the fast one, Opacus, and any other). Three in
 
 Opacus' ``ModuleValidator`` is consulted as well (its errors are added to the message), but not
 relied on: it accepts ``BatchNorm1d(affine=False)``, which mixes examples.
+
+A user's loss (``dptrain.private.make_private(loss=...)``) is probed the same way
+(:func:`check_loss`): evaluated on the model's outputs for random inputs and targets, then with
+one example's input and target changed; it must return one value per example (reduction
+'none'), and no other example's loss value or output gradient may move. A loss that uses a
+batch statistic (``out - out.mean()``, a mean reduction) is refused by name before training.
 """
 
 from __future__ import annotations
@@ -132,3 +139,82 @@ def check_model(model: nn.Module, *, in_features: int | None = None) -> None:
             "example's output depends on it and the model keeps no state updated from data. Found: "
             + "; ".join(problems) + ". Allowed: " + ADVICE + "."
         )
+
+
+# ------------------------------------------------------------------------------ the loss
+
+LOSS_ADVICE = ("a per-example loss: loss(outputs, y) returning one value per example, shape (n,), each computed "
+               "from that example's output and target alone (e.g. F.cross_entropy(outputs, y, reduction='none')); "
+               "no batch mean, sum or other statistic of the batch inside it")
+
+
+def loss_name(loss: object) -> str:
+    """How a message names a user's loss: its qualified name, else its type."""
+    return str(getattr(loss, "__qualname__", None) or getattr(loss, "__name__", None) or type(loss).__name__)
+
+
+def _probe_like(t: torch.Tensor, rows: int, gen: torch.Generator) -> torch.Tensor:
+    """Random CPU entries shaped like ``t``'s rows: floats in [0, 1), integers and booleans 0 / 1
+    (a valid class index and a valid binary label)."""
+    shape = (rows, *t.shape[1:])
+    if t.is_floating_point():
+        return torch.rand(shape, generator=gen, dtype=t.dtype)
+    return torch.randint(0, 2, shape, generator=gen).to(t.dtype)
+
+
+class _NotPerExample(Exception):
+    """The loss returned something else than one value per example (the message says what)."""
+
+
+def _loss_and_grad(loss, outputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.enable_grad():
+        z = outputs.detach().clone().requires_grad_(True)
+        values = loss(z, targets)
+        if not isinstance(values, torch.Tensor) or values.shape != z.shape[:1]:
+            shape = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
+            raise _NotPerExample(f"it returned {shape} for a batch of {z.shape[0]} examples, not one value per example "
+                             f"(shape ({z.shape[0]},)): a mean or sum over the batch (reduction='mean' / 'sum') "
+                             "cannot be clipped per example")
+        (grad,) = torch.autograd.grad(values.sum(), z, allow_unused=True)
+    return values.detach(), (torch.zeros_like(z) if grad is None else grad)
+
+
+@torch.no_grad()
+def loss_mixing_probe(loss, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, rows: int = 8) -> str | None:
+    """Evaluate ``loss`` on the outputs of a CPU copy of the model for random inputs and targets
+    shaped like the rows of ``x`` and ``y`` (no private row is used), then with example 0's input
+    and target changed: a description of the problem if the loss does not return one value per
+    example, or if any OTHER example's loss value or its gradient with respect to that example's
+    output moved (a batch statistic inside the loss)."""
+    probe = copy.deepcopy(model).to("cpu").train()
+    gen = torch.Generator().manual_seed(0)
+    xs, ts = _probe_like(x, rows, gen), _probe_like(y, rows, gen)
+    xs2, ts2 = xs.clone(), ts.clone()
+    xs2[0] = _probe_like(x, 1, gen)[0]
+    ts2[0] = _probe_like(y, 1, gen)[0] if y.is_floating_point() else (1 - ts[0].long()).to(ts.dtype)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            results = []
+            for inputs, targets in ((xs, ts), (xs2, ts2)):
+                torch.manual_seed(1)
+                results.append(_loss_and_grad(loss, probe(inputs), targets))
+    except _NotPerExample as err:
+        return str(err)
+    except Exception as err:  # noqa: BLE001 - the user's loss (or model) failed on the probe batch
+        return f"it cannot be evaluated on a probe batch of {rows} examples ({type(err).__name__}: {err})"
+    (v1, g1), (v2, g2) = results
+    if not (torch.equal(v1[1:], v2[1:]) and torch.equal(g1[1:], g2[1:])):
+        return ("changing one example changed the loss (or its gradient) of the OTHER examples of the batch: the "
+                "loss mixes the examples of a batch (e.g. a batch mean inside it), so one example can move every "
+                "other example's clipped gradient")
+    return None
+
+
+def check_loss(loss, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Raise :class:`ModelCheckError` naming ``loss`` unless it returns one value per example and
+    each example's value (and gradient) depends on that example alone (:func:`loss_mixing_probe`)."""
+    problem = loss_mixing_probe(loss, model, x, y)
+    if problem is not None:
+        raise ModelCheckError(f"loss={loss_name(loss)!r} is not allowed for DP training: per-example clipping "
+                              f"bounds one example's influence only if its loss is its own. Found: {problem}. "
+                              f"Allowed: {LOSS_ADVICE}.")

@@ -9,11 +9,17 @@ train/test split and generated data, and does not touch these streams.
 
 Reproducing the noise is an explicit opt-in: ``privacy.noise_seed_file=PATH`` names a file
 that holds a secret of at least 128 bits (create one with
-``python -m dptrain.privacy.randomness PATH``). The streams are then derived from that secret
-AND a label of the run (a digest of its settings, see :func:`settings_digest`), so two runs of a
-sweep, which differ in at least one setting, never share a stream, while the same command with
-the same file reproduces the same noise. The file's content never enters any output; whoever
-holds it and the command line can regenerate the noise and remove it.
+``python -m dptrain.privacy.randomness PATH``). The streams are then derived from that secret,
+a label of the run (a digest of its settings, see :func:`settings_digest`) AND a digest of the
+data the mechanism reads (:func:`data_digest`: the training rows' content and N, or a release's
+input rows; :meth:`Randomness.for_data`). So two runs of a sweep, which differ in at least one
+setting, never share a stream; the same key, command and data reproduce the same noise; and the
+same key and command on a table with one row more draw independent noise (were the noise shared,
+subtracting the two published models would read that row's clipped gradient exactly). A
+seed-file source refuses to draw before it is bound to its data. The file's content and the data
+digest never enter any output (a digest of the rows would let anyone holding a candidate table
+test whether it was the one used); whoever holds the file, the command line and the data can
+regenerate the noise and remove it.
 
 Generators:
 
@@ -116,6 +122,8 @@ class Randomness:
     seed_file: str | None = None
     _entropy: int = field(default=0, repr=False, compare=False)
     _label: int = field(default=0, repr=False, compare=False)
+    #: a seed-file source draws only once bound to its data (:meth:`for_data`); OS entropy always can
+    _bound: bool = field(default=True, repr=False, compare=False)
 
     @classmethod
     def fresh(cls) -> Randomness:
@@ -147,9 +155,26 @@ class Randomness:
                                   f"digits ({MIN_KEY_BITS // 4} or more); make one with "
                                   "`python -m dptrain.privacy.randomness PATH`")
         # the leading 1 keeps leading zeros of the secret significant
-        return cls(mode="seed_file", seed_file=str(path), _entropy=int("1" + digits, 16), _label=_label_int(run_label))
+        return cls(mode="seed_file", seed_file=str(path), _entropy=int("1" + digits, 16), _label=_label_int(run_label),
+                   _bound=False)
+
+    def for_data(self, digest: str) -> Randomness:
+        """These streams bound to the data the mechanism reads (``digest``: :func:`data_digest` of
+        the training rows, or of a release's input rows). Fresh OS entropy is already unique to
+        the run: returned as it is. A seed-file source gets a label that mixes in the digest, so
+        the same key on other data (one row more) draws independent noise; binding twice mixes
+        both digests (a sub-run on a part of the data)."""
+        if not self.reproducible:
+            return self
+        if not isinstance(digest, str) or not digest:
+            raise ValueError("for_data needs a non-empty digest string (data_digest(...))")
+        return replace(self, _label=_label_int(f"{self._label}/data:{digest}"), _bound=True)
 
     def _sequence(self, name: str, index: int) -> np.random.SeedSequence:
+        if not self._bound:
+            raise RandomnessError("privacy.noise_seed_file: reproducible streams are derived from the key, the "
+                                  "settings AND the data; this code path drew before binding them to its data "
+                                  "(Randomness.for_data), which would let a reused key cancel the noise")
         return np.random.SeedSequence(entropy=self._entropy, spawn_key=(self._label, _label_int(name), int(index)))
 
     def numpy(self, name: str, index: int = 0) -> np.random.Generator:
@@ -176,6 +201,11 @@ class Randomness:
         return replace(self, _label=_label_int(f"{self._label}/{label}"))
 
     @property
+    def bound(self) -> bool:
+        """Whether streams may be drawn: always for OS entropy, after :meth:`for_data` for a key."""
+        return self._bound
+
+    @property
     def reproducible(self) -> bool:
         return self.mode == "seed_file"
 
@@ -184,10 +214,13 @@ class Randomness:
         if self.mode == "os":
             return (f"secret: seeded from the operating system's CSPRNG ({OS_ENTROPY_BITS} bits), fresh for this "
                     "run and each process; no output of the run can regenerate the noise or the sampler")
-        return (f"REPRODUCIBLE (opt-in): derived from the secret in privacy.noise_seed_file={self.seed_file!r} and a "
-                "digest of this run's settings. Whoever holds that file and the command line can regenerate "
-                "the noise and the sampled batches and REMOVE the noise: keep the file secret, never publish "
-                "it, and delete it when reproducibility is no longer needed")
+        return (f"REPRODUCIBLE (opt-in): derived from the secret in privacy.noise_seed_file={self.seed_file!r}, a "
+                "digest of this run's settings and a digest of the data it read (the rows' content and their "
+                "number; never written anywhere). The same file, command and data reproduce the same noise; the "
+                "same file on other data (e.g. a table with one row more) draws independent noise, so reusing the "
+                "key on updated data does not cancel the noise. Whoever holds that file, the command line and the "
+                "data can regenerate the noise and the sampled batches and REMOVE the noise: keep the file secret, "
+                "never publish it, and delete it when reproducibility is no longer needed")
 
 
 #: settings left out of a run's label. None changes the noise and batches a step uses: they only
@@ -223,6 +256,37 @@ def settings_digest(settings: dict) -> str:
     exclude = tuple(k for k in _LABEL_EXCLUDE if not (curves and k == ("trainer", "log_every")))
     canon = json.dumps(strip(settings), sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(canon.encode("utf-8")).hexdigest()
+
+
+def data_digest(*parts: object) -> str:
+    """SHA-256 of the data a mechanism reads, for :meth:`Randomness.for_data`: each part's type,
+    shape, dtype and bytes, in order (arrays, torch tensors, pandas DataFrames/Series: column
+    names, dtypes and pandas' per-row content hash; strings and numbers as text). Never written
+    to any output."""
+    h = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, torch.Tensor):
+            part = part.detach().cpu().contiguous().numpy()
+        if hasattr(part, "to_numpy") and hasattr(part, "columns"):  # a DataFrame
+            h.update(repr([(str(c), str(t)) for c, t in part.dtypes.items()]).encode("utf-8"))
+            part = _pandas_rows(part)
+        elif hasattr(part, "to_numpy"):  # a Series
+            h.update(repr((str(part.name), str(part.dtype))).encode("utf-8"))
+            part = _pandas_rows(part)
+        if isinstance(part, np.ndarray):
+            arr = np.ascontiguousarray(part)
+            h.update(f"array{arr.dtype.str}{arr.shape}".encode("ascii"))
+            h.update(memoryview(arr.reshape(-1).view(np.uint8)) if arr.dtype != object else repr(arr.tolist()).encode())
+        else:
+            h.update(f"{type(part).__name__}:{part!r}".encode())
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+def _pandas_rows(obj) -> np.ndarray:
+    import pandas as pd  # only when a caller passes pandas objects (releases)
+
+    return pd.util.hash_pandas_object(obj, index=False).to_numpy()
 
 
 def new_seed_file(path: str | os.PathLike) -> Path:

@@ -11,6 +11,8 @@ import importlib.metadata
 import math
 from typing import Any
 
+from dptrain.privacy.noise_law import box_muller_law, delta_total, tail_mass
+
 NOT_COVERED = [
     "hyperparameter tuning and the choice among runs of a sweep: each run's epsilon covers only that run; "
     "picking the best run by its test metrics uses the data again",
@@ -26,9 +28,13 @@ NOT_COVERED = [
     "the log (private/dptrain.log), timings and error messages: for the data holder only. They never quote "
     "private values or counts of private rows, but a refusal of bad data (e.g. non-numeric entries, a "
     "single-class target) depends on the rows: a refused run publishes nothing",
-    "floating-point side channels: the Gaussian noise is drawn in floating point (torch normal_; the dp/ "
-    "curve's in float64 from numpy's PCG64), not from a discretised Gaussian; the noise generator is torch's "
-    "MT19937 (a statistical generator) seeded with 19,968 bits from the source described under 'randomness'",
+    "floating-point side channels beyond the sampler's tail: the gradient noise is Box-Muller, drawn in float64 "
+    "on 53-bit uniforms or by the refined float32 sampler (24-bit uniforms refined with 53 more bits in the far "
+    "tail), |z| <= z_max; the Gaussian mass beyond z_max is added to delta (see 'noise sampler'); inside z_max "
+    "the sampler is treated as the exact Gaussian: its uniforms' grid and the rounding to the model's dtype "
+    "are not analysed. The dp/ curve's noise is numpy's float64 ziggurat (PCG64, |z| < "
+    "12.23), not from a discretised Gaussian; the noise generator is torch's MT19937 (a statistical generator) "
+    "seeded with 19,968 bits from the source described under 'randomness'",
 ]
 
 
@@ -101,6 +107,43 @@ def _run_fields(mechanism: dict[str, Any], *, data_source: str, seed: int, test_
     }
 
 
+def noise_sampler_section(mechanism: dict[str, Any], eps: float) -> dict[str, Any] | None:
+    """The report's ``noise_sampler``: what the engine draws, its z_max, and the Gaussian mass it
+    cannot draw, added to delta (dptrain.privacy.noise_law). None when no noise is added.
+    ``mechanism["noise_coordinates"]`` (d, from ``engine.noise_record()``) is needed for the
+    tail mass; without it the mass and delta_total are None."""
+    if not (mechanism["noise_multiplier"] > 0 and mechanism.get("noise_applied", True)) or "ssp" in mechanism:
+        return None  # no noise, or not the engine's (estimator=ssp draws numpy's ziggurat: docs/privacy.md)
+    law = box_muller_law(device=str(mechanism.get("device", "cpu")), dtype=mechanism.get("noise_dtype"),
+                         refined32=bool(mechanism.get("noise_refined32", False)))
+    d, steps = mechanism.get("noise_coordinates"), int(mechanism["steps"])
+    eta = None if d is None else tail_mass(steps=steps, coordinates=int(d), law=law)
+    return {
+        "sampler": law.sampler, "z_max": law.z_max, "pair_tail": law.pair_tail,
+        "coordinate_tail": law.as_dict()["coordinate_tail"], "noise_coordinates": d, "steps": steps,
+        "tail_mass": eta,
+        "tail_mass_rule": "eta = T d exp(-z_max^2 / 2): a union bound over the at most d Box-Muller pairs of each "
+        "of the T steps, each pair's Gaussian radius exceeding z_max with probability exp(-z_max^2 / 2)",
+        "delta_total": None if eta is None else delta_total(epsilon=eps, delta=mechanism["delta"], eta=eta),
+        "delta_rule": "a mechanism within total variation eta of an (epsilon, delta)-DP one is (epsilon, delta + "
+        "(1 + e^epsilon) eta)-DP",
+    }
+
+
+def _noise_lines(report: dict[str, Any]) -> list[str]:
+    """privacy.txt's lines on the noise sampler and the tail mass added to delta."""
+    ns = report.get("noise_sampler")
+    if not ns:
+        return []
+    lines = [f"noise sampler: {ns['sampler']}; |z| <= z_max = {ns['z_max']:.6g}"]
+    if ns["tail_mass"] is None:
+        return lines + ["  tail mass: NOT computed (the run record gives no noise_coordinates); the Gaussian mass "
+                        f"beyond z_max is {ns['pair_tail']:.3g} per pair of coordinates per step"]
+    return lines + [f"  tail mass eta = {ns['tail_mass']:.3g} ({ns['steps']} steps x {ns['noise_coordinates']} "
+                    f"coordinates x {ns['pair_tail']:.3g}); delta_total = delta + (1 + e^epsilon) eta = "
+                    f"{ns['delta_total']:.12g}: the guarantee holds at (epsilon, delta_total)"]
+
+
 def _guarantee(mechanism: dict[str, Any], eps: float) -> tuple[bool, str]:
     if not mechanism["noise_multiplier"] > 0:
         return False, ("none: privacy.noise_multiplier=0 adds no noise, so epsilon is infinite; this model is NOT "
@@ -123,6 +166,10 @@ def build_report(
                 "is NOT differentially private and may reveal any training record", **base}
     eps = epsilons[accountant]
     private, guarantee = _guarantee(mechanism, eps)
+    sampler = noise_sampler_section(mechanism, eps)
+    if sampler and sampler["delta_total"] is not None:
+        guarantee += (f"; with the noise sampler's tail mass added: ({eps:.4g}, {mechanism['delta']:.3g} + "
+                      f"{sampler['delta_total'] - mechanism['delta']:.2g})-DP (delta_total, see 'noise sampler')")
     return {
         "private": private,
         "guarantee": guarantee,
@@ -142,6 +189,8 @@ def build_report(
         "clipping": "flat per-example L2 clipping over all parameters",
         "noise": "Gaussian N(0, sigma^2 C^2) added once per step to the clipped sum, divided by the "
         "expected batch size",
+        "noise_sampler": sampler,
+        "delta_total": None if sampler is None else sampler["delta_total"],
         "dp_curves": mechanism.get("dp_curves"),
         **base,
         "not_covered": list(NOT_COVERED),
@@ -257,6 +306,7 @@ def format_report(report: dict[str, Any]) -> str:
            f"{report['distributed']['sharding']}; {report['distributed']['reduction']}"]
           if report.get("distributed") else []),
         f"randomness of the noise and the sampler: {report['randomness']}",
+        *_noise_lines(report),
         f"seed = {report['seed']} ({report['seed_role']})",
         "versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
         "",

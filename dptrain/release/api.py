@@ -2,6 +2,7 @@
 
     >>> keys = pd.DataFrame({"county": [...], "sex": [...]})          # the PUBLIC list of cells
     >>> est = fit_cells(df, x="parent_rank", y="kid_rank", cells=["county", "sex"], cell_keys=keys)
+    >>> est = fit_cells(df, ..., selection=PrivateSelectionConfig())  # or: cells selected with (1, 1e-6)-DP
     >>> rel = est.release(statistic="p25", epsilon=1.0)              # MOS, CSPRNG noise
     >>> rel = est.release_dp_mos(statistic="p25", epsilon=1.0)       # DP-MOS: (3, 1e-6)-DP end to end
     >>> rel.to_frame()                                                 # one row per cell
@@ -12,49 +13,65 @@ holds PRIVATE per-cell estimates (for analysis and evaluation inside the secure 
 only a ``Release`` is meant for publication. MOS is NOT differentially private: chi is computed
 from the private data; the guarantee is only epsilon-DP conditional on chi.
 
-Cells: pass ``cell_keys`` (a public table of the cells) so that the list of cells does not depend
-on the rows; without it the cells are those OBSERVED in ``df`` and the list itself is private
-(a one-person cell appears only when that person is in the data). ``seed``: reproducible noise
-for analysis; no returned object echoes it, and whoever knows it can remove the noise.
+The API refuses what the command line refuses. The list of cells must not come from the rows
+present (a one-person cell would appear only when that person is in the data), so
+:func:`fit_cells` takes either ``cell_keys`` (a PUBLIC table of the cells, like
+``release.cell_keys_file``) or ``selection=PrivateSelectionConfig(epsilon, delta)`` (the
+stability-based selection of ``release.cell_selection=private``, (epsilon, delta)-DP, composed
+into every release's totals); with neither it raises the command line's refusal, and every
+``release*`` method refuses estimates whose cells were not listed that way (e.g. a
+``CellEstimates`` built by hand from :func:`~dptrain.release.cells.group_cells`).
+
+Noise: fresh from the OS CSPRNG by default. ``seed``, a
+:class:`~dptrain.privacy.randomness.Randomness` key (e.g. ``Randomness.from_seed_file``) or an
+int (for analysis), makes it reproducible; either way the streams are bound to the rows the
+mechanism reads (:func:`~dptrain.privacy.randomness.data_digest`), so the same key or seed on a
+table with one row more draws independent noise (reused noise would cancel in the difference of
+two releases). No returned object echoes a seed or a digest; whoever knows the seed (or holds the
+key file) and the rows can regenerate the noise and remove it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from dptrain.privacy.randomness import Randomness, data_digest
 from dptrain.release import _ls_math
+from dptrain.release.cell_domain import CellDomain, from_table, select_cells
 from dptrain.release.cells import (
     Cells,
     Domain,
     OLSFit,
     ReleaseError,
-    group_cells,
     make_cells,
     ols,
     standard_error,
     statistic,
     xy_values,
 )
+from dptrain.release.dp_mos import DEFAULT_SPLIT, DPMOSConfig, release_dp_mos
 from dptrain.release.mos import NOT_DP, MOSConfig, MOSInputs, MOSRelease, chi, release_mos
 from dptrain.release.noise import add_noise, calibrate, make_rng
+from dptrain.release.report import composed_total, declared_selection
 from dptrain.release.sensitivity import (
     Sensitivity,
     brute_force_cells,
     local_sensitivity,
     se_local_sensitivity,
 )
-
-if TYPE_CHECKING:
-    from dptrain.release.cell_domain import CellDomain
+from dptrain.release.settings import ReleaseConfig, check_cell_source
+from dptrain.validation import bad
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +114,7 @@ class CellEstimates:
 
     cells: Cells
     cells_source: str = "observed in the rows (PRIVATE: the list of cells reveals which cells have rows)"
-    listed: CellDomain | None = None
+    listed: CellDomain | None = None  # None: cells observed in the rows, which every release_* refuses
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
@@ -145,62 +162,154 @@ class CellEstimates:
         return out
 
     def release(self, *, statistic: str = "p25", epsilon: float | dict = 1.0, neighbors: str = "add_remove",
-                noise: str = "laplace", chi_groups: np.ndarray | None = None, seed: int | None = None) -> Release:
+                noise: str = "laplace", chi_groups: np.ndarray | None = None,
+                seed: int | Randomness | None = None) -> Release:
         """MOS release of theta, its SE and N (docs/release.md). NOT differentially private
         (chi comes from the private data): epsilon-DP only conditional on chi."""
-        mos = release_mos(self.cells, statistic=statistic, epsilon=epsilon, seed=seed,
+        self.check_listed()
+        rng, rng_desc = self.stream("release-mos", seed=seed)
+        mos = release_mos(self.cells, statistic=statistic, epsilon=epsilon, rng=rng,
                           precomputed=MOSInputs(fit=self.fit),
                           config=MOSConfig(neighbors=neighbors, noise=noise, chi_groups=chi_groups))
         rel = Release.from_mos(mos)
-        return Release(frame=rel.frame, epsilon=rel.epsilon, info={**rel.info, "cells_source": self.cells_source})
+        return Release(frame=rel.frame, epsilon=rel.epsilon, info={**rel.info, **self.listing_info(), "rng": rng_desc})
 
     def release_dp_mos(self, *, statistic: str = "p25", epsilon: float = 1.0, delta: float = 1e-6,
                        split: dict | None = None, chi_quantile: float = 0.75, min_n: int = 3,
-                       seed: int | None = None) -> Release:
+                       seed: int | Randomness | None = None) -> Release:
         """DP-MOS release of chi and, per cell, theta, SE, N and a 95% interval (docs/dp_mos.md):
         (epsilon x sum of the split's shares, delta)-DP under add/remove neighbours, END TO END
-        (chi is chosen privately; each cell passes a private stability test). ``split``: the share
-        of epsilon per stage (default: n 0.25, se 0.5, chi 0.25, test 1.0, theta 1.0, total 3 epsilon);
-        ``seed``: reproducible noise for analysis (never echoed; None: the OS CSPRNG)."""
-        from dptrain.release.dp_mos import DEFAULT_SPLIT, DPMOSConfig, release_dp_mos
-
-        rng, rng_desc = make_rng(seed)
+        (chi is chosen privately; each cell passes a private stability test), plus, by basic
+        composition, a private cell selection's (epsilon, delta) when the cells were selected
+        privately. ``split``: the share of epsilon per stage (default: n 0.25, se 0.5, chi 0.25,
+        test 1.0, theta 1.0, total 3 epsilon); ``seed`` (an int or a
+        :class:`~dptrain.privacy.randomness.Randomness` key): reproducible noise for analysis,
+        bound to the rows (never echoed; None: the OS CSPRNG)."""
+        self.check_listed()
+        rng, rng_desc = self.stream("release-dp_mos", seed=seed)
         rel = release_dp_mos(self.cells, statistic=statistic, epsilon=epsilon, delta=delta, rng=rng,
                              config=DPMOSConfig(split=dict(split or DEFAULT_SPLIT), chi_quantile=chi_quantile,
                                                 min_n=min_n))
         frame = pd.concat([self.keys.reset_index(drop=True), rel.frame.reset_index(drop=True)], axis=1)
-        info = {"method": "dp_mos", "privacy": f"({rel.epsilon['total']:g}, {rel.delta:g})-DP end to end, "
-                "add/remove neighbours", "chi": rel.chi, "rng": rng_desc, "cells_source": self.cells_source,
-                **rel.info}
+        listing = self.listing_info(epsilon=float(rel.epsilon["total"]), delta=float(rel.delta))
+        total = listing["total"]
+        privacy = (f"({total['epsilon']:g}, {total['delta']:g})-DP end to end, add/remove neighbours"
+                   + ("" if self.listed.selection is None else
+                      " (DP-MOS and the private cell selection, by basic composition)"))
+        info = {"method": "dp_mos", "privacy": privacy, "chi": rel.chi, "rng": rng_desc, **listing, **rel.info}
         return Release(frame=frame, epsilon=dict(rel.epsilon), info=info)
 
     def release_custom(self, stat_fn: Callable[[np.ndarray, np.ndarray], float], *, epsilon: float = 1.0,
-                       neighbors: str = "add_remove", seed: int | None = None, grid: int = 41) -> Release:
+                       neighbors: str = "add_remove", seed: int | Randomness | None = None,
+                       grid: int = 41) -> Release:
         """MOS for ANY statistic of a cell's rows (e.g. a per-cell logit coefficient): LS by
         brute-force refits (remove each row; add a point on a grid x grid over the domain plus
         its corners), chi = max N LS, theta + discrete Laplace(chi / (epsilon N)),
         N + discrete Laplace(1 / epsilon). The SE is not released. Cost: one refit per row and
         grid point per cell (small data only); the grid makes the add-side sup a lower bound
         of the true sup, which the release states."""
-        return release_custom(self.cells, stat_fn, epsilon=epsilon, neighbors=neighbors, seed=seed, grid=grid)
+        self.check_listed()
+        rng, rng_desc = self.stream("release-mos-custom", seed=seed)
+        rel = release_custom(self.cells, stat_fn, epsilon=epsilon, neighbors=neighbors, grid=grid, rng=rng)
+        return Release(frame=rel.frame, epsilon=rel.epsilon, info={**rel.info, **self.listing_info(), "rng": rng_desc})
+
+    # ------------------------------------------------------------------ what every release checks
+    def check_listed(self) -> None:
+        """Refuse cells OBSERVED in the rows (not a public declaration, not a private selection)
+        with the command line's message (:func:`dptrain.release.settings.check_cell_source`)."""
+        if self.listed is None:
+            check_cell_source(ReleaseConfig(cells=list(self.cells.keys.columns)), _TABLE_DATA)
+            raise ReleaseError("the cells were not listed by a declaration or a private selection")  # unreachable
+
+    def stream(self, name: str, *, seed: int | Randomness | None) -> tuple[np.random.Generator, str]:
+        """The secret stream ``name`` of one release, bound to these cells' rows (:func:`secret_stream`)."""
+        digest = self.memo("data_digest", lambda: cells_digest(self.cells))
+        return secret_stream(name, digest, seed=seed)
+
+    def listing_info(self, *, epsilon: float | None = None, delta: float = 0.0) -> dict[str, Any]:
+        """Where the cells come from, the selection's facts and, for a DP method's ``epsilon`` and
+        ``delta``, the totals composed with a private selection (the release run's rule)."""
+        out: dict[str, Any] = {"cells_source": self.cells_source, "cell_selection": declared_selection(self.listed)}
+        if epsilon is not None:
+            out["total"] = composed_total("add_remove", epsilon, delta, self.listed.selection)
+        return out
+
+
+#: the data source of an API call, for the command line's checks: rows in memory, like data=table
+_TABLE_DATA = SimpleNamespace(name="table")
+
+
+def cells_digest(cells: Cells) -> str:
+    """:func:`~dptrain.privacy.randomness.data_digest` of the rows a release reads: the listed
+    cells' keys and every row's (x, y, cell)."""
+    return data_digest(cells.x, cells.y, cells.codes, cells.keys)
+
+
+def _int64(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little")
+
+
+def secret_stream(name: str, digest: str, *, seed: int | Randomness | None) -> tuple[np.random.Generator, str]:
+    """(a numpy Generator, a sentence on its seeding) for the stream ``name`` of an API call that
+    reads the data of ``digest`` (:func:`~dptrain.privacy.randomness.data_digest`). ``seed``
+    None: 256 fresh bits from the OS CSPRNG. A :class:`Randomness` (e.g. a key file's): its
+    stream bound to the data (:meth:`Randomness.for_data`). An int: PCG64 from the seed, the data
+    digest and the name, so the same seed on other rows (one row more) draws independent noise."""
+    if isinstance(seed, Randomness):
+        bound = seed.for_data(digest)
+        return bound.numpy(name), bound.describe()
+    rng, desc = make_rng(seed)  # the seed's checks; None: fresh from the OS CSPRNG
+    if seed is None:
+        return rng, desc
+    seq = np.random.SeedSequence(entropy=int(seed), spawn_key=(_int64(digest), _int64(name)))
+    return (np.random.Generator(np.random.PCG64(seq)),
+            desc + "; the stream is derived from the seed AND a digest of the rows the release reads (never "
+            "written), so the same seed on other rows draws independent noise")
+
+
+@dataclass(frozen=True)
+class PrivateSelectionConfig:
+    """:func:`fit_cells`' private cell selection (``release.cell_selection=private``): the
+    stability-based histogram at (``epsilon``, ``delta``)-DP under add/remove neighbours, its
+    noise from ``seed`` (an int or a :class:`~dptrain.privacy.randomness.Randomness` key, bound
+    to the rows; None: the OS CSPRNG)."""
+
+    epsilon: float = 1.0
+    delta: float = 1e-6
+    seed: int | Randomness | None = None
 
 
 def fit_cells(df: pd.DataFrame, *, x: str, y: str, cells: list[str], domain: Domain | None = None,
-              clip: bool = True, cell_keys: pd.DataFrame | None = None) -> CellEstimates:
-    """Group rows into cells and fit OLS per cell (grouped sums; no loop over cells).
+              clip: bool = True, cell_keys: pd.DataFrame | None = None,
+              selection: PrivateSelectionConfig | None = None) -> CellEstimates:
+    """Group rows into LISTED cells and fit OLS per cell (grouped sums; no loop over cells).
 
-    ``cell_keys``: a PUBLIC table with one column per cell column and one row per cell; every
-    listed cell is kept (with 0 rows if none match) and rows of unlisted cells are left out. Without
-    it the cells are those observed in ``df``, which makes the list of cells private."""
-    domain = domain or Domain()
-    if cell_keys is None:
-        return CellEstimates(group_cells(df, x=x, y=y, cells=list(cells), domain=domain, clip=clip))
-    from dptrain.release.cell_domain import from_table
-
-    listed = from_table(pd.DataFrame(cell_keys), list(cells), origin="declared", description="cell_keys",
-                        setting="cell_keys")
-    est = estimates_for_listed(df, listed, x=x, y=y, domain=domain, clip=clip)
-    return CellEstimates(est.cells, cells_source="declared by the caller (cell_keys, public)", listed=listed)
+    The cells come, as on the command line, from ``cell_keys``: a PUBLIC table with one column
+    per cell column and one row per cell (every listed cell is kept, with 0 rows if none match;
+    rows of unlisted cells are left out), or from ``selection=PrivateSelectionConfig(...)``: the
+    stability-based selection of ``release.cell_selection=private``
+    (:func:`dptrain.release.cell_domain.select_cells`, (epsilon, delta)-DP under add/remove
+    neighbours, composed into every release's totals). With neither, the command line's refusal
+    is raised (:func:`dptrain.release.settings.check_cell_source`): cells observed in the rows
+    would reveal who is in them."""
+    if selection is not None and not isinstance(selection, PrivateSelectionConfig):
+        raise bad("selection", selection, "must be None or a dptrain.release.api.PrivateSelectionConfig")
+    private = selection is not None
+    conf = ReleaseConfig(cells=list(cells), cell_keys_file=None if cell_keys is None else "cell_keys",
+                         cell_selection="private" if private else "declared",
+                         **({"selection_epsilon": selection.epsilon, "selection_delta": selection.delta}
+                            if private else {}))
+    check_cell_source(conf, _TABLE_DATA)
+    if cell_keys is not None:
+        listed = from_table(pd.DataFrame(cell_keys), list(cells), origin="declared",
+                            description="declared by the caller (cell_keys)", setting="cell_keys")
+    else:
+        rng, _ = secret_stream("release-cell-selection", data_digest(df), seed=selection.seed)
+        listed = select_cells(df, list(cells), epsilon=selection.epsilon, delta=selection.delta, rng=rng)
+        if listed.n_cells == 0:
+            raise ReleaseError("the private cell selection listed no cell (a DP outcome); allowed: a larger "
+                               "PrivateSelectionConfig epsilon or delta, or declare the cells (cell_keys)")
+    return estimates_for_listed(df, listed, x=x, y=y, domain=domain or Domain(), clip=clip)
 
 
 def estimates_for_listed(df: pd.DataFrame, listed: CellDomain, *, x: str, y: str, domain: Domain,
@@ -227,11 +336,16 @@ def estimates_for_listed(df: pd.DataFrame, listed: CellDomain, *, x: str, y: str
                          cells_source=listed.description, listed=listed)
 
 
-def release_custom(cells: Cells, stat_fn: Callable[[np.ndarray, np.ndarray], float], *, epsilon: float,
-                   neighbors: str = "add_remove", seed: int | None = None, grid: int = 41,
+def release_custom(cells: Cells | CellEstimates, stat_fn: Callable[[np.ndarray, np.ndarray], float], *,
+                   epsilon: float, neighbors: str = "add_remove", seed: int | None = None, grid: int = 41,
                    rng: np.random.Generator | None = None) -> Release:
     """See :meth:`CellEstimates.release_custom`. NOT differentially private (chi from the data).
-    ``rng`` (a release run's stream) overrides ``seed``."""
+    ``rng`` (a release run's stream) overrides ``seed``. ``cells``: estimates (their listing is
+    checked, :meth:`CellEstimates.check_listed`), or the bare ``Cells`` of a listing the caller
+    has already checked (a release run's)."""
+    if isinstance(cells, CellEstimates):
+        cells.check_listed()
+        cells = cells.cells
     if not (isinstance(epsilon, (int, float)) and np.isfinite(epsilon) and epsilon > 0):
         raise ReleaseError(f"release.epsilon={epsilon!r} is not allowed: must be a finite number > 0")
     order = np.argsort(cells.codes, kind="stable")
@@ -244,7 +358,7 @@ def release_custom(cells: Cells, stat_fn: Callable[[np.ndarray, np.ndarray], flo
     ok = np.isfinite(ls) & np.isfinite(theta) & (cells.n >= 3)
     chi_v = chi(np.where(ok, ls, np.inf), cells.n)
     if rng is None:
-        rng, rng_desc = make_rng(seed)
+        rng, rng_desc = secret_stream("release-mos-custom", cells_digest(cells), seed=seed)
     else:
         rng_desc = "a numpy Generator supplied by the caller"
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from dptrain.privacy.randomness import Randomness
+from dptrain.privacy.randomness import Randomness, data_digest
 from dptrain.release import report
 from dptrain.release.api import CellEstimates, estimates_for_listed
 from dptrain.release.cell_domain import (
@@ -198,6 +198,7 @@ def prepare(conf: ReleaseRunConfig, run_dir: Path, randomness: Randomness) -> Re
     r = conf.release
     declared = declared_cells(conf)
     df, truth, source, design = load_rows(conf)
+    randomness = randomness.for_data(data_digest(df))  # a reused noise key on other rows: independent noise
     listed = list_cells(conf, df, design, declared, randomness)
     if listed.n_cells == 0:
         raise ReleaseError("release.cell_selection=private listed no cell (a DP outcome); allowed: a larger "
@@ -232,7 +233,8 @@ def run_release(conf: ReleaseRunConfig, run_dir: Path, *, randomness: Randomness
     if warning:
         log.warning("%s", warning)
     evaluate = private_evaluation_enabled(conf)
-    results = {name: run_method(name, run.est, epsilon=r.epsilon, rng=randomness.numpy(f"release-{name}"), config=r)
+    results = {name: run_method(name, run.est, epsilon=r.epsilon, rng=run.randomness.numpy(f"release-{name}"),
+                              config=r)
                for name in methods_to_run(conf, evaluate)}
     say_if_nothing_released(results[r.method], r.method)
     facts = write_release(run, method, results[r.method])
@@ -284,7 +286,7 @@ def write_files_list(run: ReleaseRun, csv_note: str, json_note: str, *, private:
     publishable = {"release.csv": csv_note, "release.json": json_note, "FILES.txt": "this list"}
     if (run.run_dir / ".hydra").is_dir():
         publishable[".hydra/"] = "the run's settings (no data values; check file paths before publishing)"
-    write_manifest(run.run_dir, publishable=publishable, private=private, guarantee=guarantee)
+    write_manifest(run.run_dir, publishable=publishable, private=private, guarantee=guarantee, report="release.json")
 
 
 def load_stat_fn(spec: str) -> Callable:
