@@ -1,15 +1,10 @@
-"""The scikit-learn computations of a training run's evaluation: the NON-private baselines' fits
-and the test ROC AUC. Numpy in, floats or arrays out, and no torch, so that the accounting worker
-(:mod:`dptrain.privacy.worker`) can compute them beside the run without importing torch.
+"""The NON-private reference numbers of a training run's evaluation, and the test ROC AUC.
 
-Every function here is what :mod:`dptrain.objectives` calls. :func:`compute` runs one by name:
-the worker's answer when the worker computed that very call (the same function on equal
-arguments), else here, in the run's process. :func:`prefetch` sends a call to the worker ahead of
-time (the run sends its baseline fit while it trains). A run without a worker, or one whose
-worker failed or died, computes each value itself: the same function on the same arrays.
-
-Importing scikit-learn costs 1.5-2.5 s on a 2-core machine (it imports scipy.stats); with the
-worker that import, the baseline fit and the AUC leave the run's process (docs/performance.md).
+Numpy in, floats or arrays out, no torch. The baselines (:func:`logistic_accuracy`,
+:func:`linear_predictions`) are scikit-learn fits, imported when a baseline is computed: a run
+with ``trainer.baseline=false`` never imports scikit-learn (or scipy). The ROC AUC is numpy's:
+a rank statistic computed with one sort, the same value as scikit-learn's ``roc_auc_score``.
+:mod:`dptrain.objectives` calls these by name through :func:`compute`.
 """
 
 from __future__ import annotations
@@ -20,13 +15,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FUNCTIONS", "compute", "logistic_accuracy", "linear_predictions", "prefetch", "roc_auc", "warm_up"]
-
+__all__ = ["FUNCTIONS", "compute", "logistic_accuracy", "linear_predictions", "roc_auc"]
 
 def _fit_quietly(model: Any, x: np.ndarray, y: np.ndarray) -> Any:
     """Fit a scikit-learn model, its warnings silenced, on one BLAS / OpenMP thread: in parallel,
     the multinomial fit on Adult took minutes instead of seconds as soon as another process used a
-    core; and one thread gives the same bits in the run's process and in the worker."""
+    core; and one thread gives the same bits on every machine."""
     from threadpoolctl import threadpool_limits
 
     with warnings.catch_warnings(), threadpool_limits(limits=1):
@@ -52,40 +46,32 @@ def linear_predictions(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndar
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """sklearn's ROC AUC of ``scores`` against binary ``labels`` (both classes must be present).
-    Non-finite scores (a diverged model, e.g. a tuning candidate at a huge learning rate) rank as
-    the extremes they tend to (NaN in the middle) instead of stopping the run."""
-    from sklearn.metrics import roc_auc_score
+    """ROC AUC of ``scores`` against binary ``labels`` (both classes must be present): the
+    Mann-Whitney statistic, (sum of the positives' ranks - n_pos (n_pos + 1) / 2) / (n_pos n_neg),
+    tied scores sharing their average rank, from one stable sort. Non-finite scores (a diverged
+    model, e.g. a tuning candidate at a huge learning rate) rank as the extremes they tend to (NaN
+    in the middle) instead of stopping the run."""
+    big = np.finfo(np.float64).max
+    s = np.nan_to_num(np.asarray(scores, dtype=np.float64).reshape(-1), nan=0.0, posinf=big, neginf=-big)
+    y = np.asarray(labels).reshape(-1).astype(bool)
+    n_pos = int(y.sum())
+    n_neg = y.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError("roc_auc needs both classes among the labels")
+    order = np.argsort(s, kind="stable")
+    ranked = s[order]
+    starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
+    ends = np.r_[starts[1:], s.size]
+    ranks = np.repeat((starts + ends + 1) / 2.0, ends - starts)  # 1-based, ties averaged
+    positive_ranks = float(ranks[y[order]].sum())
+    return (positive_ranks - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
 
-    scores = np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=0.0, posinf=np.finfo(np.float64).max,
-                           neginf=-np.finfo(np.float64).max)
-    return float(roc_auc_score(labels, scores))
 
-
-#: what :func:`compute` and the worker may run, by name
+#: what :func:`compute` runs, by name
 FUNCTIONS: dict[str, Callable[..., Any]] = {"logistic_accuracy": logistic_accuracy,
                                             "linear_predictions": linear_predictions, "roc_auc": roc_auc}
 
 
-def warm_up() -> None:
-    """Import what the functions use (the worker does it while the run imports torch)."""
-    import sklearn.linear_model  # noqa: F401
-    import sklearn.metrics  # noqa: F401
-    import threadpoolctl  # noqa: F401
-
-
-def prefetch(name: str, *args: Any, **kwargs: Any) -> None:
-    """Ask the worker, when there is one, to start ``FUNCTIONS[name](*args, **kwargs)`` now; a
-    later :func:`compute` of an equal call takes its answer."""
-    from dptrain.privacy import worker
-
-    worker.send_job(name, args, kwargs)
-
-
 def compute(name: str, *args: Any, **kwargs: Any) -> Any:
-    """``FUNCTIONS[name](*args, **kwargs)``: the worker's answer to this very call when it has one
-    (sent ahead by :func:`prefetch`, or asked now), else computed here."""
-    from dptrain.privacy import worker
-
-    found = worker.job_value(name, args, kwargs)
-    return found.value if found is not None else FUNCTIONS[name](*args, **kwargs)
+    """``FUNCTIONS[name](*args, **kwargs)``."""
+    return FUNCTIONS[name](*args, **kwargs)

@@ -39,7 +39,9 @@ from typing import Any
 
 import torch
 
+from dptrain.data import Schema, schema_from_config
 from dptrain.errors import DPTrainError
+from dptrain.tracking import MODEL_FILENAME, model_path_in  # noqa: F401 - offered here as before
 
 FORMAT = "dptrain-checkpoint-v2"
 FILENAME = "checkpoint.pt"
@@ -229,7 +231,6 @@ def restore(
 
 
 MODEL_FORMAT = "dptrain-model-v2"
-MODEL_FILENAME = "model.pt"
 #: builders a model file may name without ``trust_model_target`` (building a model runs its code)
 TRUSTED_MODEL_PREFIX = "dptrain.models."
 
@@ -238,8 +239,6 @@ def public_schema(data_config: Any) -> Any:
     """The run's PUBLIC schema resolved from its data config (any source's settings, a DictConfig
     or a mapping; :func:`dptrain.data.schema_from_config`): target, positive label, numeric
     bounds and transforms, category lists (Adult's shipped schema, synthetic data's ranges)."""
-    from dptrain.data import schema_from_config
-
     return schema_from_config(data_config)
 
 
@@ -265,8 +264,6 @@ def schema_to_dict(schema: Any) -> dict[str, Any]:
 def schema_from_dict(stored: dict[str, Any], path: Path) -> Any:
     """The :class:`dptrain.data.table.Schema` a model file stores, checked again by the data
     module's own parser; its feature names must be the ones the model was trained on."""
-    from dptrain.data import schema_from_config
-
     try:
         schema = schema_from_config({
             "target": stored["target"], "positive": stored["positive"],
@@ -290,8 +287,6 @@ def save_model(path: Path, *, model: torch.nn.Module, model_config: dict, featur
     feature names. Nothing in it is computed from private rows except the weights, which the
     run's guarantee covers (its ``guarantee``, epsilon and delta are stored beside them).
     Loadable with ``torch.load(path, weights_only=True)`` and :func:`load_model`."""
-    from dptrain.data import Schema
-
     resolved = schema if isinstance(schema, Schema) else public_schema(schema)
     if tuple(feature_names) != tuple(resolved.feature_names):
         raise CheckpointError(f"cannot write {path}: the model's features are not those of its public schema")
@@ -306,12 +301,6 @@ def save_model(path: Path, *, model: torch.nn.Module, model_config: dict, featur
         "guarantee": report["guarantee"],
         "privacy": {k: report.get(k) for k in ("private", "epsilon", "delta", "accountant")},
     }, path)
-
-
-def model_path_in(run: str | Path) -> Path:
-    """``run`` itself when it is a file, else ``<run>/model.pt``."""
-    path = Path(run).expanduser()
-    return path if path.is_file() else path / MODEL_FILENAME
 
 
 def _read_model_file(path: Path) -> dict[str, Any]:
@@ -356,24 +345,3 @@ def _build_module(state: dict[str, Any], path: Path, *, objective: Any, spec: An
     return module.eval()
 
 
-def load_model(path: str | Path, *, trust_model_target: bool = False) -> Any:
-    """Load a trained model (a run folder or its ``model.pt``) with its public feature encoder:
-    a :class:`dptrain.predict.TrainedModel` whose ``predict(df)``, ``predict_proba(df)`` and
-    ``decision_function(df)`` encode a DataFrame with the stored schema and score it. Read with
-    ``weights_only=True``; a model whose ``_target_`` is not a dptrain builder is built only
-    with ``trust_model_target=True``."""
-    from dptrain.objectives import build_objective
-    from dptrain.predict import TrainedModel
-
-    path = model_path_in(path)
-    state = _read_model_file(path)
-    schema = schema_from_dict(state["schema"], path)
-    objective = build_objective(state["objective"])
-    spec = schema.data_spec()
-    try:
-        objective.check_data(spec)  # and keeps the declared classes / target bounds for predictions
-    except DPTrainError as err:
-        raise CheckpointError(f"model file {path} is inconsistent: {err}") from None
-    module = _build_module(state, path, objective=objective, spec=spec, trust_model_target=trust_model_target)
-    return TrainedModel(module=module, schema=schema, objective=objective, guarantee=str(state["guarantee"]),
-                        privacy=dict(state.get("privacy") or {}), path=path)

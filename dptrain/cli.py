@@ -42,7 +42,6 @@ from omegaconf import DictConfig, OmegaConf
 from dptrain import runlock, verify
 from dptrain.config import check_command_line, check_known_keys, register_configs
 from dptrain.errors import DPTrainError
-from dptrain.privacy import worker
 from dptrain.registry import Registry, load_plugins
 from dptrain.stopping import EXIT_STOPPED, RunStopped, resume_hint
 from dptrain.tracking import stamp_times
@@ -53,7 +52,7 @@ register_configs()
 
 #: task name -> "module:function" of its entry point (a new task: one module and one line)
 TASKS: Registry = Registry("task", setting="task")
-TASKS.register("train", "dptrain.train:run_task")
+TASKS.register("train", "dptrain.tasks.train:run_task")
 TASKS.register("audit", "dptrain.audit:run_task")
 TASKS.register("release", "dptrain.release.run:run_task")
 TASKS.register("predict", "dptrain.predict:run_task")
@@ -172,12 +171,8 @@ def run(cfg: DictConfig, *, run_dir: Path, started_ns: int | None = None) -> flo
         lock = _lock(run_dir)
         load_plugins(list(cfg.get("plugins") or []))
         module, _, function = TASKS.get(cfg.task).partition(":")
-        worker.start(cfg)  # before the task imports torch: the accounting beside it (dptrain.privacy.worker)
-        try:
-            run_task = getattr(importlib.import_module(module), function)
-            return run_task(cfg, run_dir=run_dir)
-        finally:
-            worker.stop()
+        run_task = getattr(importlib.import_module(module), function)
+        return run_task(cfg, run_dir=run_dir)
     except RunStopped as stop:
         _stopped(stop, run_dir)
     except DPTrainError as err:

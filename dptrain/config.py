@@ -45,6 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 from dptrain.inference.settings import EstimatorConfig
 from dptrain.privacy.accounting import ACCOUNTANTS, SIGMA_RANGE
 from dptrain.release.settings import DomainConfig, ReleaseConfig, validate_release  # noqa: F401
+from dptrain.tracking import MODEL_FILENAME, model_path_in
 from dptrain.validation import (
     ConfigError,
     bad,
@@ -60,8 +61,9 @@ from dptrain.validation import (
 )
 
 __all__ = ["DATA_SOURCES", "AuditConfig", "AuditRunConfig", "Config", "ConfigError", "DataConfig", "NumericColumn",
-           "ObjectiveConfig", "PrivacyConfig", "ReleaseRunConfig", "TargetBounds", "TrainRunConfig", "TrainerConfig",
-           "default_delta", "register_configs", "unknown_settings", "validate", "validate_against_size"]
+           "ObjectiveConfig", "PredictDataConfig", "PredictRunConfig", "PrivacyConfig", "ReleaseRunConfig",
+           "TargetBounds", "TrainRunConfig", "TrainerConfig", "check_tune", "default_delta", "flatten_space",
+           "validate_predict", "register_configs", "unknown_settings", "validate", "validate_against_size"]
 
 # ------------------------------------------------------------------------------ data
 
@@ -739,12 +741,163 @@ class ReleaseRunConfig:
     release: ReleaseConfig = setting(help="the release", factory=ReleaseConfig)
 
 
+#: the laws of the number of candidates (``tune.candidates``)
+LAWS = ("truncated_negative_binomial", "poisson")
+
+
+#: settings a candidate may NOT vary: they change the mechanism (q, steps, sigma, delta), the data
+#: or the task, so the candidates would not share one base event
+FIXED_PREFIXES = ("privacy.", "trainer.epochs", "trainer.batch_size", "trainer.resume", "trainer.engine", "data.",
+                  "task", "seed", "tune.", "estimator.", "logger.", "objective.", "plugins", "overwrite")
+
+
+SEARCHABLE_HINT = ("optim.* (lr, momentum, weight_decay...), privacy.max_grad_norm (C does not change the "
+                   "privacy of a step), model.* (hidden, activation...), trainer.threads")
+
+
+def flatten_space(space: Any, prefix: str = "") -> dict[str, list[Any]]:
+    """``tune.space`` (nested mappings whose leaves are lists) as {dotted setting: values}."""
+    out: dict[str, list[Any]] = {}
+    for key, value in (space or {}).items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten_space(value, prefix=name + "."))
+        elif isinstance(value, (list, tuple)):
+            out[name] = list(value)
+        else:
+            raise bad(f"tune.space.{name}", value, "must be a list of values to choose from, e.g. [0.1, 0.5, 1.0]")
+    return out
+
+
+def check_tune(cfg: Any) -> None:
+    """task=tune's own settings, before any row is read (the candidates' values are checked by
+    :func:`candidate_configs`)."""
+    t = cfg.tune
+    one_of("tune.candidates", t.candidates, LAWS)
+    real("tune.mean", t.mean, "must be a number >= 1 (the expected number of candidates)", lo=1.0)
+    if t.candidates == "truncated_negative_binomial":
+        real("tune.shape", t.shape, "must be a number >= 0 (0: logarithmic, 1: geometric)", lo=0.0)
+    real("tune.validation_fraction", t.validation_fraction, "must be in (0, 0.5]", lo=0.0, hi=0.5, lo_open=True)
+    real("tune.score_noise", t.score_noise, "must be a number > 0 (noise sd on the score's sum)", lo=0.0,
+         lo_open=True)
+    integer("tune.max_expected_candidates", t.max_expected_candidates, 1)
+    if t.mean > t.max_expected_candidates:
+        raise bad("tune.mean", t.mean, f"must be <= tune.max_expected_candidates={t.max_expected_candidates} (a "
+                  "guard against a typo that would train thousands of models; raise it to search more)")
+    p = cfg.privacy
+    if not p.enabled:
+        raise bad("privacy.enabled", False, "task=tune is a private search: needs privacy.enabled=true (a "
+                  "non-private search is a plain sweep: python -m dptrain -m optim.lr=...)")
+    if p.target_epsilon is None:
+        raise bad("privacy.target_epsilon", None, "task=tune needs the TOTAL epsilon of the search, selection and "
+                  "released model as privacy.target_epsilon=E (sigma is calibrated for the whole search; a fixed "
+                  "privacy.noise_multiplier is not allowed)")
+    if p.max_epsilon is not None:
+        raise bad("privacy.max_epsilon", p.max_epsilon, "must be null for task=tune (every candidate runs the same "
+                  "planned steps: the search's accounting needs one base mechanism)")
+    if cfg.trainer.resume is not None:
+        raise bad("trainer.resume", cfg.trainer.resume, "must be null for task=tune (a search is one fresh run)")
+    if cfg.trainer.distributed:
+        raise bad("trainer.distributed", True, "must be false for task=tune (the search trains its candidates in "
+                  "one process, on every row: a sharded read cannot hold them); allowed: trainer.distributed=false")
+    if cfg.estimator.name != "dpsgd":
+        raise bad("estimator", cfg.estimator.name, "task=tune tunes DP-SGD training: needs estimator=dpsgd")
+    space = flatten_space(t.space)
+    if not space:
+        raise bad("tune.space", t.space, "is empty: nothing to search; allowed: lists of values per setting, e.g. "
+                  "tune=lr_clip or '++tune.space={optim: {lr: [0.5, 1, 2]}, privacy: {max_grad_norm: [0.5, 1]}}'")
+    for key, values in space.items():
+        if key == "privacy.max_grad_norm":
+            pass
+        elif any(key == f or key.startswith(f) for f in FIXED_PREFIXES):
+            raise bad(f"tune.space.{key}", values, "is not searchable: it changes the privacy mechanism, the data "
+                      f"or the task, so the candidates would not share one base event; searchable: {SEARCHABLE_HINT}")
+        if len(values) == 0:
+            raise bad(f"tune.space.{key}", values, "must list at least one value")
+
+
+@dataclass
+class PredictDataConfig:
+    """The new rows: a CSV / Parquet / .dta file holding the model's declared feature columns
+    (the target is not needed; other columns are ignored)."""
+
+    path: str | None = setting(None, help="the file of the rows to score (required); it needs every feature "
+                               "column the model declares", allowed="a .csv, .csv.gz/.bz2/.xz, .parquet, .pq or "
+                               ".dta file")
+    format: str = setting("auto", help="file format; auto: from the file name's suffix",
+                          allowed="auto | csv | parquet | dta")
+    delimiter: str = setting(",", help="CSV field separator", allowed="one character other than a quote, a line "
+                             "break or a space, e.g. ',' ';' or '\\t' (tab)")
+    public: bool = setting(False, help="true only when the rows scored are PUBLIC: the predictions are then "
+                           "publishable (predictions.csv at the top of the run folder); false: they are as private "
+                           "as the rows (private/predictions.csv)", allowed="true | false")
+    keep_columns: list[str] = setting(help="input columns copied into the predictions (e.g. an id)",
+                                      allowed="a list of column names of the file", factory=list)
+
+
+@dataclass
+class PredictRunConfig:
+    """task=predict: the trained run folder (``run``, holding model.pt) and the new rows."""
+
+    task: str = setting("predict", help="what the run does (a config group)",
+                        allowed="train | audit | release | predict | tune")
+    seed: int = setting(0, help="unused by predict (scoring draws no randomness)", allowed="an integer >= 0")
+    plugins: list[str] = setting(help="modules imported first: the module of a custom model or objective",
+                                 allowed="a list of importable module names", factory=list)
+    overwrite: bool = setting(False, help="launch into a run folder that already holds a finished run and replace "
+                              "it", allowed="true | false")
+    run: str | None = setting(None, help="the training run whose model.pt scores the rows (required)",
+                              allowed="a training run folder, or the path of its model.pt")
+    trust_model_target: bool = setting(False, help="build a model whose model._target_ is not a dptrain.models "
+                                       "builder (building it runs that code: only for a file you trust)",
+                                       allowed="true | false")
+    data: PredictDataConfig = setting(help="the rows to score", factory=PredictDataConfig)
+
+
+def validate_predict(cfg: Any) -> None:
+    """Value checks of a predict run, before any row is read: the run folder holds a model.pt,
+    the rows' file is named."""
+    run = cfg.run
+    if not isinstance(run, str) or not run.strip():
+        raise bad("run", run, "give the training run folder whose model.pt scores the rows: run=outputs/DATE/TIME")
+    if not model_path_in(run).is_file():
+        raise bad("run", run, f"the folder has no {MODEL_FILENAME}; allowed: a training run folder (task=train "
+                  f"writes {MODEL_FILENAME} at its top level) or the path of a {MODEL_FILENAME}")
+    d = cfg.data
+    if not isinstance(d.path, str) or not d.path.strip():
+        raise bad("data.path", d.path, "give the CSV, Parquet or .dta file of the rows to score")
+    one_of("data.format", d.format, ("auto", "csv", "parquet", "dta"))
+    check_delimiter(d.delimiter)
+    flag("data.public", d.public)
+    flag("trust_model_target", cfg.trust_model_target)
+    flag("overwrite", cfg.overwrite)
+    if not isinstance(d.keep_columns, (list, tuple)) or not all(isinstance(c, str) for c in d.keep_columns):
+        raise bad("data.keep_columns", d.keep_columns, "must be a list of column names, e.g. [id]")
+
+
+def check_release_data(d: Any) -> None:
+    """The data source a release reads: data=table (a file) or data=atlas (the simulator)."""
+    if d.name not in ("table", "atlas"):
+        raise bad("data", d.name, "a release reads data=table (your microdata) or data=atlas (simulated)")
+    check_source(d, ("table", "atlas"), "a release")
+    path = getattr(d, "path", None)
+    if d.name == "table" and not path:
+        raise bad("data.path", path, "data=table needs the path of a CSV, Parquet or .dta file")
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise bad("data.path", path, "must be the path of a CSV, Parquet or .dta file (or null)")
+    if d.name == "atlas":
+        integer("data.n_cells", d.n_cells, 2, "must be an integer >= 2")
+        one_of("data.generator", d.generator, ("atlas", "figure2"))
+        return
+    one_of("data.format", getattr(d, "format", "auto"), ("auto", "csv", "parquet", "dta"))
+    check_delimiter(getattr(d, "delimiter", ","))
+    one_of("data.nonfinite", getattr(d, "nonfinite", "error"), ("error", "drop"))
+
+
 Config = TrainRunConfig  # the training run's config (the type most functions take)
 
 
 def _task_schemas() -> dict[str, type]:
-    from dptrain.predict import PredictRunConfig
-
     return {"train": TrainRunConfig, "audit": AuditRunConfig, "release": ReleaseRunConfig,
             "predict": PredictRunConfig, "tune": TuneRunConfig}
 
@@ -862,11 +1015,10 @@ def validate(cfg: Any) -> None:
         cfg.data = as_source(cfg.data)
     if cfg.task == "release":
         check_noise_seed_file(cfg.privacy.noise_seed_file)
+        check_release_data(cfg.data)
         validate_release(cfg)
         return
     if cfg.task == "predict":
-        from dptrain.predict import validate_predict
-
         validate_predict(cfg)
         return
     check_data(cfg.data)
@@ -881,8 +1033,6 @@ def validate(cfg: Any) -> None:
     if cfg.task == "audit":
         check_audit(cfg)
     if cfg.task == "tune":
-        from dptrain.tune import check_tune
-
         check_tune(cfg)
 
 

@@ -11,3 +11,8 @@ from __future__ import annotations
 
 class DPTrainError(ValueError):
     """Bad input to dptrain; the message says which setting, which value, and what is allowed."""
+
+
+class ReleaseError(DPTrainError):
+    """Bad release input; the message names the setting/column, the value and what is allowed,
+    never a private value and never a private count (rows, rows per cell, cells with rows)."""

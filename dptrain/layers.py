@@ -1,14 +1,8 @@
-"""Small layers shared by the models and the engines (a leaf module: torch only)."""
+"""Small layers shared by the models and the engines. :class:`Squeeze` is defined with the engines
+(:mod:`dptrain.privacy.layers`), which recognise it by type, and offered here for the models."""
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from dptrain.privacy.layers import Squeeze
 
-
-class Squeeze(nn.Module):
-    """(n, 1) -> (n,): the output layer of a model with one output per example. The fast DP
-    engine recognises it by type."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.squeeze(-1)
+__all__ = ["Squeeze"]

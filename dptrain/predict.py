@@ -26,41 +26,24 @@ only; it says nothing about the rows scored.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import torch
+from omegaconf import OmegaConf
+
+from dptrain.checkpoint import CheckpointError, _build_module, _read_model_file, schema_from_dict
+from dptrain.config import PredictDataConfig, PredictRunConfig, validate, validate_predict
+from dptrain.data.table import DataError, Schema, detect_format, encode_features, numeric_values, read_table
 from dptrain.errors import DPTrainError
-from dptrain.validation import ConfigError, bad, flag, one_of, setting
-
-if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
-    import torch
-
-    from dptrain.checkpoint import load_model
-    from dptrain.data.table import Schema
-
-# numpy, pandas, torch, dptrain.checkpoint and dptrain.data.table are imported where they are
-# used: dptrain.config registers PredictRunConfig (below) for every command line, and so
-# `import dptrain.cli` stays free of them (a refused setting is reported in about a second).
-#: names this module has always offered (``from dptrain.predict import load_model``), imported on
-#: first access (PEP 562): name -> (module, attribute; None for the module itself)
-_LAZY = {"load_model": ("dptrain.checkpoint", "load_model"), "MODEL_FILENAME": ("dptrain.checkpoint", "MODEL_FILENAME"),
-         "model_path_in": ("dptrain.checkpoint", "model_path_in"), "DataError": ("dptrain.data.table", "DataError"),
-         "Schema": ("dptrain.data.table", "Schema"), "encode_features": ("dptrain.data.table", "encode_features"),
-         "numeric_values": ("dptrain.data.table", "numeric_values"), "np": ("numpy", None), "pd": ("pandas", None),
-         "torch": ("torch", None)}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module_name, attr = _LAZY[name]
-    module = importlib.import_module(module_name)
-    return module if attr is None else getattr(module, attr)
+from dptrain.objectives import build_objective
+from dptrain.tracking import MODEL_FILENAME, PRIVATE_DIR, atomic_write_text, model_path_in, write_manifest  # noqa: F401
+from dptrain.validation import ConfigError
 
 __all__ = ["PredictDataConfig", "PredictRunConfig", "TrainedModel", "load_model", "run_task", "validate_predict"]
 
@@ -74,9 +57,6 @@ PREDICTIONS = "predictions.csv"
 
 def _frame(rows: Any, origin: str) -> pd.DataFrame:
     """``rows`` as a DataFrame with stripped column names (as the file readers strip them)."""
-    import pandas as pd
-
-    from dptrain.data.table import DataError
 
     if isinstance(rows, pd.DataFrame):
         df = rows
@@ -93,8 +73,6 @@ def _frame(rows: Any, origin: str) -> pd.DataFrame:
 
 def check_columns(columns: list[str], schema: Schema, origin: str) -> None:
     """Refuse, naming every one, the declared feature columns that ``columns`` lack."""
-    from dptrain.data.table import DataError
-
     have = set(columns)
     missing = [(f"data.numeric.{s.name}", s.name) for s in schema.numeric if s.name not in have]
     missing += [(f"data.categorical.{c}", c) for c, _ in schema.categorical if c not in have]
@@ -126,8 +104,6 @@ class TrainedModel:
     @property
     def classes_(self) -> np.ndarray:
         """The classes in ``predict_proba``'s column order: 0, 1 (binary) or the declared names."""
-        import numpy as np
-
         if self.schema.classes is not None:
             return np.array(self.schema.classes, dtype=object)
         return np.array([0, 1])
@@ -139,9 +115,6 @@ class TrainedModel:
     def encode(self, rows: Any, *, origin: str = "the rows") -> np.ndarray:
         """The rows encoded with the model's public schema (float32, one row per input row).
         Missing declared columns and non-finite numeric entries are refused by name."""
-        import numpy as np
-
-        from dptrain.data.table import DataError, encode_features, numeric_values
 
         df = _frame(rows, origin)
         check_columns(list(df.columns), self.schema, origin)
@@ -157,15 +130,11 @@ class TrainedModel:
     def decision_function(self, rows: Any) -> np.ndarray:
         """The model's output per row (float64): for objective=binary the logit of label 1, for
         multinomial the K class scores (n, K), for linear the prediction on the [0, 1] scale."""
-        import torch
-
         with torch.no_grad():
             x = torch.from_numpy(self.encode(rows))
             return self.module(x).double().numpy()
 
     def _columns(self, rows: Any) -> dict[str, Any]:
-        import torch
-
         if not hasattr(self.objective, "prediction_columns"):
             raise DPTrainError(f"this model's objective {getattr(self.objective, 'name', '?')!r} defines no "
                                "prediction_columns: use decision_function")
@@ -174,8 +143,6 @@ class TrainedModel:
     def predict_proba(self, rows: Any) -> np.ndarray:
         """Classifiers: (n, 2) P(label 0), P(label 1) (binary) or (n, K) one probability per
         declared class (multinomial), in ``classes_`` order."""
-        import numpy as np
-
         name = getattr(self.objective, "name", None)
         if name not in ("binary", "multinomial"):
             raise DPTrainError(f"predict_proba needs objective=binary or multinomial; this model's objective is "
@@ -189,8 +156,6 @@ class TrainedModel:
         """Per row: binary the 0/1 label (1: logit > 0, as the training metrics count);
         multinomial the declared name of the most probable class; linear the prediction in the
         target's original units."""
-        import numpy as np
-
         cols = self._columns(rows)
         return np.asarray(cols["prediction"] if "prediction" in cols else cols["label"])
 
@@ -199,8 +164,6 @@ class TrainedModel:
         """One row per input row: the ``keep`` columns as given, then the objective's columns
         (binary: ``score``, ``probability`` of label 1, ``label`` 0/1; multinomial: ``p_<class>``
         per declared class, ``label``; linear: ``prediction`` in original units)."""
-        import pandas as pd
-
         df = _frame(rows, origin)
         cols = self._columns(df)
         out = pd.DataFrame({c: df[c].to_numpy() for c in keep})
@@ -212,75 +175,9 @@ class TrainedModel:
 # ------------------------------------------------------------------------------ task=predict
 
 
-@dataclass
-class PredictDataConfig:
-    """The new rows: a CSV / Parquet / .dta file holding the model's declared feature columns
-    (the target is not needed; other columns are ignored)."""
-
-    path: str | None = setting(None, help="the file of the rows to score (required); it needs every feature "
-                               "column the model declares", allowed="a .csv, .csv.gz/.bz2/.xz, .parquet, .pq or "
-                               ".dta file")
-    format: str = setting("auto", help="file format; auto: from the file name's suffix",
-                          allowed="auto | csv | parquet | dta")
-    delimiter: str = setting(",", help="CSV field separator", allowed="one character other than a quote, a line "
-                             "break or a space, e.g. ',' ';' or '\\t' (tab)")
-    public: bool = setting(False, help="true only when the rows scored are PUBLIC: the predictions are then "
-                           "publishable (predictions.csv at the top of the run folder); false: they are as private "
-                           "as the rows (private/predictions.csv)", allowed="true | false")
-    keep_columns: list[str] = setting(help="input columns copied into the predictions (e.g. an id)",
-                                      allowed="a list of column names of the file", factory=list)
-
-
-@dataclass
-class PredictRunConfig:
-    """task=predict: the trained run folder (``run``, holding model.pt) and the new rows."""
-
-    task: str = setting("predict", help="what the run does (a config group)",
-                        allowed="train | audit | release | predict | tune")
-    seed: int = setting(0, help="unused by predict (scoring draws no randomness)", allowed="an integer >= 0")
-    plugins: list[str] = setting(help="modules imported first: the module of a custom model or objective",
-                                 allowed="a list of importable module names", factory=list)
-    overwrite: bool = setting(False, help="launch into a run folder that already holds a finished run and replace "
-                              "it", allowed="true | false")
-    run: str | None = setting(None, help="the training run whose model.pt scores the rows (required)",
-                              allowed="a training run folder, or the path of its model.pt")
-    trust_model_target: bool = setting(False, help="build a model whose model._target_ is not a dptrain.models "
-                                       "builder (building it runs that code: only for a file you trust)",
-                                       allowed="true | false")
-    data: PredictDataConfig = setting(help="the rows to score", factory=PredictDataConfig)
-
-
-def validate_predict(cfg: Any) -> None:
-    """Value checks of a predict run, before any row is read: the run folder holds a model.pt,
-    the rows' file is named."""
-    from dptrain.checkpoint import MODEL_FILENAME, model_path_in
-
-    run = cfg.run
-    if not isinstance(run, str) or not run.strip():
-        raise bad("run", run, "give the training run folder whose model.pt scores the rows: run=outputs/DATE/TIME")
-    if not model_path_in(run).is_file():
-        raise bad("run", run, f"the folder has no {MODEL_FILENAME}; allowed: a training run folder (task=train "
-                  f"writes {MODEL_FILENAME} at its top level) or the path of a {MODEL_FILENAME}")
-    d = cfg.data
-    if not isinstance(d.path, str) or not d.path.strip():
-        raise bad("data.path", d.path, "give the CSV, Parquet or .dta file of the rows to score")
-    one_of("data.format", d.format, ("auto", "csv", "parquet", "dta"))
-    from dptrain.config import check_delimiter
-
-    check_delimiter(d.delimiter)
-    flag("data.public", d.public)
-    flag("trust_model_target", cfg.trust_model_target)
-    flag("overwrite", cfg.overwrite)
-    if not isinstance(d.keep_columns, (list, tuple)) or not all(isinstance(c, str) for c in d.keep_columns):
-        raise bad("data.keep_columns", d.keep_columns, "must be a list of column names, e.g. [id]")
-
-
 def file_columns(path: str, fmt: str, delimiter: str = ",") -> list[str]:
     """The column names of a table file from its header alone (no row is read); any problem
     reading it is left to :func:`dptrain.data.table.read_table`, which names it."""
-    import pandas as pd
-
-    from dptrain.data.table import detect_format, read_table
 
     p = Path(path)
     if not p.is_file():
@@ -292,8 +189,6 @@ def file_columns(path: str, fmt: str, delimiter: str = ",") -> list[str]:
             if len(names) == 1:  # another separator? the reader's own check names it
                 read_table(p, fmt=fmt, columns=names, delimiter=delimiter)
         elif kind == "parquet":
-            import pyarrow.parquet as pq
-
             names = list(pq.read_schema(p).names)
         else:
             with pd.read_stata(p, iterator=True) as reader:
@@ -306,8 +201,6 @@ def file_columns(path: str, fmt: str, delimiter: str = ",") -> list[str]:
 
 def _manifest(run_dir: Path, *, model: TrainedModel, public: bool, origin: str) -> Path:
     """FILES.txt of a predict run; returns where the predictions go."""
-    from dptrain.tracking import PRIVATE_DIR, write_manifest
-
     what = {"binary": "score = logit, probability of label 1, label 0/1",
             "multinomial": "p_<class> = the probability of each declared class, label = the most probable class",
             "linear": "prediction, in the target's original units"}.get(getattr(model.objective, "name", None),
@@ -330,12 +223,6 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     """task=predict: settings checked, model loaded, header checked, THEN the rows read, scored
     and written (module docstring). Returns 0.0 (a sweeper's objective has no meaning here; the
     number of rows scored is a count of private rows and is not returned)."""
-    from omegaconf import OmegaConf
-
-    from dptrain.checkpoint import load_model
-    from dptrain.config import validate
-    from dptrain.data.table import read_table
-    from dptrain.tracking import atomic_write_text
 
     conf: PredictRunConfig = OmegaConf.to_object(cfg)
     validate(conf)
@@ -359,3 +246,23 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     log.info("scored the rows of %s with %s; predictions in %s (%s; FILES.txt says why)", origin, model.path,
              target, "publishable: data.public=true" if d.public else "PRIVATE: computed from the rows given")
     return 0.0
+
+
+def load_model(path: str | Path, *, trust_model_target: bool = False) -> Any:
+    """Load a trained model (a run folder or its ``model.pt``) with its public feature encoder:
+    a :class:`dptrain.predict.TrainedModel` whose ``predict(df)``, ``predict_proba(df)`` and
+    ``decision_function(df)`` encode a DataFrame with the stored schema and score it. Read with
+    ``weights_only=True``; a model whose ``_target_`` is not a dptrain builder is built only
+    with ``trust_model_target=True``."""
+    path = model_path_in(path)
+    state = _read_model_file(path)
+    schema = schema_from_dict(state["schema"], path)
+    objective = build_objective(state["objective"])
+    spec = schema.data_spec()
+    try:
+        objective.check_data(spec)  # and keeps the declared classes / target bounds for predictions
+    except DPTrainError as err:
+        raise CheckpointError(f"model file {path} is inconsistent: {err}") from None
+    module = _build_module(state, path, objective=objective, spec=spec, trust_model_target=trust_model_target)
+    return TrainedModel(module=module, schema=schema, objective=objective, guarantee=str(state["guarantee"]),
+                        privacy=dict(state.get("privacy") or {}), path=path)

@@ -157,12 +157,6 @@ class Tracker:
             self._writer = SummaryWriter(log_dir=self.log_dir, purge_step=self._purge_step)
         return self._writer
 
-    def warm_up(self) -> None:
-        """Import TensorBoard's writer (0.15-0.4 s) without opening it: a run calls this while it
-        waits for the accounting worker's calibration, so that the first scalar does not pay it."""
-        if self.enabled:
-            import torch.utils.tensorboard  # noqa: F401
-
     def purge_after(self, step: int) -> None:
         """A run resumed from a checkpoint at ``step``: TensorBoard drops the points a crashed
         run logged after that step (they are logged again). Call before the first write."""
@@ -206,3 +200,12 @@ class Tracker:
         if self._writer is not None:
             self._writer.flush()
             self._writer.close()
+
+
+MODEL_FILENAME = "model.pt"
+
+
+def model_path_in(run: str | Path) -> Path:
+    """``run`` itself when it is a file, else ``<run>/model.pt``."""
+    path = Path(run).expanduser()
+    return path if path.is_file() else path / MODEL_FILENAME

@@ -67,49 +67,6 @@ class TrainResult:
 # ------------------------------------------------------------------------------ the task
 
 
-def run_task(cfg: Any, *, run_dir: Path) -> float:
-    """task=train: settings checked, randomness and model checked, THEN the data read, trained,
-    and the run folder written (dptrain.outputs). Returns the primary test metric (a sweeper's
-    objective). Bad input raises a DPTrainError before anything is written."""
-    from dptrain.config import validate, validate_against_size
-    from dptrain.data.shards import load_training_data
-    from dptrain.inference.run import run_estimator
-    from dptrain.inference.settings import check_estimator, check_estimator_size
-    from dptrain.outputs import randomness_for, write_training_outputs
-    from dptrain.privacy.report import summary_lines
-
-    conf: Config = OmegaConf.to_object(cfg)
-    validate(conf)
-    check_estimator(conf)
-    randomness = randomness_for(conf, cfg, run_dir=run_dir)
-    build_model(conf, spec=data_spec_from_config(conf.data), objective=build_objective(conf.objective))
-    dist_ctx, run_dir = _join_processes(conf, run_dir)  # before the data: a sharded read sums N over the ranks
-    data = load_training_data(conf, dist=dist_ctx)  # this rank's shard of a partitioned Parquet set, or all rows
-    randomness = bound_to_rows(randomness, data, dist=dist_ctx)
-    delta = validate_against_size(conf, data.n_train)
-    check_estimator_size(conf, data.n_train)
-    main = dist_ctx is None or dist_ctx.is_main
-    tracker = Tracker(run_dir / "private" if main else run_dir, tensorboard=conf.logger.tensorboard and main)
-    try:
-        result = run_estimator(conf, data, delta=delta, tracker=tracker,  # estimator=dpsgd: fit() as before
-                               launch=LaunchConfig(run_dir=run_dir, randomness=randomness, dist=dist_ctx))
-    except BaseException:
-        tracker.close()
-        raise
-    if main:
-        report = write_training_outputs(conf, cfg, result, data=data, tracker=tracker, run_dir=run_dir)
-        lines = summary_lines(result, report, dist_ctx=dist_ctx, run_dir=run_dir)
-        line_of = getattr(build_objective(conf.objective), "summary_line", None)  # optional for plugins
-        extra = line_of(result.metrics) if line_of is not None else None  # e.g. linear's RMSE baselines
-        for line in lines[:1] + ([extra] if extra else []) + lines[1:]:
-            log.info(line)
-    if dist_ctx is not None:
-        from dptrain.distributed import shutdown
-
-        shutdown()
-    return float(result.metrics[f"test/{build_objective(conf.objective).primary_metric}"])
-
-
 def bound_to_rows(randomness: Randomness, data: Dataset, *, dist: Any = None) -> Randomness:
     """The run's streams bound to its training rows (:meth:`Randomness.for_data`): with an opt-in
     noise key, a table with one row more draws independent noise. Every rank binds to the digest
@@ -121,17 +78,6 @@ def bound_to_rows(randomness: Randomness, data: Dataset, *, dist: Any = None) ->
     if dist is not None and data.shard is not None:
         digest = data_digest(*dist.all_gather_objects(digest))
     return randomness.for_data(digest)
-
-
-def _join_processes(conf: Config, run_dir: Path) -> tuple[Any, Path]:
-    """(DistContext or None, the run folder every rank uses: rank 0's)."""
-    if not conf.trainer.distributed:
-        return None, run_dir
-    from dptrain.distributed import init_from_env
-
-    ctx = init_from_env(device=run_device(conf))
-    log.info("distributed: rank %d of %d (backend %s)", ctx.rank, ctx.world_size, ctx.backend)
-    return ctx, Path(ctx.all_gather_objects(str(run_dir))[0])
 
 
 # ------------------------------------------------------------------------------ set-up pieces
@@ -175,21 +121,13 @@ def build_model(cfg: Config, *, spec: DataSpec, objective: Any) -> nn.Module:
     return model
 
 
-def mechanism_for(cfg: Config, *, dataset_size: int, delta: float, curves: bool = True,
-                  meanwhile: Callable[[], None] | None = None) -> DPSGDMechanism:
+def mechanism_for(cfg: Config, *, dataset_size: int, delta: float, curves: bool = True) -> DPSGDMechanism:
     """The run's mechanism from its settings and the PUBLIC N (sigma given or calibrated), with
     the dp/ training-loss curve when the run is private and ``trainer.dp_curves`` is on (and
-    ``curves``: the audit passes False, dptrain.privacy.curves). The accounting worker, when the
-    command line started one, gets the same public inputs (dptrain.privacy.worker);
-    ``meanwhile`` runs after that, while the worker calibrates (a run imports TensorBoard)."""
-    from dptrain.privacy import worker
-
-    inputs = dict(privacy=cfg.privacy, epochs=cfg.trainer.epochs, expected_batch_size=cfg.trainer.batch_size,
-                  dataset_size=dataset_size, delta=delta, curves=curve_config(cfg) if curves else None)
-    worker.submit(**inputs)
-    if meanwhile is not None:
-        meanwhile()
-    return DPSGDMechanism.from_settings(**inputs)
+    ``curves``: the audit passes False, dptrain.privacy.curves)."""
+    return DPSGDMechanism.from_settings(privacy=cfg.privacy, epochs=cfg.trainer.epochs,
+                                        expected_batch_size=cfg.trainer.batch_size, dataset_size=dataset_size,
+                                        delta=delta, curves=curve_config(cfg) if curves else None)
 
 
 def curve_config(cfg: Config) -> CurveConfig | None:
@@ -364,7 +302,6 @@ def fit(cfg: Config, data: Dataset, *, mechanism: DPSGDMechanism, tracker: Track
     if on_engine is not None:
         on_engine(run.engine)
     run.steps, run.stop_reason = planned_steps_within_budget(cfg, run.accountant, done=run.done, mechanism=mechanism)
-    prefetch_baseline(cfg, data, objective=run.objective, main=run.main)
     tracker.purge_after(run.done)  # a resumed run overwrites TensorBoard points logged after its checkpoint
     with StopSignals(enabled=launch.dist is None) as stop:  # from here a stop signal ends at a step boundary
         log.log(logging.DEBUG if launch.quiet else logging.INFO, "engine=%s, N=%d, B=%d, q=%.6g, steps=%d, sigma=%g",
@@ -504,22 +441,6 @@ def _summarise(run: _Run, data: Dataset, tracker: Tracker, loop_seconds: float) 
     # the CPU copy: the released weights do not depend on where they were computed
     return TrainResult(model=run.model.to("cpu"), metrics=metrics, privacy=record,
                        accountant=run.accountant, mechanism=run.mechanism)
-
-
-def prefetch_baseline(cfg: Config, data: Dataset, *, objective: Any, main: bool = True) -> None:
-    """Send the NON-private baseline's fit to the accounting worker, when the command line started
-    one, to run while this process trains; :func:`_summarise` takes its answer
-    (dptrain.baselines). Nothing without a worker, or where the run fits no baseline here.
-
-    Sent once training is set up, not earlier: sent before the calibration, the fit shared the
-    worker with it and with the loop's ROC AUCs, and the run waited longer for both (measured)."""
-    job = getattr(objective, "baseline_job", None)  # optional for plugin objectives
-    if job is None or not (cfg.trainer.baseline and main and data.shard is None):
-        return
-    from dptrain import baselines
-
-    name, args, kwargs = job(data, seed=cfg.seed)
-    baselines.prefetch(name, *args, **kwargs)
 
 
 def _baseline_data(run: _Run, data: Dataset) -> Any:

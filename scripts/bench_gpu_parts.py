@@ -123,7 +123,7 @@ def make_step(mode: str, case: str, x: torch.Tensor, y: torch.Tensor):
 
         return step
     engine = make_engine(model, engine="fast", max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=b,
-                         generator=Randomness.fresh().torch("gaussian-noise", device=device))
+                         generator=Randomness.fresh().torch("gaussian-noise", device=device), objective=BINARY)
     engine.collect_stats = False  # as in the training loop's unlogged steps
     engine.ones_column = mode == "fast-cpu-layout"
     if mode in ("fast", "fast-eager"):

@@ -20,8 +20,8 @@ time (threads that spin while they wait inflate it too).
 ``--compare-ref PATH`` runs another checkout (e.g. ``git worktree add /tmp/base 985c82d``)
 alternately with this one in the same time window, and prints the ratio of the medians.
 ``--ref-env KEY=VALUE`` sets an environment variable for the reference runs only; without
-``--compare-ref`` the reference is this checkout, so ``--ref-env DPTRAIN_ACCOUNTING_WORKER=0``
-times the accounting worker against the same code without it.
+``--compare-ref`` the reference is this checkout, so ``--ref-env DPTRAIN_FULL_EXIT=1``
+times the fast exit against the same code without it.
 ``--importtime`` adds one run per checkout under ``python -X importtime`` and prints the import
 time of the main packages (each module's own time, attributed to the package that triggered it:
 scipy pulled in by dp-accounting counts as dp_accounting). Numbers depend on the machine and its load: compare
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--importtime", action="store_true", help="one more run per checkout under -X importtime")
     p.add_argument("--ref-env", action="append", default=[], metavar="KEY=VALUE",
                    help="environment of the reference runs; without --compare-ref the reference is this checkout, "
-                   "e.g. --ref-env DPTRAIN_ACCOUNTING_WORKER=0 times the accounting worker's effect")
+                   "e.g. --ref-env DPTRAIN_FULL_EXIT=1 times the fast exit's effect")
     p.add_argument("--json", type=Path, default=None, help="write every measurement to this file")
     p.add_argument("extra", nargs="*", help="more overrides, after --")
     args = p.parse_args(argv)

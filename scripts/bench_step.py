@@ -326,11 +326,11 @@ def _dptrain_step(mode, model, optimizer, batch, x, y):
         # the same process as dptrain-fast: before/after ratios without cross-run drift
         engine = BASELINE_ENGINE.make_engine(
             model, engine="fast", private=True, max_grad_norm=C, noise_multiplier=SIGMA,
-            expected_batch_size=batch, generator=torch.Generator().manual_seed(1),
+            expected_batch_size=batch, generator=torch.Generator().manual_seed(1), objective=BINARY,
         )
     else:
         engine = make_engine(model, engine=mode.split("-")[1], max_grad_norm=C, noise_multiplier=SIGMA,
-                             expected_batch_size=batch, generator=_noise_generator(x.device))
+                             expected_batch_size=batch, generator=_noise_generator(x.device), objective=BINARY)
     # as in dptrain's training loop, where diagnostics are computed on logged steps only
     engine.collect_stats = False
     if BatchStep is not None and mode != "baseline-fast":

@@ -16,6 +16,7 @@ import torch
 
 from dptrain.distributed import init_from_env, shutdown
 from dptrain.models import Squeeze
+from dptrain.objectives import BINARY
 from dptrain.privacy.engine import FastLinearEngine, PoissonSampler
 from dptrain.privacy.randomness import Randomness
 
@@ -28,7 +29,7 @@ def main(out: str) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(20, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1), Squeeze())
     ctx.broadcast_parameters(model)
     engine = FastLinearEngine(model, max_grad_norm=c, noise_multiplier=sigma, expected_batch_size=b,
-                              generator=noise_gen)
+                              generator=noise_gen, objective=BINARY)
     engine.dist = ctx
     engine.collect_stats = False
     x0, y0 = torch.zeros(0, 20), torch.zeros(0)

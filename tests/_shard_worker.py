@@ -1,6 +1,6 @@
 """Worker for tests/test_shards.py, run under torchrun with 2 processes: one real sharded training
 run through the command line (``python -m dptrain OVERRIDES``), with the sharded reader
-(dptrain.data.shards._read_rows) wrapped to record which row groups this process read and how
+(dptrain.data.shards.read_rows) wrapped to record which row groups this process read and how
 many rows they held. Each rank writes that record to ``OUT/rank<r>.json``, a folder of the
 test's own (never the run folder: how many rows a shard holds is private).
 
@@ -20,7 +20,7 @@ def main(out: Path, overrides: list[str]) -> None:
     from dptrain.data import shards
 
     read: list[dict] = []
-    real = shards._read_rows
+    real = shards.read_rows
 
     def spy(pset, file, row_groups, schema):
         df = real(pset, file, row_groups, schema)
@@ -28,7 +28,7 @@ def main(out: Path, overrides: list[str]) -> None:
                      "columns": sorted(df.columns)})
         return df
 
-    shards._read_rows = spy
+    shards.read_rows = spy
     sys.argv = ["dptrain", *overrides]
     try:
         cli.main()

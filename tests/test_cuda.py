@@ -25,7 +25,7 @@ from test_graph_step import step_beside  # noqa: E402
 import dptrain.checkpoint as ckpt  # noqa: E402
 from dptrain import cli  # noqa: E402
 from dptrain.layers import Squeeze  # noqa: E402
-from dptrain.objectives import build_objective  # noqa: E402
+from dptrain.objectives import BINARY, build_objective  # noqa: E402
 from dptrain.privacy.engine import DevicePoissonSampler, PinnedPoissonSampler, make_engine, make_sampler  # noqa: E402,E501
 from dptrain.privacy.graph import BatchStep  # noqa: E402
 from dptrain.privacy.randomness import Randomness, new_seed_file  # noqa: E402
@@ -104,7 +104,7 @@ def test_gpu_noise_has_sd_sigma_c_over_b_and_fresh_streams_differ():
     model = torch.nn.Sequential(torch.nn.Linear(50, 20), torch.nn.ReLU(), torch.nn.Linear(20, 1)).to(GPU)
     sigma, c, b = 1.7, 0.9, 64.0
     engine = make_engine(model, engine="fast", max_grad_norm=c, noise_multiplier=sigma, expected_batch_size=b,
-                         generator=Randomness.fresh().torch("gaussian-noise", device=GPU))
+                         generator=Randomness.fresh().torch("gaussian-noise", device=GPU), objective=BINARY)
     engine.collect_stats = False
     empty_x, empty_y = torch.zeros(0, 50, device=GPU), torch.zeros(0, device=GPU)
     draws = []
@@ -217,7 +217,7 @@ def test_consecutive_replays_draw_fresh_noise():
     n = 1000
     x, y = torch.rand(n, 6, device=GPU), (torch.rand(n, device=GPU) > 0.5).float()
     engine = make_engine(model, engine="fast", max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=20.0,
-                         generator=secret.torch("gaussian-noise", device=GPU))
+                         generator=secret.torch("gaussian-noise", device=GPU), objective=BINARY)
     engine.collect_stats = False
     sampler = make_sampler(num_rows=n, sample_rate=0.02, randomness=secret, index=0, device=GPU)
     step = BatchStep(engine, sampler, x, y)

@@ -32,7 +32,7 @@ from dptrain.config import validate, validate_against_size
 from dptrain.data import load_dataset
 from dptrain.device import DeviceError, resolve_device
 from dptrain.layers import Squeeze
-from dptrain.objectives import build_objective
+from dptrain.objectives import BINARY, build_objective
 from dptrain.privacy.engine import DevicePoissonSampler, PinnedPoissonSampler, PoissonSampler, make_engine, make_sampler
 from dptrain.privacy.randomness import Randomness, philox_state, seeded_philox
 from dptrain.tracking import Tracker
@@ -171,7 +171,7 @@ def test_the_audit_catches_a_tensor_created_without_the_device():
     argument) creates a meta tensor under the meta default."""
     model = _mlp(6)
     engine = make_engine(model, engine="fast", max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=10.0,
-                         generator=torch.Generator())
+                         generator=torch.Generator(), objective=BINARY)
     sizes = sum(engine._sizes)
     _, wrong = _audited(lambda: torch.empty(sizes, dtype=engine.noise_dtype).normal_(0.0, 1.0,
                                                                                        generator=engine.generator))
@@ -209,7 +209,7 @@ def test_the_engine_refuses_a_noise_generator_on_another_device():
     model = _mlp(6).to("meta")
     with pytest.raises(ValueError, match="noise generator is on cpu but the model is on meta"):
         make_engine(model, engine="fast", max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=10.0,
-                    generator=torch.Generator())
+                    generator=torch.Generator(), objective=BINARY)
 
 
 # ------------------------------------------------------------------------------ the device's streams

@@ -29,7 +29,7 @@ from dptrain import cli
 from dptrain.config import ConfigError, validate, validate_against_size
 from dptrain.data import load_dataset
 from dptrain.models import logit, mlp
-from dptrain.objectives import DataSpec, build_objective
+from dptrain.objectives import BINARY, DataSpec, build_objective
 from dptrain.privacy.accounting import calibrate_noise_multiplier, rdp_epsilon
 from dptrain.privacy.curves import TAG, bounded_loss_sum, joint_noise_multiplier
 from dptrain.privacy.engine import make_engine
@@ -173,7 +173,7 @@ def test_engines_sum_the_losses_clipped_at_the_bound(engine, model):
             p.mul_(4.0)  # large weights: some losses far above L, some below
     x, y = make_batch(64)
     eng = make_engine(net, engine=engine, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=50,
-                      generator=torch.Generator().manual_seed(0))
+                      generator=torch.Generator().manual_seed(0), objective=BINARY)
     eng.curve_loss_bound = 1.0
     with torch.no_grad():
         losses = build_objective("binary").per_example_loss(net(x), y).double()
@@ -200,7 +200,7 @@ def test_released_value_is_unbiased_for_the_clipped_mean_with_the_stated_sd():
     mech = dptrain.train.mechanism_for(cfg, dataset_size=data.n_train, delta=delta)
     torch.manual_seed(0)
     net = logit(in_features=data.x_train.shape[1])
-    eng = mech.build_engine(net, engine="fast", generator=torch.Generator().manual_seed(0))
+    eng = mech.build_engine(net, engine="fast", generator=torch.Generator().manual_seed(0), objective=BINARY)
     x, y = data.x_train[:100], data.y_train[:100]
     st = eng(x, y)
     with torch.no_grad():

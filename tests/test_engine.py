@@ -73,7 +73,7 @@ def test_no_clip_no_noise_equals_plain_sgd(cls, model_name):
     for g, p in zip(grads, plain.parameters()):
         torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-7)
     nonpriv, _ = _run(lambda m, **kw: NonPrivateEngine(m, expected_batch_size=kw["expected_batch_size"],
-                                                       generator=kw["generator"]),
+                                                       generator=kw["generator"], objective=BINARY),
                       model, x, y, C=None, sigma=None, B=B)
     for g, h in zip(grads, nonpriv):
         torch.testing.assert_close(g, h, rtol=1e-5, atol=1e-7)
@@ -241,7 +241,7 @@ def test_diagnostics_switch_does_not_change_the_gradient(model_name):
     for collect in (True, False):
         m = copy.deepcopy(model)
         eng = FastLinearEngine(m, max_grad_norm=0.5, noise_multiplier=1.0, expected_batch_size=40,
-                               generator=torch.Generator().manual_seed(0))
+                               generator=torch.Generator().manual_seed(0), objective=BINARY)
         eng.collect_stats = collect
         st = eng(x, y)
         assert st.batch_size == 40 and (math.isnan(st.loss_sum) != collect)
@@ -259,7 +259,7 @@ def test_prefetched_noise_is_the_sequential_stream_and_checkpoints_rewind():
     for prefetch in (True, False):
         m = copy.deepcopy(model)
         eng = FastLinearEngine(m, max_grad_norm=1.0, noise_multiplier=1.3, expected_batch_size=50,
-                               generator=torch.Generator().manual_seed(11))
+                               generator=torch.Generator().manual_seed(11), objective=BINARY)
         eng.prefetch_noise = prefetch
         eng.STARVED_WAIT_S = math.inf  # however slow the machine, keep prefetching (no timing here)
         out = []
@@ -276,10 +276,10 @@ def test_prefetched_noise_is_the_sequential_stream_and_checkpoints_rewind():
     assert torch.equal(engines[0].generator.get_state(), engines[1].generator.get_state())
     # by default only big models prefetch (a thread hand-off costs more than a tiny draw)
     assert not FastLinearEngine(logit(in_features=12), max_grad_norm=1.0, noise_multiplier=1.0,
-                                expected_batch_size=10, generator=torch.Generator()).prefetch_noise
+                                expected_batch_size=10, generator=torch.Generator(), objective=BINARY).prefetch_noise
     big = mlp(in_features=100, hidden=[256, 256], activation="relu")
     assert FastLinearEngine(big, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=10,
-                            generator=torch.Generator()).prefetch_noise
+                            generator=torch.Generator(), objective=BINARY).prefetch_noise
 
 
 # ------------------------------------------------------------------ the buffered fast path
@@ -337,7 +337,7 @@ def test_buffered_path_matches_per_example_loop_over_steps(name, ones_column):
     torch.manual_seed(4)
     model = STACKS[name]()
     eng = FastLinearEngine(model, max_grad_norm=1.0, noise_multiplier=0.0, expected_batch_size=50.0,
-                           generator=torch.Generator().manual_seed(0))
+                           generator=torch.Generator().manual_seed(0), objective=BINARY)
     assert eng.fused and eng.plan is not None and eng.ones_column  # the CPU's layout by default
     eng.ones_column = ones_column
     for step, n in enumerate([40, 25, 150, 40]):
@@ -368,7 +368,7 @@ def test_other_layouts_take_the_autograd_path_and_agree():
     torch.manual_seed(6)
     odd = _stack(L(12, 16), torch.nn.ReLU(), torch.nn.Tanh(), L(16, 1))
     eng = FastLinearEngine(odd, max_grad_norm=0.5, noise_multiplier=0.0, expected_batch_size=40.0,
-                           generator=torch.Generator())
+                           generator=torch.Generator(), objective=BINARY)
     assert not eng.fused and eng.plan is None
     x, y = _batch()
     expected, _ = _clipped_reference(odd, x, y, 0.5)
@@ -376,7 +376,7 @@ def test_other_layouts_take_the_autograd_path_and_agree():
     for p, e in zip(odd.parameters(), expected):
         torch.testing.assert_close(p.grad * 40.0, e, rtol=1e-4, atol=1e-6)
     assert FastLinearEngine(STACKS["relu"](), max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=1.0,
-                            generator=torch.Generator()).fused
+                            generator=torch.Generator(), objective=BINARY).fused
 
 
 def test_noise_thread_only_uses_idle_cpu():
@@ -388,7 +388,7 @@ def test_noise_thread_only_uses_idle_cpu():
     if not hasattr(os, "SCHED_IDLE"):
         pytest.skip("no SCHED_IDLE on this platform")
     eng = FastLinearEngine(mlp(in_features=100, hidden=[256, 256]), max_grad_norm=1.0, noise_multiplier=1.0,
-                           expected_batch_size=10, generator=torch.Generator().manual_seed(0))
+                           expected_batch_size=10, generator=torch.Generator().manual_seed(0), objective=BINARY)
     assert eng.prefetch_noise
     x, y = _batch(n=10, d=100)
     eng(x, y)
@@ -440,7 +440,7 @@ def test_buffered_path_matches_per_example_loop_on_random_stacks():
         torch.manual_seed(seed)
         model = _random_stack(widths, acts, biases)
         eng = FastLinearEngine(model, max_grad_norm=1.0, noise_multiplier=0.0, expected_batch_size=30.0,
-                               generator=torch.Generator())
+                               generator=torch.Generator(), objective=BINARY)
         eng.ones_column = data.draw(st.booleans())  # the CPU's layout or the GPU's
         assert eng.fused and (eng.plan is not None or eng.closed_form)  # depth 1: the logit closed form
         for step, n in enumerate(sizes):
@@ -485,7 +485,7 @@ def test_starved_background_draw_falls_back_to_inline_draws_with_the_same_stream
     for prefetch in (True, False):
         m = copy.deepcopy(model)
         eng = FastLinearEngine(m, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=20,
-                               generator=torch.Generator().manual_seed(3))
+                               generator=torch.Generator().manual_seed(3), objective=BINARY)
         eng.prefetch_noise = prefetch
         clock = HeldDrawClock()
         eng._clock, draw = clock, eng._draw

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from dptrain.layers import Squeeze
-from dptrain.objectives import build_objective
+from dptrain.objectives import BINARY, build_objective
 from dptrain.privacy.engine import DevicePoissonSampler, PinnedPoissonSampler, PoissonSampler, make_engine
 from dptrain.privacy.graph import BatchStep, graph_blocker, graph_capacity
 
@@ -139,7 +139,7 @@ def test_which_steps_can_be_replayed_as_a_cuda_graph(monkeypatch):
                         ("fast", lambda: nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Tanh(), nn.Linear(8, 1),
                                                        Squeeze()))]:
         other = make_engine(build().double(), engine=name, max_grad_norm=1.0, noise_multiplier=1.0,
-                            expected_batch_size=B, generator=torch.Generator())
+                            expected_batch_size=B, generator=torch.Generator(), objective=BINARY)
         monkeypatch.setattr(other, "device", cuda)
         assert "has no fused step" in graph_blocker(other, on_host), name
     # the autograd path takes no row weights (only the fused paths pad)

@@ -23,13 +23,14 @@ from dptrain.data.table import encode_features, schema_from_config
 from dptrain.inference.coefficients import (
     coefficient_map,
     coefficients,
+    encoder_for_config,
     encoder_from_schema,
     model_coefficients,
     table_terms,
     term_labels,
 )
 from dptrain.inference.intervals import aggregate_parts
-from dptrain.inference.settings import check_estimator, check_estimator_size
+from dptrain.inference.run import check_estimator, check_estimator_size
 from dptrain.inference.ssp import calibrate, centre, release, sensitivity, ssp_estimate
 from dptrain.inference.subsample import part_index, part_mechanism
 from dptrain.validation import ConfigError
@@ -165,7 +166,7 @@ def _compose(overrides, *more):
 
 
 def _run(tmp_path, overrides):
-    from dptrain.train import run_task
+    from dptrain.tasks.train import run_task
 
     with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
@@ -231,9 +232,8 @@ def test_multinomial_subsample_aggregate_end_to_end(tmp_path):
     """experiment=multiclass with estimator=subsample_aggregate: one block of terms per class
     against the first (Wife), each with an interval around its estimate; the estimates are the
     coefficients of the published (averaged) model; the run's validity check is reported."""
-    from dptrain.inference.run import _encoder
     from dptrain.predict import load_model
-    from dptrain.train import run_task
+    from dptrain.tasks.train import run_task
 
     with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
@@ -247,7 +247,7 @@ def test_multinomial_subsample_aggregate_end_to_end(tmp_path):
     assert list(dict.fromkeys(prefixes)) == [f"{c} vs Wife" for c in classes]
     assert (table.ci_lower < table.estimate).all() and (table.estimate < table.ci_upper).all()
     assert table.method.str.contains("mean of 4 part estimates").all()
-    enc = _encoder(OmegaConf.to_object(cfg))
+    enc = encoder_for_config(OmegaConf.to_object(cfg))
     np.testing.assert_allclose(table.estimate, model_coefficients(load_model(tmp_path).module, enc).ravel(),
                                rtol=1e-5, atol=1e-6)
     check = report["estimator"]["validity_check"]
@@ -437,7 +437,7 @@ def test_ssp_run_reports_its_gaussian_mechanism(tmp_path):
     """estimator=ssp end to end (Adult, target hours_per_week): privacy.json's epsilon equals an
     independent dp-accounting RDP epsilon of ONE GaussianDpEvent(sigma), at most the target; the
     sensitivity is 2 + 4 numeric + 8 categorical columns; the table has intervals."""
-    from dptrain.train import run_task
+    from dptrain.tasks.train import run_task
 
     with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
@@ -452,9 +452,8 @@ def test_ssp_run_reports_its_gaussian_mechanism(tmp_path):
     assert report["epsilon"] == pytest.approx(acc.get_epsilon(report["delta"]), rel=1e-9)
     assert 0.99 <= report["epsilon"] <= 1.0
     est = report["estimator"]
-    from dptrain.inference.run import _encoder
 
-    delta_s = sensitivity(_encoder(OmegaConf.to_object(cfg)))
+    delta_s = sensitivity(encoder_for_config(OmegaConf.to_object(cfg)))
     assert est["name"] == "ssp" and est["sensitivity"] == pytest.approx(delta_s) and 2 < delta_s < 14
     assert est["noise_std"] == pytest.approx(delta_s * sigma)
     assert est["validity_check"]["claimed"] and "CLAIMED" in (tmp_path / "privacy.txt").read_text()

@@ -103,12 +103,12 @@ def test_every_private_engine_refuses_batchnorm(engine):
     for model in (bn_model(), bn_model(affine=False, track_running_stats=False)):
         with pytest.raises(ModelCheckError, match="BatchNorm1d"):
             make_engine(model, engine=engine, max_grad_norm=1.0, noise_multiplier=1.0,
-                        expected_batch_size=8, generator=torch.Generator())
+                        expected_batch_size=8, generator=torch.Generator(), objective=BINARY)
     for cls in (FastLinearEngine, OpacusEngine):
         with pytest.raises(ModelCheckError):
             cls(bn_model(), max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=8, generator=torch.Generator())
     # a non-private run claims nothing and may use it
-    NonPrivateEngine(bn_model(), expected_batch_size=8, generator=torch.Generator())
+    NonPrivateEngine(bn_model(), expected_batch_size=8, generator=torch.Generator(), objective=BINARY)
 
 
 def _compose(overrides):
@@ -144,7 +144,7 @@ def test_noise_is_drawn_in_the_models_precision():
     torch.manual_seed(0)
     model = logit(in_features=5).double()
     eng = FastLinearEngine(model, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=1.0,
-                           generator=torch.Generator().manual_seed(1))
+                           generator=torch.Generator().manual_seed(1), objective=BINARY)
     assert eng.noise_dtype == torch.float64
     eng(torch.zeros(0, 5, dtype=torch.float64), torch.zeros(0, dtype=torch.float64))  # pure noise
     g = torch.cat([p.grad.flatten() for p in model.parameters()])
@@ -152,7 +152,7 @@ def test_noise_is_drawn_in_the_models_precision():
     # float32 values widened to float64 have 29 zero low-order mantissa bits: these do not
     assert not torch.equal(g, g.float().double())
     assert FastLinearEngine(logit(in_features=5), max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=1.0,
-                            generator=torch.Generator()).noise_dtype == torch.float32
+                            generator=torch.Generator(), objective=BINARY).noise_dtype == torch.float32
 
 
 # ------------------------------------------------------------------------------ sigma = 0

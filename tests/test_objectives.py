@@ -20,7 +20,7 @@ from dptrain.data import DataError, load_dataset, schema_from_config
 from dptrain.data.table import build_dataset
 from dptrain.errors import DPTrainError
 from dptrain.models import logit, mlp
-from dptrain.objectives import OBJECTIVES, DataSpec, Multinomial
+from dptrain.objectives import BINARY, OBJECTIVES, DataSpec, Multinomial
 from dptrain.privacy.engine import FastLinearEngine, OpacusEngine
 
 K = 4
@@ -169,13 +169,13 @@ def test_binary_paths_are_unchanged():
     """A width-1 head with a Squeeze still takes the binary closed form / buffered path; a
     width-1 head without a Squeeze is not a buffered plan."""
     assert FastLinearEngine(logit(in_features=5), max_grad_norm=1.0, noise_multiplier=0.0, expected_batch_size=1.0,
-                            generator=torch.Generator()).closed_form
+                            generator=torch.Generator(), objective=BINARY).closed_form
     eng = FastLinearEngine(mlp(in_features=5, hidden=[4]), max_grad_norm=1.0, noise_multiplier=0.0,
-                           expected_batch_size=1.0, generator=torch.Generator())
+                           expected_batch_size=1.0, generator=torch.Generator(), objective=BINARY)
     assert eng.plan is not None and eng._squeeze
     bare = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
     assert FastLinearEngine(bare, max_grad_norm=1.0, noise_multiplier=0.0, expected_batch_size=1.0,
-                            generator=torch.Generator()).plan is None
+                            generator=torch.Generator(), objective=BINARY).plan is None
 
 
 # ------------------------------------------------------------------ metrics
@@ -316,8 +316,8 @@ FAST = ["trainer.epochs=1", "trainer.progress=false", "trainer.baseline=false", 
 
 
 def test_multiclass_preset_end_to_end_and_predictions(tmp_path):
-    from dptrain.checkpoint import load_model
     from dptrain.data import load_adult_frame
+    from dptrain.predict import load_model
 
     run = tmp_path / "mc"
     acc = cli.run(_compose(["experiment=multiclass", *FAST]), run_dir=run)
@@ -338,8 +338,8 @@ def test_multiclass_preset_end_to_end_and_predictions(tmp_path):
 
 
 def test_linreg_preset_end_to_end_and_predictions(tmp_path):
-    from dptrain.checkpoint import load_model
     from dptrain.data import load_adult_frame
+    from dptrain.predict import load_model
 
     run = tmp_path / "lr"
     rmse = cli.run(_compose(["experiment=linreg", *FAST]), run_dir=run)

@@ -142,7 +142,7 @@ def test_the_factory_and_the_settings_build_the_eager_class():
 def test_the_eager_classes_never_import_torchs_compiler():
     """In a fresh interpreter: building SGD and Adam from settings, stepping, saving, loading and
     zeroing them imports no torch._dynamo; a plain torch.optim.SGD then does (so the check can
-    fail). A whole command-line run is checked in tests/test_accounting_worker.py (slow)."""
+    fail). A whole command-line run is checked in tests/test_startup.py (slow)."""
     code = (
         "import json, sys, torch\n"
         "from dptrain.optimizers import build_optimizer\n"

@@ -18,8 +18,9 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from dptrain import cli
-from dptrain.checkpoint import CheckpointError, load_model
+from dptrain.checkpoint import CheckpointError
 from dptrain.data import DataError, load_adult_frame, load_dataset, schema_from_config
+from dptrain.predict import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = ["trainer.epochs=1", "trainer.progress=false", "trainer.baseline=false", "logger.tensorboard=false"]

@@ -118,7 +118,7 @@ QUICK = ["experiment=logit", "data=synthetic", "data.n_rows=3000", "trainer.batc
 
 
 def _launch(args: list[str], **kw) -> subprocess.Popen:
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "DPTRAIN_ACCOUNTING_WORKER": "0"}
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     return subprocess.Popen([sys.executable, "-m", "dptrain", *args], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 

@@ -254,7 +254,7 @@ def test_what_cannot_be_sharded_is_refused_before_any_row_is_read(tmp_path, monk
     def no_read(*a, **k):
         raise AssertionError("a row was read")
 
-    monkeypatch.setattr(shards_mod, "_read_rows", no_read)
+    monkeypatch.setattr(shards_mod, "read_rows", no_read)
     conf = _conf(base)  # the baseline is on by default
     errors = Threads(2).run(lambda d: load_training_data(conf, dist=d))
     assert all(isinstance(e, ConfigError) and re.search(r"trainer.baseline=True is not allowed.*trainer.baseline="
@@ -305,8 +305,8 @@ def _env() -> dict[str, str]:
 
 @pytest.mark.slow  # 17 s of the fast suite; CI runs it with -m slow
 def test_two_process_sharded_run_matches_one_process(tmp_path):
-    from dptrain.checkpoint import load_model
     from dptrain.objectives import build_objective
+    from dptrain.predict import load_model
 
     write_set(tmp_path / "set")
     run = ["experiment=logit", *SCHEMA_ARGS, f"data.path={tmp_path / 'set'}", "trainer.epochs=2",

@@ -16,7 +16,7 @@ import pytest
 from hydra import compose, initialize_config_module
 
 import dptrain.cli as cli
-import dptrain.train
+import dptrain.tasks.train
 import dptrain.tune
 from dptrain.tune import CandidateLaw
 
@@ -100,7 +100,7 @@ def test_train_folder_has_one_time(tmp_path, monkeypatch, console):
     """task=train through the same entry: every file and folder (.hydra/, private/, private/tb/)
     has the start time; a single fit still prints its set-up line."""
     run = tmp_path / "run"
-    before, began = _launch(TRAIN, run, monkeypatch, dptrain.train)
+    before, began = _launch(TRAIN, run, monkeypatch, dptrain.tasks.train)
     assert (run / "private" / "tb").is_dir() and (run / "metrics.json").is_file()
     _assert_one_start_time(run, before, began)
     assert sum("engine=" in line for line in console.getvalue().splitlines()) == 1

@@ -30,6 +30,7 @@ from typing import Any
 import pandas as pd
 
 from dptrain.data import synthetic
+from dptrain.data.parquet import read_folder
 from dptrain.data.table import (
     OTHER,
     DataError,
@@ -238,9 +239,7 @@ def load_dataset(cfg: Any, *, seed: int) -> Dataset:
                               "data=table needs the path of a CSV, Parquet or .dta file")
         schema = schema_from_config(cfg)
         fmt = _get(cfg, "format", "auto") or "auto"
-        if Path(path).is_dir():  # a partitioned Parquet data set, read whole (dptrain.data.shards)
-            from dptrain.data.shards import read_folder
-
+        if Path(path).is_dir():  # a partitioned Parquet data set, read whole (dptrain.data.parquet)
             df, kind = read_folder(path, schema, fmt), "parquet"
         else:
             df = read_table(path, fmt=fmt, columns=schema.columns,  # checks existence first

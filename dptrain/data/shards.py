@@ -31,31 +31,33 @@ training row in one process), fewer pieces than processes, a file that is not Pa
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import torch
 
+from dptrain.data import load_dataset, schema_from_config
+from dptrain.data.parquet import (
+    ParquetSet,
+    Piece,
+    check_columns,
+    open_parquet_set,
+    read_rows,
+)
 from dptrain.data.table import (
     DataError,
     Dataset,
     EncodedRows,
     Schema,
-    _check_duplicates,
     check_rows,
     dataset_from_rows,
     detect_format,
     encode_rows,
-    missing_column_error,
-    missing_columns,
 )
 from dptrain.errors import DPTrainError
 from dptrain.validation import ConfigError, bad
@@ -63,101 +65,9 @@ from dptrain.validation import ConfigError, bad
 log = logging.getLogger("dptrain.data")
 
 SHARDING = ("auto", "row_groups", "off")
-PARQUET_SUFFIXES = (".parquet", ".pq")
 #: how a sharded run's privacy report describes its shards (no count: the pieces' sizes are private)
 SHARDED_NOTE = ("disjoint shards of whole Parquet row groups, assigned from the files' metadata (each process reads "
                 "only its own), each Poisson-sampled at the job's q with a rank-specific stream")
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One row group of one file. ``rows`` comes from the metadata: the data's size, so PRIVATE
-    in the sense of docs/privacy.md: used to balance the shards, never logged or written."""
-
-    file: int  # index into ParquetSet.files
-    row_group: int
-    rows: int
-
-
-@dataclass(frozen=True)
-class ParquetSet:
-    """A Parquet file or folder of files, from the metadata only (no row read)."""
-
-    path: Path  # data.path
-    files: tuple[Path, ...]  # sorted by path (relative to a folder)
-    names: tuple[tuple[str, ...], ...]  # per file: its column names as stored
-    pieces: tuple[Piece, ...]  # the row groups that hold rows, in file and row-group order
-
-    @property
-    def is_folder(self) -> bool:
-        return self.path.is_dir()
-
-    def digest(self) -> str:
-        """A digest of what the processes must agree on (file list, columns, row groups); compared
-        across processes, never shown."""
-        root = self.path if self.is_folder else self.path.parent
-        seen = ([f.relative_to(root).as_posix() for f in self.files], self.names,
-                [(p.file, p.row_group, p.rows) for p in self.pieces])
-        return hashlib.sha256(repr(seen).encode()).hexdigest()
-
-    def origin(self, file: int | None = None) -> str:
-        """How messages name the data set (or one of a folder's files): never a value or count."""
-        base = f"data.path={str(self.path)!r}"
-        if file is None or not self.is_folder:
-            return base
-        return f"{base} (the folder's file {self.files[file].relative_to(self.path).as_posix()!r})"
-
-
-# ------------------------------------------------------------------------------ metadata
-
-
-def parquet_files(folder: Path) -> list[Path]:
-    """The Parquet files of a folder (any depth), sorted by their path relative to it; files and
-    folders whose names start with '.' or '_' (_SUCCESS, _metadata, .crc, _temporary) are skipped."""
-    found = []
-    for p in folder.rglob("*"):
-        rel = p.relative_to(folder)
-        if any(part.startswith((".", "_")) for part in rel.parts):
-            continue
-        if p.is_file() and p.name.lower().endswith(PARQUET_SUFFIXES):
-            found.append(rel.as_posix())
-    return [folder / rel for rel in sorted(found)]
-
-
-def open_parquet_set(path: str | Path, fmt: str = "auto") -> ParquetSet:
-    """The files, column names and row groups of a Parquet file or folder, from the metadata
-    only. Raises DataError (no such path, a folder without Parquet files, an unreadable footer,
-    duplicate column names) or ConfigError (``data.format`` not parquet for a folder)."""
-    import pyarrow.parquet as pq
-
-    p = Path(path)
-    if not p.exists():
-        raise DataError(f"data.path={str(path)!r}: no such file; allowed: an existing CSV, Parquet or .dta file, or "
-                        "a folder of Parquet files")
-    if p.is_dir():
-        if fmt not in ("auto", "parquet"):
-            raise bad("data.format", fmt, f"a folder (data.path={str(path)!r}) is read as a Parquet data set; "
-                      "allowed: auto or parquet")
-        files = parquet_files(p)
-        if not files:
-            raise DataError(f"data.path={str(path)!r}: is a folder without .parquet or .pq files; allowed: a CSV, "
-                            "Parquet or .dta file, or a folder of Parquet files (a partitioned data set)")
-    else:
-        files = [p]
-    names, pieces = [], []
-    for i, f in enumerate(files):
-        origin = ParquetSet(p, tuple(files), (), ()).origin(i)
-        try:
-            meta = pq.ParquetFile(f).metadata
-            file_names = tuple(meta.schema.to_arrow_schema().names)
-            rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-        except Exception as exc:  # noqa: BLE001 - the text may quote the file's bytes: not shown
-            raise DataError(f"{origin}: could not be read as parquet ({type(exc).__name__}); allowed: a valid "
-                            "Parquet file (data.format=parquet was used)") from None
-        _check_duplicates(f, list(file_names))
-        names.append(file_names)
-        pieces += [Piece(i, g, n) for g, n in enumerate(rows) if n > 0]
-    return ParquetSet(p, tuple(files), tuple(names), tuple(pieces))
 
 
 def assign_pieces(rows: Sequence[int], world: int) -> list[int]:
@@ -240,49 +150,11 @@ def sharding_plan(conf: Any, *, world: int | None) -> ParquetSet | None:
 # ------------------------------------------------------------------------------ reading
 
 
-def _read_rows(pset: ParquetSet, file: int, row_groups: list[int] | None, schema: Schema) -> pd.DataFrame:
-    """The declared columns of ``row_groups`` (None: all) of one file, names stripped."""
-    import pyarrow.parquet as pq
-
-    wanted = set(schema.columns)
-    cols = [n for n in pset.names[file] if n.strip() in wanted]
-    try:
-        pf = pq.ParquetFile(pset.files[file])
-        table = pf.read(columns=cols) if row_groups is None else pf.read_row_groups(row_groups, columns=cols)
-        df = table.to_pandas()
-    except Exception as exc:  # noqa: BLE001 - the text may quote the file's bytes: not shown
-        raise DataError(f"{pset.origin(file)}: could not be read as parquet ({type(exc).__name__}); allowed: a "
-                        "valid Parquet file (data.format=parquet was used)") from None
-    df.columns = [str(c).strip() for c in df.columns]
-    df.attrs["file_columns"] = [n.strip() for n in pset.names[file]]
-    return df
-
-
-def check_columns(pset: ParquetSet, schema: Schema) -> None:
-    """Every file holds every declared column (from the metadata): else the whole-table read's
-    missing-column error, naming the first file that lacks one."""
-    for i, names in enumerate(pset.names):
-        missing = missing_columns(schema, {n.strip() for n in names})
-        if missing:
-            raise missing_column_error(missing, [n.strip() for n in names], pset.origin(i))
-
-
-def read_folder(path: str | Path, schema: Schema, fmt: str = "auto") -> pd.DataFrame:
-    """A whole folder of Parquet files as one table (the declared columns only, files in path
-    order): a run in one process, or every process with ``data.sharding=off``."""
-    pset = open_parquet_set(path, fmt)
-    check_columns(pset, schema)
-    frames = [_read_rows(pset, i, None, schema) for i in range(len(pset.files))]
-    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    df.attrs["file_columns"] = frames[0].attrs["file_columns"]
-    return df
-
-
 def _encode_shard(pset: ParquetSet, pieces: list[Piece], schema: Schema, seed: int) -> EncodedRows:
     """This process' pieces, read (declared columns only) and encoded one file at a time."""
     parts = []
     for file in sorted({p.file for p in pieces}):
-        df = _read_rows(pset, file, [p.row_group for p in pieces if p.file == file], schema)
+        df = read_rows(pset, file, [p.row_group for p in pieces if p.file == file], schema)
         parts.append(encode_rows(df, schema, seed=seed))
     if not parts:  # not reached through sharding_plan (at least one piece per process)
         raise DataError(f"{pset.origin()}: a process was given no row group; allowed: at least as many row groups "
@@ -328,8 +200,6 @@ def load_shard(data_cfg: Any, pset: ParquetSet, *, seed: int, dist: Any) -> Data
     ``shard`` is (rank, world) and whose ``global_n_train`` / ``global_n_test`` are the job's
     counts. ``dist``: a :class:`dptrain.distributed.DistContext` (rank, world_size,
     all_gather_objects). Every process raises the same error when any shard is refused."""
-    from dptrain.data import schema_from_config
-
     schema = schema_from_config(data_cfg)
     check_columns(pset, schema)  # metadata only: the same on every process
     rank, world = dist.rank, dist.world_size
@@ -362,8 +232,6 @@ def load_training_data(conf: Any, *, dist: Any = None) -> Dataset:
     """task=train's data: with ``dist`` (trainer.distributed=true) and a partitioned Parquet data
     set, this process' shard (:func:`sharding_plan` refuses first what cannot be sharded); else
     :func:`dptrain.data.load_dataset`, every row."""
-    from dptrain.data import load_dataset
-
     if dist is None:
         sharding_plan(conf, world=None)  # refuses data.sharding=row_groups
         return load_dataset(conf.data, seed=conf.seed)

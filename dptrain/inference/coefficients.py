@@ -29,11 +29,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from torch import nn
 
+from dptrain.data import _synthetic_schema, schema_from_config
 from dptrain.errors import DPTrainError
+from dptrain.inference.settings import objective_kind
 
 __all__ = ["KINDS", "CoefficientEncoder", "coefficient_map", "coefficient_offset", "coefficients",
            "encoder_from_schema", "linear_layer", "model_coefficients", "table_terms", "term_labels"]
@@ -188,3 +191,12 @@ def model_coefficients(model: nn.Module, enc: CoefficientEncoder) -> np.ndarray:
     w = layer.weight.detach().double().numpy()
     b = layer.bias.detach().double().numpy() if layer.bias is not None else np.zeros(w.shape[0])
     return coefficients(w, b, enc)
+
+
+def encoder_for_config(conf: Any) -> Any:
+    """The coefficient map's public facts from the run's data config and objective (no row read)."""
+    data = conf.data
+    name = data.get("name") if isinstance(data, dict) else getattr(data, "name", None)
+    numeric = _synthetic_schema(data)[2] if name == "synthetic" else None
+    schema = schema_from_config(data, numeric=numeric)
+    return encoder_from_schema(schema, kind=objective_kind(conf.objective.name) or "binary")

@@ -16,11 +16,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from dptrain.inference.coefficients import encoder_from_schema, linear_layer, model_coefficients, table_terms
+from dptrain.inference.coefficients import encoder_for_config, linear_layer, model_coefficients, table_terms
 from dptrain.inference.intervals import aggregate_parts, coefficient_frame, format_table
-from dptrain.inference.settings import objective_kind
+from dptrain.inference.settings import ESTIMATORS, LINEAR_OBJECTIVES, MAX_PARTS, objective_kind
+from dptrain.inference.ssp import ssp_config_check
+from dptrain.validation import ConfigError, bad, integer, one_of, real
 
-__all__ = ["coefficient_section", "model_is_linear", "run_estimator"]
+__all__ = ["check_estimator", "check_estimator_size", "coefficient_section", "model_is_linear", "run_estimator"]
 
 log = logging.getLogger(__name__)
 
@@ -40,17 +42,6 @@ def model_is_linear(cfg: Any) -> bool:
     return linear_layer(model) is not None
 
 
-def _encoder(conf: Any) -> Any:
-    """The coefficient map's public facts from the run's data config and objective (no row read)."""
-    from dptrain.data import _synthetic_schema, schema_from_config
-
-    data = conf.data
-    name = data.get("name") if isinstance(data, dict) else getattr(data, "name", None)
-    numeric = _synthetic_schema(data)[2] if name == "synthetic" else None
-    schema = schema_from_config(data, numeric=numeric)
-    return encoder_from_schema(schema, kind=objective_kind(conf.objective.name) or "binary")
-
-
 def run_estimator(conf: Any, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
     """Train (or release) with ``conf.estimator``; returns a :class:`dptrain.train.TrainResult`
     (``inference`` holds what the coefficient table needs beyond the model)."""
@@ -58,8 +49,7 @@ def run_estimator(conf: Any, data: Any, *, delta: float, tracker: Any, launch: A
 
     name = conf.estimator.name
     if name == "dpsgd":
-        mechanism = mechanism_for(conf, dataset_size=data.n_train, delta=delta,
-                                  meanwhile=getattr(tracker, "warm_up", None))  # while the worker calibrates
+        mechanism = mechanism_for(conf, dataset_size=data.n_train, delta=delta)
         return fit(conf, data, mechanism=mechanism, tracker=tracker, launch=launch)
     if name == "subsample_aggregate":
         return _subsample_aggregate(conf, data, delta=delta, tracker=tracker, launch=launch)
@@ -79,7 +69,7 @@ def _subsample_aggregate(conf: Any, data: Any, *, delta: float, tracker: Any, la
              "steps = %d, sigma = %g", k, mech.dataset_size, mech.expected_batch_size, mech.sample_rate,
              mech.planned_steps, mech.noise_multiplier)
     parts = fit_parts(conf, data, mechanism=mech, randomness=launch.randomness)
-    enc = _encoder(conf)
+    enc = encoder_for_config(conf)
     coefs = [model_coefficients(r.model, enc) for r in parts]
     model = copy.deepcopy(parts[0].model)
     with torch.no_grad():  # the published model: the average of the part models (a function of them)
@@ -117,7 +107,7 @@ def coefficient_section(conf: Any, result: Any) -> dict[str, Any] | None:
     (the guarantee text for the report)."""
     if linear_layer(result.model) is None or objective_kind(conf.objective.name) is None:
         return None
-    enc = _encoder(conf)
+    enc = encoder_for_config(conf)
     est = conf.estimator
     inference = getattr(result, "inference", None) or {}
     if est.name == "subsample_aggregate":
@@ -216,3 +206,61 @@ def estimator_report(conf: Any, result: Any, report: dict[str, Any], section: di
     if section is not None:
         out["table"] = section["text"]
     return out
+
+
+def check_estimator(cfg: Any) -> None:
+    """The estimator settings alone and against the run's objective, model and privacy."""
+    e = cfg.estimator
+    one_of("estimator.name", e.name, ESTIMATORS)
+    integer("estimator.parts", e.parts, 2, f"must be an integer in [2, {MAX_PARTS}]")
+    if e.parts > MAX_PARTS:
+        raise bad("estimator.parts", e.parts, f"must be an integer in [2, {MAX_PARTS}]")
+    integer("estimator.min_part_rows", e.min_part_rows, 10)
+    real("estimator.level", e.level, "must be a number in (0.5, 1)", lo=0.5, hi=1, lo_open=True, hi_open=True)
+    integer("estimator.bootstrap", e.bootstrap, 100, "must be an integer in [100, 100000]")
+    if e.bootstrap > 100_000:
+        raise bad("estimator.bootstrap", e.bootstrap, "must be an integer in [100, 100000]")
+    if e.name == "dpsgd":
+        return
+    if not cfg.privacy.enabled:
+        raise bad("estimator", e.name, "needs privacy.enabled=true (its interval accounts for the privacy noise); "
+                  "allowed without privacy: estimator=dpsgd")
+    if e.name == "ssp" and cfg.objective.name not in LINEAR_OBJECTIVES:
+        raise bad("estimator", "ssp", f"estimates linear regression only, not objective={cfg.objective.name}; "
+                  f"allowed with objective={cfg.objective.name}: estimator=dpsgd | subsample_aggregate")
+    if not model_is_linear(cfg):
+        raise bad("estimator", e.name, "needs a linear model (model=logit: one Linear layer) whose coefficients "
+                  "it estimates; allowed with this model: estimator=dpsgd")
+    _check_training_only(cfg, e.name)
+    if e.name == "ssp":
+        ssp_config_check(encoder_for_config(cfg))
+
+
+def _check_training_only(cfg: Any, name: str) -> None:
+    """Training settings that subsample_aggregate / ssp do not support, refused by name."""
+    if getattr(cfg, "task", "train") != "train":
+        raise bad("estimator", name, "is for task=train only; allowed for this task: estimator=dpsgd")
+    if cfg.trainer.resume is not None:
+        raise bad("trainer.resume", cfg.trainer.resume, f"must be null with estimator={name} (its runs are not "
+                  "resumable); allowed: estimator=dpsgd to resume")
+    if cfg.trainer.distributed:
+        raise bad("trainer.distributed", True, f"must be false with estimator={name}")
+    if cfg.privacy.max_epsilon is not None:
+        raise bad("privacy.max_epsilon", cfg.privacy.max_epsilon, f"must be null with estimator={name} (set "
+                  "privacy.target_epsilon instead)")
+    if name == "ssp" and cfg.privacy.target_epsilon is None:
+        raise bad("privacy.target_epsilon", None, "estimator=ssp calibrates its Gaussian noise to a target: set "
+                  "privacy.target_epsilon=E (and privacy.noise_multiplier=null)")
+
+
+def check_estimator_size(cfg: Any, n: int) -> None:
+    """Against the PUBLIC training-set size N: subsample_aggregate needs N / K >= min_part_rows."""
+    e = cfg.estimator
+    if e.name != "subsample_aggregate":
+        return
+    if n // e.parts < e.min_part_rows:
+        most = max(n // e.min_part_rows, 0)
+        raise ConfigError(f"estimator.parts={e.parts} is not allowed for N = {n} training rows: each part would "
+                          f"have about {n // e.parts} rows, fewer than estimator.min_part_rows={e.min_part_rows}; "
+                          f"allowed: estimator.parts <= {most} (or more rows)" + (
+                              "" if most >= 2 else "; this table is too small for subsample_aggregate"))

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from dptrain.inference.coefficients import linear_layer
+from dptrain.inference.coefficients import encoder_for_config, linear_layer
 
 __all__ = ["SSPMechanism", "run_ssp"]
 
@@ -48,14 +48,13 @@ def _record(conf: Any, fit: Any, *, n: int, delta: float, randomness: Any) -> di
 
 def run_ssp(conf: Any, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
     """Release, solve, bootstrap; returns a :class:`dptrain.train.TrainResult`."""
-    from dptrain.inference.run import _encoder
     from dptrain.inference.ssp import calibrate, gaussian_event, ssp_config_check, ssp_estimate
     from dptrain.objectives import build_objective
     from dptrain.privacy.accounting import PrivacyAccountant
     from dptrain.privacy.randomness import Randomness
     from dptrain.train import TrainResult, build_model
 
-    enc = _encoder(conf)
+    enc = encoder_for_config(conf)
     ssp_config_check(enc)
     sigma = calibrate(target_epsilon=conf.privacy.target_epsilon, delta=delta, accountant=conf.privacy.accountant)
     randomness = launch.randomness if launch.randomness is not None else Randomness.fresh()

@@ -135,11 +135,7 @@ class PldAccountant:
     note = "privacy loss distribution, dp-accounting PLDAccountant (tight up to discretisation)"
 
     def epsilon(self, history: History, delta: float) -> float:
-        from dptrain.privacy import worker
-
-        # the accounting worker's value for this very history and delta, or computed here
-        return worker.value_of(("pld", tuple(history), delta),
-                               lambda: max(0.0, float(_pld_composed(history).get_epsilon(delta))))
+        return max(0.0, float(_pld_composed(history).get_epsilon(delta)))
 
 
 def rdp_to_epsilon(rdp: np.ndarray, delta: float) -> float:
@@ -177,20 +173,15 @@ def _check_accountant(accountant: Any) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def _rdp_per_step(event: Event) -> np.ndarray:
-    """RDP of ONE step of ``event`` at each of RDP_ORDERS (read-only array): the accounting
-    worker's value for this very event, or computed here."""
-    from dptrain.privacy import worker
+    """RDP of ONE step of ``event`` at each of RDP_ORDERS (read-only array)."""
+    import numpy as np
+    from dp_accounting import rdp as _rdp
 
-    def compute() -> np.ndarray:
-        from dp_accounting import rdp as _rdp
+    from dptrain.privacy.events import EVENT_KINDS
 
-        from dptrain.privacy.events import EVENT_KINDS
-
-        acc = _rdp.RdpAccountant(list(RDP_ORDERS))  # add/remove neighbours (its default)
-        acc.compose(EVENT_KINDS.get(event.kind).dp_event(event.params), 1)
-        return acc.rdp
-
-    vec = worker.value_of(("rdp", event), compute)
+    acc = _rdp.RdpAccountant(list(RDP_ORDERS))  # add/remove neighbours (its default)
+    acc.compose(EVENT_KINDS.get(event.kind).dp_event(event.params), 1)
+    vec = np.asarray(acc.rdp, dtype=np.float64)
     vec.setflags(write=False)
     return vec
 

@@ -41,8 +41,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from dptrain.layers import Squeeze
 from dptrain.objectives import BINARY
+from dptrain.privacy.layers import Squeeze
+from dptrain.privacy.model_check import ADVICE, ModelCheckError, static_problems
 from dptrain.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -285,8 +286,6 @@ def _row_sq_norms(m: torch.Tensor) -> torch.Tensor:
 def _refuse_mixing_models(model: nn.Module, engine: str) -> None:
     """Every private engine refuses models whose examples are not independent or that keep
     buffers (:mod:`dptrain.privacy.model_check`), whatever else it supports."""
-    from dptrain.privacy.model_check import ADVICE, ModelCheckError, static_problems
-
     problems = static_problems(model)
     if problems:
         raise ModelCheckError(f"model is not allowed for DP training ({engine}): " + "; ".join(problems)
@@ -318,7 +317,8 @@ class GradientEngine:
         if self.checks_model:
             _refuse_mixing_models(model, type(self).__name__)
         self.model = model
-        #: what the outputs mean: per-example loss, its closed-form gradient, diagnostics
+        #: what the outputs mean: per-example loss, its closed-form gradient, diagnostics (default:
+        #: binary logistic, the one import of privacy/ from the models layer; import-linter contract)
         self.objective = objective if objective is not None else BINARY
         self.max_grad_norm = float(max_grad_norm)
         self.noise_multiplier = float(noise_multiplier)

@@ -40,7 +40,7 @@ class PoissonGaussian:
 
     @staticmethod
     def dp_event(params: tuple[float, ...]) -> dp_accounting.DpEvent:
-        import dp_accounting  # here, not at the top: a run whose accounting worker answers never needs it
+        import dp_accounting  # here, not at the top: importing dptrain.privacy stays cheap
 
         q, sigma = params
         return dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from dptrain.errors import DPTrainError
-from dptrain.layers import Squeeze
+from dptrain.privacy.layers import Squeeze
 
 ADVICE = ("use a layer that treats every example on its own instead: nn.LayerNorm or nn.GroupNorm, or "
           "no normalisation (the features are already scaled by their public bounds)")

@@ -13,15 +13,10 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from dptrain.errors import DPTrainError
+from dptrain.errors import DPTrainError, ReleaseError  # noqa: F401 - ReleaseError offered here as before
 
 Statistic = Literal["p25", "p75", "slope"]
 STATISTICS: tuple[str, ...] = ("p25", "p75", "slope")
-
-
-class ReleaseError(DPTrainError):
-    """Bad release input; the message names the setting/column, the value and what is allowed,
-    never a private value and never a private count (rows, rows per cell, cells with rows)."""
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,9 @@ from .cells import STATISTICS, Cells, ReleaseError, ols
 from .cells import statistic as cell_statistic
 from .intervals import interval_columns, laplace_normal_halfwidth
 from .noise import add_noise, calibrate
+from .settings import STAGES, stage_epsilons  # noqa: F401 - offered here as before
 from .stability import distance_to_instability, stability_bounds
 
-STAGES: tuple[str, ...] = ("n", "se", "chi", "test", "theta")
 DEFAULT_SPLIT: dict[str, float] = {"n": 0.25, "se": 0.5, "chi": 0.25, "test": 1.0, "theta": 1.0}
 GUARANTEE = ("(epsilon, delta)-DP under add/remove-one-row neighbours, end to end: chi, and every cell's theta, "
              "SE, N and interval (DP-MOS: private chi, propose-test-release per cell)")
@@ -76,20 +76,6 @@ class DPMOSRelease:
     delta: float
     chi: float | dict
     info: dict
-
-
-def stage_epsilons(epsilon: float, split: dict) -> dict[str, float]:
-    """epsilon times each stage's share; refuses a split that is not exactly the five stages."""
-    if not isinstance(split, dict) or set(map(str, split)) != set(STAGES):
-        raise ReleaseError(f"release.dp_mos_split={split!r} is not allowed: a mapping with exactly the keys "
-                           f"{list(STAGES)} (shares of release.epsilon, each > 0)")
-    out = {}
-    for k in STAGES:
-        v = split[k]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
-            raise ReleaseError(f"release.dp_mos_split.{k}={v!r} is not allowed: a finite number > 0")
-        out[k] = float(epsilon) * float(v)
-    return out
 
 
 def test_threshold(eps_test: float, delta_test: float) -> int:

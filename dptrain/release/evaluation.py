@@ -13,7 +13,7 @@ about MOS (:data:`REFERENCE`): it comes first, and figures 1-2 show its sensitiv
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -22,10 +22,9 @@ from dptrain.release.cell_domain import cell_label
 from dptrain.release.evaluate import compare_methods, evaluate_release, to_markdown
 from dptrain.release.methods import RELEASE_METHODS, MethodResult, evaluation_methods, run_method
 from dptrain.release.mos import NOT_DP
+from dptrain.release.prepared import ReleaseRun
+from dptrain.release.report_figures import write_figures
 from dptrain.tracking import atomic_write_text
-
-if TYPE_CHECKING:
-    from dptrain.release.run import ReleaseRun
 
 REFERENCE = "mos"  # the method the evaluation is about: listed first, its LS and chi in figures 1-2
 
@@ -117,8 +116,6 @@ def write_evaluation(eval_dir: Path, run: ReleaseRun,
                      results: dict[str, MethodResult]) -> tuple[dict[Path, str], float]:
     """comparison.csv, comparison.md and the figures; returns ({file: description}, the released
     method's RMSE against the reference)."""
-    from dptrain.release.report_figures import write_figures
-
     r = run.conf.release
     results = {name: results[name] for name in sorted(results, key=lambda n: n != REFERENCE)}
     frames = {name: res.frame.reset_index(drop=True) for name, res in results.items()}

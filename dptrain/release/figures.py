@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from dptrain.release.cells import Domain, ReleaseError, ols_line
+
+if TYPE_CHECKING:  # annotations only; matplotlib is imported where a figure is made (_figure)
+    from matplotlib.figure import Figure
 
 __all__ = [
     "change_grid",
@@ -29,7 +31,17 @@ __all__ = [
 _UNIT_SQUARE = Domain()
 
 
+def _figure(**kwargs) -> Figure:
+    """A matplotlib Figure on no display. matplotlib (~0.5 s to import) is imported here, the
+    one boundary where figures begin: a release run without its private evaluation never needs it."""
+    from matplotlib.figure import Figure
+
+    return Figure(**kwargs)
+
+
 def _save(fig: Figure, path: str | Path) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
@@ -126,7 +138,7 @@ def plot_local_sensitivity_cell(
     defined = bool(np.isfinite(delta).any())
     b, a = np.polyfit(x, y, 1) if np.ptp(x) > 0 else (np.nan, np.nan)
     name = statistic if isinstance(statistic, str) else getattr(statistic, "__name__", "statistic")
-    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    fig = _figure(figsize=(11, 4.5), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2)
     lim = float(np.nanmax(np.abs(delta))) if defined else 1.0
     im = ax1.imshow(
@@ -164,7 +176,7 @@ def plot_ls_vs_n(n: np.ndarray, ls: np.ndarray, chi: float, *, path: str | Path)
     out (their count is in the title); when no cell has a finite LS the axes say so."""
     n, ls = np.asarray(n, float), np.asarray(ls, float)
     ok = np.isfinite(ls) & (n > 0)
-    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    fig = _figure(figsize=(11, 4.5), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2)
     ax1.set(xlabel="N", ylabel="local sensitivity LS",
             title=f"LS against N ({int((~ok).sum())} cells with infinite LS not shown)")
@@ -201,7 +213,7 @@ def plot_error_vs_n(
         if finite_n.size
         else np.array([1.0, 2.0])
     )
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    fig = _figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
     ax.set_xlim(edges[0], edges[-1])  # explicit limits: a log axis with no finite point (nothing released) fails
     for name, (n, err) in errors.items():
@@ -227,7 +239,7 @@ def plot_downstream_slopes(
 ) -> Path:
     """The point of the paper's Figure 3: the slope of released estimates on a cell covariate,
     one bar per method (e.g. suppression vs noise infusion), with the true slope as a line."""
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    fig = _figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
     names = list(slopes)
     ax.bar(range(len(names)), [slopes[k] for k in names], color="tab:blue", alpha=0.8)
@@ -244,7 +256,7 @@ def plot_tail_vs_epsilon(
 ) -> Path:
     """Tail classification share (true top quintile released in the top quintile) against
     epsilon, one line per method (log x axis)."""
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    fig = _figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
     for name, s in shares.items():
         if len(s) != len(eps):

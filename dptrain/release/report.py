@@ -12,17 +12,14 @@ the totals by basic composition, and the file says so.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
 from dptrain.neighbours import Neighbours, replace_one_from_add_remove
+from dptrain.release.cell_domain import CellDomain
 from dptrain.release.mos import NOT_DP
-
-if TYPE_CHECKING:
-    from dptrain.release.cell_domain import CellDomain
-    from dptrain.release.methods.base import MethodResult
-    from dptrain.release.settings import ReleaseConfig
+from dptrain.release.settings import ReleaseConfig
 
 REPLACE_ONE_NOTE = (
     "epsilon_add_remove_comparison is the comparison convention used to set methods side by side (a replace-one "
@@ -89,7 +86,7 @@ def _guarantee(meta: dict, eps: float, delta: float, listed: Any, total: dict) -
     return f"{meta['guarantee']}, at epsilon {eps:g}" + (f", delta {delta:g}" if delta else "") + f"; {cells}"
 
 
-def baseline_json(name: str, result: MethodResult, *, neighbours: Neighbours | None, facts: RunFacts,
+def baseline_json(name: str, result: Any, *, neighbours: Neighbours | None, facts: RunFacts,
                   guarantee: str | None = None) -> dict[str, Any]:
     """release.json of a method that releases theta per cell (every method but MOS): its
     ``neighbours`` (None: no guarantee, then ``guarantee`` or the meta's says so), the epsilon and

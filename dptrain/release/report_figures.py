@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -16,9 +15,7 @@ from dptrain.release.cells import Cells
 from dptrain.release.evaluate import evaluate_release
 from dptrain.release.methods.base import MethodResult
 from dptrain.release.methods.mos import mos_sensitivities
-
-if TYPE_CHECKING:
-    from dptrain.release.run import ReleaseRun
+from dptrain.release.prepared import ReleaseRun
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from dptrain.config import ReleaseRunConfig, validate
 from dptrain.privacy.randomness import Randomness, data_digest
 from dptrain.release import report
 from dptrain.release.api import CellEstimates, estimates_for_listed
@@ -40,19 +39,19 @@ from dptrain.release.cell_domain import (
     select_cells,
 )
 from dptrain.release.cells import Domain, ReleaseError
+from dptrain.release.evaluation import write_evaluation
 from dptrain.release.methods import (
     RELEASE_METHODS,
     MethodResult,
     ReleaseMethod,
+    check_release_method,
     evaluation_methods,
     run_method,
 )
 from dptrain.release.mos import NOT_DP
-from dptrain.release.settings import resolved_domain, validate_release
+from dptrain.release.prepared import ReleaseRun
+from dptrain.release.settings import resolved_domain
 from dptrain.tracking import atomic_write_text, private_dir, write_json, write_manifest
-
-if TYPE_CHECKING:
-    from dptrain.config import ReleaseRunConfig
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +65,8 @@ def run_task(cfg: DictConfig, *, run_dir: Path) -> float:
     bad data raise a :class:`~dptrain.errors.DPTrainError` naming the setting, before anything is
     written. Returns the objective: the released method's RMSE in the private evaluation, or NaN."""
     conf = OmegaConf.to_object(cfg)
-    validate_release(conf)
+    validate(conf)
+    check_release_method(conf.release)
     randomness = build_randomness(cfg, conf=conf, run_dir=run_dir)
     return run_release(conf, run_dir, randomness=randomness)
 
@@ -82,23 +82,6 @@ def build_randomness(cfg: DictConfig, *, conf: ReleaseRunConfig, run_dir: Path) 
         return Randomness.fresh()
     label = settings_digest(OmegaConf.to_container(cfg, resolve=True))
     return Randomness.from_seed_file(seed_file, run_label=label, run_dir=run_dir)
-
-
-@dataclass(frozen=True)
-class ReleaseRun:
-    """One release run once its cells are listed and estimated (before any method runs)."""
-
-    conf: ReleaseRunConfig
-    run_dir: Path
-    randomness: Randomness
-    truth: pd.DataFrame | None  # the simulator's per-cell truth (simulated data only)
-    source: str  # the data source in words
-    est: CellEstimates
-    diagnostics: dict | None = None  # PRIVATE counts about the rows -> private/data_diagnostics.json
-
-    def facts(self) -> report.RunFacts:
-        return report.RunFacts(config=self.conf.release, source=self.source, listed=self.est.listed,
-                               randomness=self.randomness.describe())
 
 
 def private_evaluation_enabled(conf: ReleaseRunConfig) -> bool:
@@ -240,8 +223,6 @@ def run_release(conf: ReleaseRunConfig, run_dir: Path, *, randomness: Randomness
     facts = write_release(run, method, results[r.method])
     private_files, rmse = {**LOG_FILE, **write_diagnostics(run)}, float("nan")
     if evaluate:
-        from dptrain.release.evaluation import write_evaluation
-
         eval_dir = private_dir(run.run_dir) / EVALUATION_DIR
         files, rmse = write_evaluation(eval_dir, run, results)
         private_files.update({f"private/{EVALUATION_DIR}/{p.name}": why for p, why in files.items()})

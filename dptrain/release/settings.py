@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dptrain.errors import ReleaseError
 from dptrain.validation import ConfigError, setting
 from dptrain.validation import bad as _bad
 from dptrain.validation import finite_positive as _finite_positive
@@ -151,7 +151,6 @@ def validate_release(cfg: Any) -> None:
     if seed_file is not None and not (isinstance(seed_file, str) and seed_file.strip()):
         raise _bad("privacy.noise_seed_file", seed_file, "must be null or the path of a secret seed file")
     check_release_settings(cfg.release)
-    check_release_data(cfg.data)
     resolved_domain(cfg.release, cfg.data.name)
     check_cell_source(cfg.release, cfg.data)
     r = cfg.release
@@ -167,8 +166,6 @@ def validate_release(cfg: Any) -> None:
 
 def check_release_settings(r: ReleaseConfig) -> None:
     """The ``release.*`` values that do not depend on the data source."""
-    from dptrain.release.methods import RELEASE_METHODS  # registers the built-in methods
-
     _finite_positive("release.epsilon", r.epsilon)
     if not (0 < r.delta < 1):
         raise _bad("release.delta", r.delta, "must be in (0, 1)")
@@ -185,19 +182,12 @@ def check_release_settings(r: ReleaseConfig) -> None:
         raise _bad("release.stat_fn", r.stat_fn, "set it (module:function) exactly when release.statistic=custom")
     _one_of("release.neighbors", r.neighbors, ("add", "add_remove"))
     _one_of("release.noise", r.noise, ("laplace", "normal"))
-    RELEASE_METHODS.get(r.method)
     _one_of("release.cell_selection", r.cell_selection, ("declared", "private"))
     _one_of("release.theil_sen_variant", r.theil_sen_variant, ("auto", "all_pairs", "matchings"))
     if r.min_n < 3:
         raise _bad("release.min_n", r.min_n, "must be >= 3 (OLS and its SE need at least 3 rows)")
     if any(k <= 0 for k in r.suppression_k):
         raise _bad("release.suppression_k", list(r.suppression_k), "thresholds must be integers > 0")
-    unregistered = [k for k in r.suppression_k if f"suppression_{k}" not in RELEASE_METHODS]
-    if unregistered:
-        known = [n.removeprefix("suppression_") for n in RELEASE_METHODS if n.startswith("suppression_")]
-        raise _bad("release.suppression_k", list(r.suppression_k),
-                   f"thresholds of registered methods suppression_K: {', '.join(known)} (a plugin can register "
-                   "another: RELEASE_METHODS.register('suppression_K', Suppression(K)))")
     for e in r.tail_epsilons:
         _finite_positive("release.tail_epsilons", e)
     check_dp_mos_settings(r)
@@ -205,9 +195,6 @@ def check_release_settings(r: ReleaseConfig) -> None:
 
 def check_dp_mos_settings(r: ReleaseConfig) -> None:
     """release.dp_mos_* (always: a sweep may switch methods), and release.neighbors with dp_mos."""
-    from dptrain.release.dp_mos import stage_epsilons
-    from dptrain.release.noise import ReleaseError
-
     split = r.dp_mos_split
     if not isinstance(split, Mapping):
         raise _bad("release.dp_mos_split", split, "a mapping with exactly n, se, chi, test, theta (shares > 0)")
@@ -224,27 +211,6 @@ def check_dp_mos_settings(r: ReleaseConfig) -> None:
     if r.method == "dp_mos" and r.noise != "laplace":
         raise _bad("release.noise", r.noise, "dp_mos draws discrete Laplace noise only (its pure-epsilon stages); "
                    "leave release.noise=laplace")
-
-
-def check_release_data(d: Any) -> None:
-    """The data source a release reads: data=table (a file) or data=atlas (the simulator)."""
-    from dptrain.config import check_delimiter, check_source
-
-    if d.name not in ("table", "atlas"):
-        raise _bad("data", d.name, "a release reads data=table (your microdata) or data=atlas (simulated)")
-    check_source(d, ("table", "atlas"), "a release")
-    path = getattr(d, "path", None)
-    if d.name == "table" and not path:
-        raise _bad("data.path", path, "data=table needs the path of a CSV, Parquet or .dta file")
-    if path is not None and not isinstance(path, (str, os.PathLike)):
-        raise _bad("data.path", path, "must be the path of a CSV, Parquet or .dta file (or null)")
-    if d.name == "atlas":
-        _integer("data.n_cells", d.n_cells, 2, "must be an integer >= 2")
-        _one_of("data.generator", d.generator, ("atlas", "figure2"))
-        return
-    _one_of("data.format", getattr(d, "format", "auto"), ("auto", "csv", "parquet", "dta"))
-    check_delimiter(getattr(d, "delimiter", ","))
-    _one_of("data.nonfinite", getattr(d, "nonfinite", "error"), ("error", "drop"))
 
 
 def check_cell_source(r: ReleaseConfig, d: Any) -> None:
@@ -285,3 +251,20 @@ def check_cell_values(vals: Any, cells: list[str]) -> None:
         for v in values:
             if v is None or not isinstance(v, (str, numbers.Number)):
                 raise _bad(f"release.cell_values.{col}", list(values), "every value must be a string or a number")
+
+
+STAGES: tuple[str, ...] = ("n", "se", "chi", "test", "theta")
+
+
+def stage_epsilons(epsilon: float, split: dict) -> dict[str, float]:
+    """epsilon times each stage's share; refuses a split that is not exactly the five stages."""
+    if not isinstance(split, dict) or set(map(str, split)) != set(STAGES):
+        raise ReleaseError(f"release.dp_mos_split={split!r} is not allowed: a mapping with exactly the keys "
+                           f"{list(STAGES)} (shares of release.epsilon, each > 0)")
+    out = {}
+    for k in STAGES:
+        v = split[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+            raise ReleaseError(f"release.dp_mos_split.{k}={v!r} is not allowed: a finite number > 0")
+        out[k] = float(epsilon) * float(v)
+    return out

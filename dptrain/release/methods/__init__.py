@@ -23,6 +23,7 @@ method is one file here), in name order. Methods of your own package are loaded 
 
 import importlib
 import pkgutil
+from typing import Any
 
 from dptrain.release.methods.base import (
     RELEASE_METHODS,
@@ -31,6 +32,7 @@ from dptrain.release.methods.base import (
     evaluation_methods,
     run_method,
 )
+from dptrain.validation import bad
 
 #: the built-in method modules, imported (and so registered) in this order
 BUILTIN = ("mos", "dp_mos", "suppression", "ss_laplace", "noisy_stats", "theil_sen", "dp_gd", "dp_sgd")
@@ -41,3 +43,16 @@ for _module in (*BUILTIN, *_others):
     importlib.import_module(f"{__name__}.{_module}")
 
 __all__ = ["BUILTIN", "RELEASE_METHODS", "MethodResult", "ReleaseMethod", "evaluation_methods", "run_method"]
+
+
+def check_release_method(r: Any) -> None:
+    """``release.method`` and ``release.suppression_k`` against the registry (the built-in methods
+    and the plugins' are registered once this package is imported); called by the release run
+    before any row is read."""
+    RELEASE_METHODS.get(r.method)
+    unregistered = [k for k in r.suppression_k if f"suppression_{k}" not in RELEASE_METHODS]
+    if unregistered:
+        known = [n.removeprefix("suppression_") for n in RELEASE_METHODS if n.startswith("suppression_")]
+        raise bad("release.suppression_k", list(r.suppression_k),
+                  f"thresholds of registered methods suppression_K: {', '.join(known)} (a plugin can register "
+                  "another: RELEASE_METHODS.register('suppression_K', Suppression(K)))")

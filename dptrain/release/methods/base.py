@@ -19,18 +19,16 @@ A new method is one module that subclasses :class:`ReleaseMethod` and registers 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from dptrain.neighbours import Neighbours, comparison_epsilon
 from dptrain.registry import Registry
-
-if TYPE_CHECKING:
-    from dptrain.release.api import CellEstimates
-    from dptrain.release.report import RunFacts
-    from dptrain.release.settings import ReleaseConfig
+from dptrain.release.api import CellEstimates
+from dptrain.release.report import RunFacts
+from dptrain.release.settings import ReleaseConfig
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from dptrain.neighbours import Neighbours
 from dptrain.privacy.accounting import rdp_epsilon
+from dptrain.release.api import CellEstimates
 from dptrain.release.cells import Cells, ReleaseError
 from dptrain.release.methods._gd_interval import design_stats, gd_interval
 from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
@@ -35,11 +35,7 @@ from dptrain.release.methods.common import (
     unit_rows,
 )
 from dptrain.release.noise import add_noise, grid_step
-
-if TYPE_CHECKING:
-    from dptrain.release.api import CellEstimates
-    from dptrain.release.settings import ReleaseConfig
-
+from dptrain.release.settings import ReleaseConfig
 
 INTERVAL = (
     "theta~ -/+ (1.96 sqrt(noise var + SE_samp^2) + |non-convergence bias|), from the method's DP outputs "

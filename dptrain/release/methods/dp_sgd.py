@@ -5,7 +5,6 @@ between training and release. (epsilon, delta)-DP, add/remove (docs/release.md s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -17,6 +16,7 @@ from dptrain.optimizers import eager_class
 from dptrain.privacy.accounting import rdp_epsilon
 from dptrain.privacy.engine import GradientEngine, PoissonSampler, StepStats
 from dptrain.privacy.randomness import seeded_mt19937
+from dptrain.release.api import CellEstimates
 from dptrain.release.cells import Cells, ReleaseError
 from dptrain.release.methods._gd_interval import design_stats, gd_interval
 from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
@@ -37,11 +37,7 @@ from dptrain.release.methods.common import (
     theta_from_unit,
     unit_rows,
 )
-
-if TYPE_CHECKING:
-    from dptrain.release.api import CellEstimates
-    from dptrain.release.settings import ReleaseConfig
-
+from dptrain.release.settings import ReleaseConfig
 
 INTERVAL = (
     "theta~ -/+ (1.96 sqrt(noise var + SE_samp^2) + |non-convergence bias|), from the method's DP outputs "

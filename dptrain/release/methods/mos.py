@@ -10,21 +10,19 @@ module runs it on a release run's cells with the run's settings (``release.neigh
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from dptrain.neighbours import Neighbours
+from dptrain.release.api import CellEstimates
 from dptrain.release.cell_domain import chi_group_labels
 from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
 from dptrain.release.mos import NOT_DP, MOSConfig, MOSInputs, MOSRelease, release_mos
-
-if TYPE_CHECKING:
-    from dptrain.release.api import CellEstimates
-    from dptrain.release.report import RunFacts
-    from dptrain.release.sensitivity import Sensitivity
-    from dptrain.release.settings import ReleaseConfig
+from dptrain.release.report import RunFacts
+from dptrain.release.sensitivity import Sensitivity
+from dptrain.release.settings import ReleaseConfig
 
 
 def min_n_rule(sens: Sensitivity, n: np.ndarray, min_n: int) -> Sensitivity:

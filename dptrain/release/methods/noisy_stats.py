@@ -4,12 +4,11 @@ variance and intercept. Pure epsilon-DP, replace-one within a cell (docs/release
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pandas as pd
 
 from dptrain.neighbours import Neighbours
+from dptrain.release.api import CellEstimates
 from dptrain.release.cells import Cells
 from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
 from dptrain.release.methods.common import (
@@ -25,10 +24,7 @@ from dptrain.release.methods.common import (
     widths,
 )
 from dptrain.release.noise import add_noise, calibrate
-
-if TYPE_CHECKING:
-    from dptrain.release.api import CellEstimates
-    from dptrain.release.settings import ReleaseConfig
+from dptrain.release.settings import ReleaseConfig
 
 
 def _noisy_moments(cells: Cells, eps: float, rng: np.random.Generator) -> tuple:

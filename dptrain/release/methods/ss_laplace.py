@@ -4,12 +4,11 @@ sums of a cell, then OLS on the noisy sums. Pure epsilon-DP, add/remove (docs/re
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pandas as pd
 
 from dptrain.neighbours import Neighbours
+from dptrain.release.api import CellEstimates
 from dptrain.release.cells import Cells
 from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
 from dptrain.release.methods.common import (
@@ -23,10 +22,7 @@ from dptrain.release.methods.common import (
     sigma_bound,
 )
 from dptrain.release.noise import add_noise, calibrate
-
-if TYPE_CHECKING:
-    from dptrain.release.api import CellEstimates
-    from dptrain.release.settings import ReleaseConfig
+from dptrain.release.settings import ReleaseConfig
 
 
 def _ols_and_gradient(s: dict[str, np.ndarray], x0: float | None) -> tuple[np.ndarray, np.ndarray, list]:

@@ -7,12 +7,11 @@ thresholds the private evaluation compares.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pandas as pd
 from scipy.stats import t as student_t
 
+from dptrain.release.api import CellEstimates
 from dptrain.release.cells import Cells, OLSFit, ReleaseError, ols, standard_error
 from dptrain.release.cells import statistic as cell_statistic
 from dptrain.release.intervals import LEVEL
@@ -24,11 +23,8 @@ from dptrain.release.methods.common import (
     reasons,
     result_frame,
 )
-
-if TYPE_CHECKING:
-    from dptrain.release.api import CellEstimates
-    from dptrain.release.report import RunFacts
-    from dptrain.release.settings import ReleaseConfig
+from dptrain.release.report import RunFacts
+from dptrain.release.settings import ReleaseConfig
 
 THRESHOLDS = (5, 10, 20)
 

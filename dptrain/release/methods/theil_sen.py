@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from dptrain.neighbours import Neighbours
+from dptrain.release.api import CellEstimates
 from dptrain.release.cells import Cells, ReleaseError
 from dptrain.release.methods._ts_interval import KAPPA, IntervalConfig, ts_interval
 from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
@@ -59,10 +59,7 @@ from dptrain.release.methods.common import (
     result_frame,
     widths,
 )
-
-if TYPE_CHECKING:
-    from dptrain.release.api import CellEstimates
-    from dptrain.release.settings import ReleaseConfig
+from dptrain.release.settings import ReleaseConfig
 
 #: all-pairs is not run on a cell with more pairs than this (memory: ~10 float64 arrays of this
 #: size); such a cell uses k matchings (variant auto) or is not released (variant all_pairs)

@@ -1,0 +1,32 @@
+"""A release run once its cells are listed and estimated, before any method runs: what the runner
+(:mod:`dptrain.release.run`), the private evaluation (:mod:`dptrain.release.evaluation`) and its
+figures share. A leaf of the release package: it imports no runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dptrain.privacy.randomness import Randomness
+from dptrain.release import report
+from dptrain.release.api import CellEstimates
+
+
+@dataclass(frozen=True)
+class ReleaseRun:
+    """One release run once its cells are listed and estimated (before any method runs)."""
+
+    conf: Any  # the run's ReleaseRunConfig (dptrain.config)
+    run_dir: Path
+    randomness: Randomness
+    truth: pd.DataFrame | None  # the simulator's per-cell truth (simulated data only)
+    source: str  # the data source in words
+    est: CellEstimates
+    diagnostics: dict | None = None  # PRIVATE counts about the rows -> private/data_diagnostics.json
+
+    def facts(self) -> report.RunFacts:
+        return report.RunFacts(config=self.conf.release, source=self.source, listed=self.est.listed,
+                               randomness=self.randomness.describe())

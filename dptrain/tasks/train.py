@@ -1,0 +1,66 @@
+"""task=train: settings checked, randomness and model checked, THEN the data read, trained (the
+fit library, :mod:`dptrain.train`, through the estimator, :mod:`dptrain.inference.run`), and the
+run folder written (:mod:`dptrain.outputs`)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from dptrain.config import Config, validate, validate_against_size
+from dptrain.data.shards import load_training_data
+from dptrain.distributed import init_from_env, shutdown
+from dptrain.inference.run import check_estimator, check_estimator_size, run_estimator
+from dptrain.objectives import build_objective
+from dptrain.outputs import randomness_for, write_training_outputs
+from dptrain.privacy.report import summary_lines
+from dptrain.tracking import Tracker
+from dptrain.train import LaunchConfig, bound_to_rows, build_model, data_spec_from_config, run_device
+
+log = logging.getLogger("dptrain.train")
+
+
+def run_task(cfg: Any, *, run_dir: Path) -> float:
+    """task=train: settings checked, randomness and model checked, THEN the data read, trained,
+    and the run folder written (dptrain.outputs). Returns the primary test metric (a sweeper's
+    objective). Bad input raises a DPTrainError before anything is written."""
+    conf: Config = OmegaConf.to_object(cfg)
+    validate(conf)
+    check_estimator(conf)
+    randomness = randomness_for(conf, cfg, run_dir=run_dir)
+    build_model(conf, spec=data_spec_from_config(conf.data), objective=build_objective(conf.objective))
+    dist_ctx, run_dir = _join_processes(conf, run_dir)  # before the data: a sharded read sums N over the ranks
+    data = load_training_data(conf, dist=dist_ctx)  # this rank's shard of a partitioned Parquet set, or all rows
+    randomness = bound_to_rows(randomness, data, dist=dist_ctx)
+    delta = validate_against_size(conf, data.n_train)
+    check_estimator_size(conf, data.n_train)
+    main = dist_ctx is None or dist_ctx.is_main
+    tracker = Tracker(run_dir / "private" if main else run_dir, tensorboard=conf.logger.tensorboard and main)
+    try:
+        result = run_estimator(conf, data, delta=delta, tracker=tracker,  # estimator=dpsgd: fit() as before
+                               launch=LaunchConfig(run_dir=run_dir, randomness=randomness, dist=dist_ctx))
+    except BaseException:
+        tracker.close()
+        raise
+    if main:
+        report = write_training_outputs(conf, cfg, result, data=data, tracker=tracker, run_dir=run_dir)
+        lines = summary_lines(result, report, dist_ctx=dist_ctx, run_dir=run_dir)
+        line_of = getattr(build_objective(conf.objective), "summary_line", None)  # optional for plugins
+        extra = line_of(result.metrics) if line_of is not None else None  # e.g. linear's RMSE baselines
+        for line in lines[:1] + ([extra] if extra else []) + lines[1:]:
+            log.info(line)
+    if dist_ctx is not None:
+        shutdown()
+    return float(result.metrics[f"test/{build_objective(conf.objective).primary_metric}"])
+
+
+def _join_processes(conf: Config, run_dir: Path) -> tuple[Any, Path]:
+    """(DistContext or None, the run folder every rank uses: rank 0's)."""
+    if not conf.trainer.distributed:
+        return None, run_dir
+    ctx = init_from_env(device=run_device(conf))
+    log.info("distributed: rank %d of %d (backend %s)", ctx.rank, ctx.world_size, ctx.backend)
+    return ctx, Path(ctx.all_gather_objects(str(run_dir))[0])
