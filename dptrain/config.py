@@ -494,8 +494,10 @@ class TrainerConfig:
     eval_every: int = setting(50, help="steps between test-set evaluations", allowed="an integer > 0")
     log_every: int = setting(10, help="steps between TensorBoard scalars (with trainer.dp_curves, also between "
                              "releases of the dp/ curve, each paid for in epsilon)", allowed="an integer > 0")
-    baseline: bool = setting(True, help="also fit a NON-private sklearn baseline on the same features (its "
-                             "numbers stay in private/)", allowed="true | false")
+    baseline: bool = setting(False, help="also fit a NON-private sklearn baseline on the same features (its "
+                             "numbers stay in private/); off by default: it imports scikit-learn and "
+                             "scipy.stats (about a second) and fits on every training row",
+                             allowed="true | false")
     progress: bool = setting(True, help="show a progress bar", allowed="true | false")
     threads: int = setting(0, help="torch threads; 0 leaves torch's default", allowed="an integer >= 0")
     checkpoint_every: int = setting(100, help="steps between crash-safe checkpoints (one is always written at the "

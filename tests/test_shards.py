@@ -255,7 +255,7 @@ def test_what_cannot_be_sharded_is_refused_before_any_row_is_read(tmp_path, monk
         raise AssertionError("a row was read")
 
     monkeypatch.setattr(shards_mod, "read_rows", no_read)
-    conf = _conf(base)  # the baseline is on by default
+    conf = _conf([*base, "trainer.baseline=true"])  # the baseline asked for
     errors = Threads(2).run(lambda d: load_training_data(conf, dist=d))
     assert all(isinstance(e, ConfigError) and re.search(r"trainer.baseline=True is not allowed.*trainer.baseline="
                                                         "false", str(e)) for e in errors), errors

@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 #: modules a command line must not import before its task runs (each costs 0.2-3 s)
 HEAVY = ("torch", "pandas", "numpy", "scipy", "sklearn", "dp_accounting", "opacus", "tensorboard", "tqdm",
-         "dptrain.train", "dptrain.checkpoint", "dptrain.data", "dptrain.privacy.events")
+         "dptrain.train", "dptrain.checkpoint", "dptrain.data")
 
 
 def _env(**extra: str) -> dict[str, str]:

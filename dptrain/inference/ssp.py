@@ -33,42 +33,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import dp_accounting
 import numpy as np
 
 from dptrain.inference.coefficients import CoefficientEncoder, coefficient_map, coefficient_offset
 from dptrain.inference.intervals import Interval
-from dptrain.privacy.events import EVENT_KINDS, Event
+from dptrain.privacy.events import gaussian_event  # noqa: F401 - offered here as before
 
 __all__ = ["SSPFit", "calibrate", "gaussian_event", "kept_columns", "release", "sensitivity", "sensitivity_rule",
            "ssp_estimate"]
-
-
-class Gaussian:
-    """One Gaussian mechanism on all the rows (no sampling): params (noise_multiplier,)."""
-
-    params = ("noise_multiplier",)
-
-    @staticmethod
-    def dp_event(params: tuple[float, ...]) -> dp_accounting.DpEvent:
-        return dp_accounting.GaussianDpEvent(params[0])
-
-    @staticmethod
-    def spends(params: tuple[float, ...]) -> bool:
-        return True
-
-    @staticmethod
-    def unbounded(params: tuple[float, ...]) -> bool:
-        return params[0] == 0.0
-
-
-if "gaussian" not in EVENT_KINDS:
-    EVENT_KINDS.register("gaussian", Gaussian)
-
-
-def gaussian_event(noise_multiplier: float) -> Event:
-    """The event of one Gaussian mechanism with noise std = noise_multiplier x L2 sensitivity."""
-    return Event("gaussian", (float(noise_multiplier),))
 
 
 def centre(enc: CoefficientEncoder) -> np.ndarray:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import math
 import numbers
@@ -25,18 +26,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dptrain.errors import DPTrainError
+from dptrain.privacy import cache
+from dptrain.privacy.events import EVENT_KINDS, Event, event_from_list, poisson_gaussian
 from dptrain.registry import Registry
 
 if TYPE_CHECKING:
     import numpy as np
     from dp_accounting import pld as _pld
 
-    from dptrain.privacy.events import Event
-
-# dp-accounting (~1.5 s to import: scipy.signal, scipy.optimize), dptrain.privacy.events (which
-# imports it) and numpy are imported by the functions that need them, not here: dptrain.config
-# imports this module for ACCOUNTANTS and SIGMA_RANGE, and `import dptrain.cli` (so every command
-# line, a refused one too) stays free of them.
+# dp-accounting (~1.5 s to import: scipy.signal, scipy.optimize) and numpy are imported by the
+# functions that need them, not here: dptrain.config imports this module for ACCOUNTANTS and
+# SIGMA_RANGE, and `import dptrain.cli` (so every command line, a refused one too) stays free of
+# them; with the accounting cache (dptrain.privacy.cache) a repeated run never imports dp-accounting.
 
 __all__ = ["ACCOUNTANTS", "RDP_ORDERS", "AccountingError", "PrivacyAccountant", "rdp_floor", "rdp_to_epsilon",
            "calibrate_noise_multiplier", "compact", "compute_epsilon", "history_epsilon", "pld_epsilon",
@@ -135,7 +136,16 @@ class PldAccountant:
     note = "privacy loss distribution, dp-accounting PLDAccountant (tight up to discretisation)"
 
     def epsilon(self, history: History, delta: float) -> float:
-        return max(0.0, float(_pld_composed(history).get_epsilon(delta)))
+        """The PLD epsilon, read from the accounting cache when this history and delta were
+        computed before (:mod:`dptrain.privacy.cache`), else composed here and stored."""
+        payload = json.dumps([[[e.kind, list(e.params), int(c)] for e, c in history], float(delta),
+                              PLD_DISCRETIZATION])
+        cached = cache.load("pld", payload, length=1)
+        if cached is not None:
+            return cached[0]
+        eps = max(0.0, float(_pld_composed(history).get_epsilon(delta)))
+        cache.store("pld", payload, [eps])
+        return eps
 
 
 def rdp_to_epsilon(rdp: np.ndarray, delta: float) -> float:
@@ -173,15 +183,21 @@ def _check_accountant(accountant: Any) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def _rdp_per_step(event: Event) -> np.ndarray:
-    """RDP of ONE step of ``event`` at each of RDP_ORDERS (read-only array)."""
+    """RDP of ONE step of ``event`` at each of RDP_ORDERS (read-only array): from the accounting
+    cache when this event was computed before (:mod:`dptrain.privacy.cache`), else by
+    dp-accounting (imported here, the accounting's one heavy boundary) and stored."""
     import numpy as np
-    from dp_accounting import rdp as _rdp
 
-    from dptrain.privacy.events import EVENT_KINDS
+    payload = json.dumps([event.kind, list(event.params), list(RDP_ORDERS)])
+    cached = cache.load("rdp", payload, length=len(RDP_ORDERS))
+    if cached is None:
+        from dp_accounting import rdp as _rdp
 
-    acc = _rdp.RdpAccountant(list(RDP_ORDERS))  # add/remove neighbours (its default)
-    acc.compose(EVENT_KINDS.get(event.kind).dp_event(event.params), 1)
-    vec = np.asarray(acc.rdp, dtype=np.float64)
+        acc = _rdp.RdpAccountant(list(RDP_ORDERS))  # add/remove neighbours (its default)
+        acc.compose(EVENT_KINDS.get(event.kind).dp_event(event.params), 1)
+        cached = [float(v) for v in acc.rdp]
+        cache.store("rdp", payload, cached)
+    vec = np.asarray(cached, dtype=np.float64)
     vec.setflags(write=False)
     return vec
 
@@ -189,9 +205,6 @@ def _rdp_per_step(event: Event) -> np.ndarray:
 @functools.lru_cache(maxsize=8)
 def _pld_composed(history: History) -> _pld.PLDAccountant:
     from dp_accounting import pld as _pld
-
-    from dptrain.privacy.events import EVENT_KINDS
-
     acc = _pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
     for event, count in history:
         acc.compose(EVENT_KINDS.get(event.kind).dp_event(event.params), count)
@@ -213,8 +226,6 @@ def compact(history: History) -> History:
 def _epsilon(history: History, delta: float, accountant: str) -> float:
     """Epsilon of a validated history by the named accountant: 0 when no step touched data,
     infinite when one had no noise."""
-    from dptrain.privacy.events import EVENT_KINDS
-
     active = tuple((e, c) for e, c in compact(history) if c > 0 and EVENT_KINDS.get(e.kind).spends(e.params))
     if not active:
         return 0.0
@@ -224,8 +235,6 @@ def _epsilon(history: History, delta: float, accountant: str) -> float:
 
 
 def _one_run(sigma: float, q: float, steps: int) -> History:
-    from dptrain.privacy.events import poisson_gaussian
-
     return ((poisson_gaussian(sample_rate=q, noise_multiplier=sigma), steps),)
 
 
@@ -279,8 +288,6 @@ def compute_epsilon(
 
 def history_epsilon(history: History, *, delta: float, accountant: str = "rdp") -> float:
     """Epsilon of a history of (event, count) pairs (e.g. a planned run) by ``accountant``."""
-    from dptrain.privacy.events import event_from_list
-
     for event, count in history:
         event_from_list(event.as_list())
         _check_steps(count, "count")
@@ -429,8 +436,6 @@ class PrivacyAccountant:
 
     def step(self, *, noise_multiplier: float, sample_rate: float, num_steps: int = 1) -> None:
         """Records ``num_steps`` DP-SGD steps at (noise_multiplier, sample_rate)."""
-        from dptrain.privacy.events import poisson_gaussian
-
         sigma, q, n = _segment(noise_multiplier, sample_rate, num_steps, "num_steps")
         self.record(poisson_gaussian(sample_rate=q, noise_multiplier=sigma), n)
 
@@ -471,8 +476,6 @@ class PrivacyAccountant:
     def load_state_dict(self, state: dict) -> None:
         """Restores the full history from :meth:`state_dict` output (validated, re-merged); the
         earlier format ``{"history": [[sigma, q, steps], ...]}`` is read too."""
-        from dptrain.privacy.events import event_from_list
-
         restored = PrivacyAccountant()
         if isinstance(state, dict) and "events" in state:
             for item in state["events"]:

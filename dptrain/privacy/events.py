@@ -73,3 +73,31 @@ def event_from_list(item: list | tuple) -> Event:
     if len(params) != len(spec.params) or not all(math.isfinite(p) for p in params):
         raise ValueError(f"event {kind!r} needs {len(spec.params)} finite parameters {spec.params}, got {params}")
     return Event(kind, params)
+
+
+class Gaussian:
+    """One Gaussian mechanism on all the rows (no sampling): params (noise_multiplier,)."""
+
+    params = ("noise_multiplier",)
+
+    @staticmethod
+    def dp_event(params: tuple[float, ...]) -> dp_accounting.DpEvent:
+        import dp_accounting  # here, not at the top: importing dptrain.privacy stays cheap
+
+        return dp_accounting.GaussianDpEvent(params[0])
+
+    @staticmethod
+    def spends(params: tuple[float, ...]) -> bool:
+        return True
+
+    @staticmethod
+    def unbounded(params: tuple[float, ...]) -> bool:
+        return params[0] == 0.0
+
+
+EVENT_KINDS.register("gaussian", Gaussian)
+
+
+def gaussian_event(noise_multiplier: float) -> Event:
+    """The event of one Gaussian mechanism with noise std = noise_multiplier x L2 sensitivity."""
+    return Event("gaussian", (float(noise_multiplier),))
