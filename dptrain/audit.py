@@ -81,8 +81,20 @@ from dptrain.audit_bound import (  # noqa: F401  (the audit's statistics, re-exp
     guess_counts,
     p_value,
 )
-from dptrain.config import Config, ConfigError
-from dptrain.data import Dataset
+from dptrain.config import Config, ConfigError, validate, validate_against_size
+from dptrain.data import Dataset, load_dataset
+from dptrain.objectives import build_objective
+from dptrain.outputs import randomness_for
+from dptrain.tracking import Tracker, atomic_write_text, private_dir, write_json, write_manifest
+from dptrain.train import (
+    LaunchConfig,
+    bound_to_rows,
+    build_model,
+    data_spec_from_config,
+    final_epsilons,
+    fit,
+    mechanism_for,
+)
 
 log = logging.getLogger(__name__)
 
@@ -179,13 +191,6 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     then an epsilon lower bound beside the claimed epsilon. Returns the bound."""
     from omegaconf import OmegaConf
 
-    from dptrain.config import validate
-    from dptrain.data import load_dataset
-    from dptrain.objectives import build_objective
-    from dptrain.outputs import randomness_for
-    from dptrain.tracking import atomic_write_text
-    from dptrain.train import bound_to_rows, build_model, data_spec_from_config
-
     conf: Config = OmegaConf.to_object(cfg)
     validate(conf)
     randomness = randomness_for(conf, cfg, run_dir=run_dir)
@@ -207,9 +212,6 @@ def _train_with_canaries(conf: Config, canaries: Canaries, *, public_n: int, del
     weights). The mechanism's N is ``public_n`` (all m canaries counted), so q, the steps and
     delta do not depend on the coin flips. ``audit.mutation=no_noise``: the mechanism's engine
     adds no noise while its accountant records sigma."""
-    from dptrain.tracking import Tracker, private_dir
-    from dptrain.train import LaunchConfig, fit, mechanism_for
-
     mechanism = mechanism_for(conf, dataset_size=public_n, delta=delta, curves=False)  # audits the model alone
     if conf.audit.mutation == "no_noise":
         log.warning("%s", BROKEN_WARNING)
@@ -232,9 +234,6 @@ def run_audit(conf: Config, data: Dataset, *, run_dir: Path | None = None, rando
     given) and returns the report. ``data`` is the real data set; ``conf`` must have passed
     :func:`dptrain.config.validate`. ``randomness``: the secret streams of the training run
     (default: fresh from the OS CSPRNG)."""
-    from dptrain.config import validate_against_size
-    from dptrain.train import final_epsilons
-
     start, a = time.perf_counter(), conf.audit
     canaries = add_canaries(data, m=a.canaries, rng=_canary_rng(conf))
     public_n = data.n_train + a.canaries  # not the drawn-in count: q, steps and delta must not depend on it
@@ -280,8 +279,6 @@ def _audit_report(conf: Config, best: Guesses, rows: list[Guesses], *, epsilons:
 
 def _write_audit_files(run_dir: Path, report: dict[str, Any], *, canaries: Canaries, scores: np.ndarray,
                        metrics: dict[str, float]) -> None:
-    from dptrain.tracking import atomic_write_text, private_dir, write_json, write_manifest
-
     write_json(run_dir / "audit.json", report)
     write_json(private_dir(run_dir) / "metrics.json", metrics)
     lines = ["canary,included,score"] + [

@@ -45,6 +45,7 @@ from dptrain.errors import DPTrainError
 from dptrain.registry import Registry, load_plugins
 from dptrain.stopping import EXIT_STOPPED, RunStopped, resume_hint
 from dptrain.tracking import stamp_times
+from dptrain.validation import ConfigError
 
 log = logging.getLogger("dptrain")
 
@@ -96,8 +97,6 @@ def check_run_folder(config: DictConfig, *, multirun: bool) -> None:
     found = _finished_run(folder, 2 if multirun else 0)
     if found is None:
         return
-    from dptrain.validation import ConfigError
-
     raise ConfigError(
         f"{key}={str(folder)!r} already holds a finished run ({found.relative_to(folder)}): launching into it "
         "would overwrite its report, checkpoint and .hydra/ settings; refused, nothing was written. Allowed: a "

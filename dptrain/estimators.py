@@ -48,7 +48,9 @@ from sklearn.base import BaseEstimator, ClassifierMixin, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
 from dptrain.errors import DPTrainError
+from dptrain.models import logit, mlp
 from dptrain.optimizers import eager_class
+from dptrain.private import DPConfig, PrivateTraining
 from dptrain.validation import ConfigError, bad, integer, real
 
 __all__ = ["DPClassifierConfig", "DPLogisticRegression", "DPMLPClassifier", "DPMLPConfig", "PublicBoundsScaler",
@@ -240,8 +242,6 @@ class _DPClassifier(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------ fit
     def fit(self, X: Any, y: Any) -> _DPClassifier:
         """DP-SGD on (X, y); sets the fitted attributes and ``privacy_report_``."""
-        from dptrain.private import DPConfig, PrivateTraining
-
         a = _as_matrix(X)
         y01 = self._labels(y, a.shape[0])
         self.n_features_in_ = a.shape[1]
@@ -351,8 +351,6 @@ class DPLogisticRegression(_DPClassifier):
     _config_class = DPClassifierConfig
 
     def _build(self, n_features: int) -> torch.nn.Module:
-        from dptrain.models import logit
-
         return logit(in_features=n_features)
 
     def fit(self, X: Any, y: Any) -> DPLogisticRegression:
@@ -373,8 +371,6 @@ class DPMLPClassifier(_DPClassifier):
     _config_class = DPMLPConfig
 
     def _build(self, n_features: int) -> torch.nn.Module:
-        from dptrain.models import mlp
-
         hidden = self.hidden
         if not isinstance(hidden, (list, tuple)) or any(
                 isinstance(h, bool) or not isinstance(h, (int, np.integer)) or h < 1 for h in hidden):

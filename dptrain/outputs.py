@@ -14,7 +14,14 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from dptrain.checkpoint import MODEL_FILENAME, save_model
 from dptrain.config import Config
+from dptrain.data import write_data_diagnostics
+from dptrain.inference.run import coefficient_section, estimator_report
+from dptrain.privacy.randomness import Randomness, settings_digest
+from dptrain.privacy.report import build_report, files_section, format_report
+from dptrain.tracking import atomic_write_text, private_dir, write_json, write_manifest
+from dptrain.train import final_epsilons
 
 #: metrics that never depend on private rows beyond what the guarantee covers
 PUBLIC_METRICS = ("train/steps", "train/planned_steps", "train/epochs")
@@ -23,8 +30,6 @@ PUBLIC_METRICS = ("train/steps", "train/planned_steps", "train/epochs")
 def randomness_for(conf: Config, cfg: Any, *, run_dir: Path) -> Any:
     """The run's secret randomness: fresh from the OS CSPRNG, or (opt-in) derived from the
     secret in ``privacy.noise_seed_file`` and a digest of this run's settings."""
-    from dptrain.privacy.randomness import Randomness, settings_digest
-
     if conf.privacy.noise_seed_file is None:
         return Randomness.fresh()
     label = settings_digest(OmegaConf.to_container(cfg, resolve=True))
@@ -43,12 +48,6 @@ def publishable_metrics(conf: Config, metrics: dict[str, float], report: dict[st
 
 def write_training_outputs(conf: Config, cfg: Any, result: Any, *, data: Any, tracker: Any, run_dir: Path) -> dict:
     """Write the run folder (module docstring) and close the tracker; returns the report."""
-    from dptrain.checkpoint import MODEL_FILENAME, save_model
-    from dptrain.data import write_data_diagnostics
-    from dptrain.privacy.report import build_report, format_report
-    from dptrain.tracking import atomic_write_text, private_dir, write_json, write_manifest
-    from dptrain.train import final_epsilons
-
     # Hydra saves the composed config with interpolations; keep the resolved values beside it
     # (written only once training has succeeded: a refused resume must not overwrite the record).
     atomic_write_text(run_dir / ".hydra" / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
@@ -80,10 +79,6 @@ def _coefficients(conf: Config, result: Any, report: dict, run_dir: Path) -> dic
     the estimator's section of the report (dptrain.inference); None for a model that is not linear."""
     import logging
 
-    from dptrain.inference.run import coefficient_section, estimator_report
-    from dptrain.privacy.report import files_section
-    from dptrain.tracking import atomic_write_text
-
     table = coefficient_section(conf, result)
     if table is None:
         logging.getLogger(__name__).info("no coefficient table: the model is not linear (one Linear layer) or the "
@@ -104,8 +99,6 @@ def _coefficients(conf: Config, result: Any, report: dict, run_dir: Path) -> dic
 
 def _log_to_tracker(tracker: Any, conf: Config, result: Any, report: dict, epsilons: dict | None) -> None:
     """The report, the final PLD epsilon and an HParams trial in TensorBoard, then close it."""
-    from dptrain.privacy.report import format_report
-
     if epsilons is not None:
         tracker.scalars({"privacy/epsilon_pld": epsilons["pld"]}, step=result.privacy["steps"])
     tracker.text("privacy/report", "```\n" + format_report(report) + "```")

@@ -58,9 +58,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from dptrain.config import GRAD_NORM_RANGE, MAX_STEPS, MAX_TARGET_EPSILON, PrivacyConfig, default_delta
 from dptrain.errors import DPTrainError
+from dptrain.objectives import build_objective
+from dptrain.privacy.accounting import ACCOUNTANTS, REPORTED, SIGMA_RANGE, PrivacyAccountant
+from dptrain.privacy.engine import ENGINES, make_sampler
+from dptrain.privacy.mechanism import DPSGDMechanism
 from dptrain.privacy.model_check import check_loss, check_model
 from dptrain.privacy.randomness import Randomness, data_digest
+from dptrain.privacy.report import build_report
 from dptrain.validation import ConfigError, bad, integer, one_of, real
 
 __all__ = ["DPConfig", "PrivateTraining", "make_private"]
@@ -102,10 +108,6 @@ def check_dp_config(c: DPConfig, n: int, *, names: dict[str, str] | None = None)
     """The settings' ranges (those of the command line's privacy and trainer sections) for N
     training rows; returns delta. ``names`` renames settings in messages (an estimator's own
     parameter names)."""
-    from dptrain.config import GRAD_NORM_RANGE, MAX_STEPS, MAX_TARGET_EPSILON, default_delta
-    from dptrain.privacy.accounting import ACCOUNTANTS, SIGMA_RANGE
-    from dptrain.privacy.engine import ENGINES
-
     nm = (names or {}).get
     s, e = c.noise_multiplier, c.target_epsilon
     if (s is None) == (e is None):
@@ -168,8 +170,6 @@ class LossObjective:
 
 
 def _objective(loss: Any) -> Any:
-    from dptrain.objectives import build_objective
-
     if loss is None or isinstance(loss, str):
         return build_objective(loss or "binary")
     if callable(loss):
@@ -198,9 +198,6 @@ class PrivateTraining:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, x: Any, y: Any, *, loss: Any = None,
                  randomness: Any = None, names: dict[str, str] | None = None, config: DPConfig | None = None,
                  **settings: Any) -> None:
-        from dptrain.privacy.accounting import PrivacyAccountant
-        from dptrain.privacy.engine import make_sampler
-
         self.config = dp_config(config, **settings)
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
         #: the model's device: the rows, the sampler's stream and the noise generator go there
@@ -283,9 +280,6 @@ class PrivateTraining:
 
 
 def _mechanism(c: DPConfig, *, n: int, delta: float) -> Any:
-    from dptrain.config import PrivacyConfig
-    from dptrain.privacy.mechanism import DPSGDMechanism
-
     privacy = PrivacyConfig(enabled=True, noise_multiplier=c.noise_multiplier, target_epsilon=c.target_epsilon,
                             max_grad_norm=c.max_grad_norm, delta=delta, accountant=c.accountant,
                             calibration_rtol=c.calibration_rtol)
@@ -295,9 +289,6 @@ def _mechanism(c: DPConfig, *, n: int, delta: float) -> Any:
 
 def training_report(run: PrivateTraining, *, data_source: str, seed: int | None) -> dict[str, Any]:
     """:func:`dptrain.privacy.report.build_report` for the steps ``run`` has taken."""
-    from dptrain.privacy.accounting import REPORTED
-    from dptrain.privacy.report import build_report
-
     m, steps = run.mechanism, run.steps_done
     record = {
         **m.report_fields(), **run.engine.noise_record(), "engine": run.engine.name, "steps": steps,

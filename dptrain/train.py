@@ -22,17 +22,29 @@ from omegaconf import OmegaConf
 from torch import nn
 from tqdm import tqdm
 
-from dptrain.checkpoint import checkpoint_path_in
+from dptrain import checkpoint  # checkpoint.save_checkpoint: looked up per call (crash tests wrap it)
+from dptrain.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    check_fingerprint,
+    checkpoint_path_in,
+    load_checkpoint,
+    resolve_resume,
+    restore,
+)
 from dptrain.config import Config, ConfigError
-from dptrain.data import Dataset
+from dptrain.data import Dataset, _synthetic_schema, schema_from_config
+from dptrain.data.shards import SHARDED_NOTE, baseline_data
+from dptrain.device import describe, resolve_device
 from dptrain.objectives import DataSpec, build_objective
 from dptrain.optimizers import build_optimizer
-from dptrain.privacy.accounting import PrivacyAccountant
+from dptrain.privacy.accounting import REPORTED, PrivacyAccountant
 from dptrain.privacy.curves import TAG as CURVE_TAG
-from dptrain.privacy.curves import CurveConfig
+from dptrain.privacy.curves import CurveConfig, resolve_loss_bound
 from dptrain.privacy.engine import DevicePoissonSampler, GradientEngine, make_sampler
 from dptrain.privacy.graph import BatchStep
 from dptrain.privacy.mechanism import DPSGDMechanism
+from dptrain.privacy.model_check import check_model
 from dptrain.privacy.randomness import Randomness, data_digest
 from dptrain.stopping import RunStopped, StopSignals
 from dptrain.tracking import Tracker
@@ -84,8 +96,6 @@ def bound_to_rows(randomness: Randomness, data: Dataset, *, dist: Any = None) ->
 
 
 def _public_schema(data_cfg: Any) -> Any:
-    from dptrain.data import _synthetic_schema, schema_from_config
-
     if (data_cfg.get("name") if isinstance(data_cfg, dict) else getattr(data_cfg, "name", None)) == "synthetic":
         _, _, numeric = _synthetic_schema(data_cfg)
         return schema_from_config(data_cfg, numeric=numeric)
@@ -108,8 +118,6 @@ def build_model(cfg: Config, *, spec: DataSpec, objective: Any) -> nn.Module:
     """Instantiate ``model`` (Hydra ``_target_``) for the data's description and the objective's
     output width and, for a private run, refuse it unless every example's output depends on that
     example alone (:func:`dptrain.privacy.model_check.check_model`)."""
-    from dptrain.privacy.model_check import check_model
-
     objective.check_data(spec)
     width = objective.output_width(spec)
     extra = {} if width == 1 else {"out_features": width}
@@ -134,8 +142,6 @@ def curve_config(cfg: Config) -> CurveConfig | None:
     """What the run asks of its dp/ curve (None: no curve): ``trainer.log_every``,
     ``trainer.curve_budget_share`` and the loss bound L (``trainer.curve_loss_bound`` or the
     objective's default for the PUBLIC data description)."""
-    from dptrain.privacy.curves import resolve_loss_bound
-
     t = cfg.trainer
     if not (cfg.privacy.enabled and t.dp_curves):
         return None
@@ -181,8 +187,6 @@ class _Run:
 def run_device(cfg: Config, *, distributed: bool | None = None) -> torch.device:
     """The run's device from ``trainer.device`` (:mod:`dptrain.device`); raises before any row
     is read when it does not exist here."""
-    from dptrain.device import resolve_device
-
     t = cfg.trainer
     distributed = t.distributed if distributed is None else distributed
     return resolve_device(getattr(t, "device", "cpu"), distributed=distributed)
@@ -221,8 +225,6 @@ def _set_up(cfg: Config, data: Dataset, mechanism: DPSGDMechanism, launch: Launc
 def _resume(run: _Run) -> None:
     """Continue from a checkpoint (``trainer.resume``): model, optimiser, the accountant's full
     history, and the secret streams where the run opted into reproducible noise."""
-    from dptrain.checkpoint import CheckpointError, check_fingerprint, load_checkpoint, resolve_resume, restore
-
     resume = run.cfg.trainer.resume
     if resume is not None and run.launch.run_dir is None:
         raise CheckpointError("trainer.resume needs a run folder")
@@ -389,14 +391,12 @@ def _log_step(run: _Run, tracker: Tracker, bar: Any, step: int, stats: Any, mean
 
 def _checkpoint(run: _Run, step: int) -> None:
     """Rank 0 writes the checkpoint; the secret streams' states only with reproducible noise."""
-    from dptrain.checkpoint import Checkpoint, checkpoint_path_in, save_checkpoint
-
     if run.launch.run_dir is None:
         return
     keep, dist = run.randomness.reproducible, run.launch.dist
     samplers = dist.all_gather_objects(run.sampler.get_state()) if dist is not None and keep else None
     if run.main:
-        save_checkpoint(checkpoint_path_in(run.launch.run_dir), Checkpoint(
+        checkpoint.save_checkpoint(checkpoint_path_in(run.launch.run_dir), Checkpoint(
             step=step, model=run.model, optimizer=run.optimizer, accountant_state=run.accountant.state_dict(),
             fingerprint=run.fingerprint(), train_seconds=run.train_seconds,
             sampler_state=run.sampler.get_state() if keep else None, samplers=samplers,
@@ -434,8 +434,6 @@ def _summarise(run: _Run, data: Dataset, tracker: Tracker, loop_seconds: float) 
     })
     record = _record(run, final_step)
     if data.shard is not None:
-        from dptrain.data.shards import SHARDED_NOTE
-
         record["distributed"]["sharding"] = SHARDED_NOTE
     # what follows a fit (the model file, coefficient tables, a tuning score, predictions) works on
     # the CPU copy: the released weights do not depend on where they were computed
@@ -448,7 +446,6 @@ def _baseline_data(run: _Run, data: Dataset) -> Any:
     rank (dptrain.data.shards.baseline_data)."""
     if data.shard is None:
         return data
-    from dptrain.data.shards import baseline_data
 
     return baseline_data(data, run.launch.dist)
 
@@ -490,15 +487,11 @@ def _record(run: _Run, final_step: int) -> dict[str, Any]:
 
 
 def _describe_device(device: torch.device) -> str:
-    from dptrain.device import describe
-
     return describe(device)
 
 
 def final_epsilons(result: TrainResult, *, delta: float, headline: str = "rdp") -> dict[str, float]:
     """Epsilon of the whole run from every reported accountant and the headline one (the full
     history is composed: PLD composes the recorded events)."""
-    from dptrain.privacy.accounting import REPORTED
-
     names = list(dict.fromkeys([*REPORTED, headline]))
     return {name: result.accountant.get_epsilon(delta=delta, accountant=name) for name in names}

@@ -51,8 +51,18 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf, open_dict
 
-from dptrain.config import LAWS, check_tune, flatten_space
+from dptrain.checkpoint import MODEL_FILENAME, save_model
+from dptrain.config import LAWS, check_known_keys, check_tune, flatten_space, validate, validate_against_size
+from dptrain.data import load_dataset
 from dptrain.errors import DPTrainError
+from dptrain.inference.subsample import row_uniform
+from dptrain.objectives import build_objective
+from dptrain.outputs import publishable_metrics, randomness_for
+from dptrain.privacy.accounting import RDP_ORDERS
+from dptrain.privacy.mechanism import DPSGDMechanism, planned_steps
+from dptrain.privacy.report import NOT_COVERED, build_report, files_section, format_report, noise_sampler_section
+from dptrain.tracking import atomic_write_text, private_dir, write_json, write_manifest
+from dptrain.train import LaunchConfig, bound_to_rows, build_model, data_spec_from_config, fit
 from dptrain.validation import bad
 
 __all__ = ["LAWS", "CandidateLaw", "base_event", "calibrate_search", "console_withheld", "draw_settings",
@@ -142,8 +152,6 @@ def search_event(law: CandidateLaw, **base: Any) -> Any:
 
 def search_epsilon(law: CandidateLaw, *, delta: float, **base: Any) -> float:
     """Epsilon of the whole search by dp-accounting's RDP accountant at dptrain's RDP orders."""
-    from dptrain.privacy.accounting import RDP_ORDERS
-
     acc = dp_accounting.rdp.RdpAccountant(list(RDP_ORDERS))
     acc.compose(search_event(law, **base))
     return float(acc.get_epsilon(delta))
@@ -183,8 +191,6 @@ def calibrate_search(law: CandidateLaw, *, target_epsilon: float, delta: float, 
 def candidate_configs(cfg: Any) -> dict[str, list[Any]]:
     """Every value of every searched setting, each checked like a command-line value (the
     setting exists, the value is allowed) BEFORE any row is read; returns the flat space."""
-    from dptrain.config import check_known_keys, validate
-
     space = flatten_space(OmegaConf.to_container(cfg.tune.space, resolve=True))
     for key, values in space.items():
         if OmegaConf.select(cfg, key, default="__missing__") == "__missing__" and not key.startswith("model."):
@@ -212,8 +218,6 @@ def _with(cfg: Any, key: str, value: Any) -> Any:
 def validation_mask(x: torch.Tensor, y: torch.Tensor, *, fraction: float, seed: int) -> np.ndarray:
     """True for the rows of the validation part: a keyed hash of each row's own content (the
     construction of dptrain.inference.subsample.part_index, personalisation ``dptrain-valid``)."""
-    from dptrain.inference.subsample import row_uniform
-
     return row_uniform(x, y, seed=seed, person=b"dptrain-valid") < fraction
 
 
@@ -291,8 +295,6 @@ class Search:
 
 def plan_search(conf: Any, space: dict[str, list[Any]], *, n_fit: int, n_val: int, delta: float) -> Search:
     """sigma calibrated for the whole search from public numbers only (module docstring)."""
-    from dptrain.privacy.mechanism import planned_steps
-
     t = conf.tune
     if n_val == 0 or conf.trainer.batch_size > n_fit:
         raise bad("tune.validation_fraction", t.validation_fraction,
@@ -315,12 +317,6 @@ def plan_search(conf: Any, space: dict[str, list[Any]], *, n_fit: int, n_val: in
 def run_task(cfg: Any, *, run_dir: Path) -> float:
     """task=tune: settings and every candidate value checked, THEN the data read, the search run,
     and ONE run folder written for the selected candidate. Returns its noisy validation score."""
-    from dptrain.config import validate, validate_against_size
-    from dptrain.data import load_dataset
-    from dptrain.objectives import build_objective
-    from dptrain.outputs import randomness_for
-    from dptrain.train import bound_to_rows, build_model, data_spec_from_config
-
     conf = OmegaConf.to_object(cfg)
     validate(conf)
     check_tune(conf)
@@ -341,8 +337,6 @@ def _run_candidates(cfg: Any, conf: Any, search: Search, fit_data: Any, validati
                     ) -> tuple[dict | None, list[dict]]:
     """K candidates (K from the law, secret): each trained, scored with noise; the best kept
     (:func:`select_best`). Nothing is printed per candidate (:func:`console_withheld`)."""
-    from dptrain.objectives import build_objective
-
     objective = build_objective(conf.objective)
     secret = randomness.numpy("tune-search")
     k = search.law.sample(secret)
@@ -369,9 +363,6 @@ def _run_candidates(cfg: Any, conf: Any, search: Search, fit_data: Any, validati
 def _fit_candidate(trial: Any, search: Search, fit_data: Any, randomness: Any) -> Any:
     """One candidate's DP-SGD fit with the search's mechanism; no progress bar, checkpoint,
     evaluation, baseline or set-up line (their number would show K)."""
-    from dptrain.privacy.mechanism import DPSGDMechanism
-    from dptrain.train import LaunchConfig, fit
-
     conf_i = OmegaConf.to_object(trial)
     conf_i.trainer = dataclasses.replace(conf_i.trainer, progress=False, checkpoint_every=0, eval_every=10**9,
                                          baseline=False)
@@ -443,8 +434,6 @@ def _tuning_section(conf: Any, search: Search, best: dict | None) -> dict[str, A
 
 def _report(conf: Any, data: Any, search: Search, best: dict) -> dict[str, Any]:
     """privacy.json of a search: the selected candidate's mechanism, the search's epsilon."""
-    from dptrain.privacy.report import NOT_COVERED, build_report, files_section, noise_sampler_section
-
     result, eps = best["result"], search.epsilon
     record = {**result.privacy, "steps": search.steps, "epochs": search.steps * search.sample_rate,
               "delta_source": "config" if conf.privacy.delta is not None else "default: largest power of ten <= "
@@ -483,11 +472,6 @@ def _guarantee(search: Search, delta_total: float | None = None) -> str:
 def _write(conf: Any, cfg: Any, *, run_dir: Path, data: Any, best: dict | None, records: list[dict],
            search: Search) -> float:
     """One run folder: the selected model and ONE report covering the search (module docstring)."""
-    from dptrain.checkpoint import MODEL_FILENAME, save_model
-    from dptrain.outputs import publishable_metrics
-    from dptrain.privacy.report import format_report
-    from dptrain.tracking import atomic_write_text, private_dir, write_json, write_manifest
-
     atomic_write_text(run_dir / ".hydra" / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     if best is None:  # Poisson drew K = 0: nothing trained, nothing to release (part of the analysed law)
         report = {"private": True, "guarantee": _guarantee(search), "epsilon": search.epsilon,

@@ -44,6 +44,7 @@ from dptrain.data.table import (
     read_table,
 )
 from dptrain.data.table import schema_from_config as _schema_from_declaration
+from dptrain.tracking import private_dir, write_json
 from dptrain.validation import ConfigError
 
 __all__ = [
@@ -263,8 +264,6 @@ def write_data_diagnostics(run_dir: str | Path, data: Dataset) -> dict[str, str]
     """Write the data's PRIVATE diagnostics (how many values were clipped into the declared
     bounds, per column) to ``<run_dir>/private/data_diagnostics.json``; returns the FILES.txt
     entry ({path: description}) for the run's private files ({} when there is nothing to write)."""
-    from dptrain.tracking import private_dir, write_json
-
     if not data.diagnostics:
         return {}
     write_json(private_dir(Path(run_dir)) / DIAGNOSTICS_FILE, data.diagnostics)

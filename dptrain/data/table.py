@@ -67,7 +67,8 @@ import pandas as pd
 import torch
 
 from dptrain.errors import DPTrainError
-from dptrain.validation import ConfigError
+from dptrain.objectives import DataSpec
+from dptrain.validation import ConfigError, closest
 
 log = logging.getLogger("dptrain.data")
 
@@ -141,8 +142,6 @@ class Dataset:
     def spec(self):
         """The data's description for the objective and the model: feature width, target kind,
         the declared classes or target bounds."""
-        from dptrain.objectives import DataSpec
-
         return DataSpec(n_features=self.n_features, target_kind=self.target_kind,
                         class_names=tuple(self.class_names), target_bounds=self.target_bounds)
 
@@ -187,8 +186,6 @@ class Schema:
 
     def data_spec(self, *, extra_features: int = 0) -> Any:
         """The :class:`dptrain.objectives.DataSpec` of this schema (no row is read)."""
-        from dptrain.objectives import DataSpec
-
         return DataSpec(n_features=len(self.feature_names) + extra_features, target_kind=self.target_kind,
                         class_names=tuple(self.classes or ()), target_bounds=self.target_bounds)
 
@@ -965,8 +962,6 @@ def missing_column_error(missing: list[tuple[str, str]], file_columns: Sequence[
     """The first declared column the file lacks, with the file's column names closest to it
     (difflib; only close matches, never the whole header: a headerless file's "names" are
     values of its first row)."""
-    from dptrain.validation import closest
-
     setting, col = missing[0]
     more = f" ({len(missing) - 1} more declared column(s) are missing too)" if len(missing) > 1 else ""
     names = [str(c) for c in file_columns]

@@ -20,6 +20,10 @@ from dptrain.inference.coefficients import encoder_for_config, linear_layer, mod
 from dptrain.inference.intervals import aggregate_parts, coefficient_frame, format_table
 from dptrain.inference.settings import ESTIMATORS, LINEAR_OBJECTIVES, MAX_PARTS, objective_kind
 from dptrain.inference.ssp import ssp_config_check
+from dptrain.inference.ssp_run import run_ssp
+from dptrain.inference.subsample import fit_parts, part_mechanism
+from dptrain.objectives import build_objective
+from dptrain.train import TrainResult, build_model, data_spec_from_config, fit, mechanism_for
 from dptrain.validation import ConfigError, bad, integer, one_of, real
 
 __all__ = ["check_estimator", "check_estimator_size", "coefficient_section", "model_is_linear", "run_estimator"]
@@ -35,9 +39,6 @@ SSP_METHOD = ("ssp: noisy sufficient statistics (AdaSSP-style spectral floor), p
 
 def model_is_linear(cfg: Any) -> bool:
     """True when the configured model is one Linear layer (built from the public schema)."""
-    from dptrain.objectives import build_objective
-    from dptrain.train import build_model, data_spec_from_config
-
     model = build_model(cfg, spec=data_spec_from_config(cfg.data), objective=build_objective(cfg.objective))
     return linear_layer(model) is not None
 
@@ -45,23 +46,17 @@ def model_is_linear(cfg: Any) -> bool:
 def run_estimator(conf: Any, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
     """Train (or release) with ``conf.estimator``; returns a :class:`dptrain.train.TrainResult`
     (``inference`` holds what the coefficient table needs beyond the model)."""
-    from dptrain.train import fit, mechanism_for
-
     name = conf.estimator.name
     if name == "dpsgd":
         mechanism = mechanism_for(conf, dataset_size=data.n_train, delta=delta)
         return fit(conf, data, mechanism=mechanism, tracker=tracker, launch=launch)
     if name == "subsample_aggregate":
         return _subsample_aggregate(conf, data, delta=delta, tracker=tracker, launch=launch)
-    from dptrain.inference.ssp_run import run_ssp
 
     return run_ssp(conf, data, delta=delta, tracker=tracker, launch=launch)
 
 
 def _subsample_aggregate(conf: Any, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
-    from dptrain.inference.subsample import fit_parts, part_mechanism
-    from dptrain.train import TrainResult
-
     k = conf.estimator.parts
     mech = part_mechanism(conf.privacy, epochs=conf.trainer.epochs, batch_size=conf.trainer.batch_size,
                           dataset_size=data.n_train, parts=k, delta=delta)
@@ -84,8 +79,6 @@ def _subsample_aggregate(conf: Any, data: Any, *, delta: float, tracker: Any, la
 
 def _aggregate_metrics(conf: Any, data: Any, parts: list[Any], model: Any) -> dict[str, float]:
     """Test metrics of the averaged model, the baselines once on all rows, and the parts' steps/times."""
-    from dptrain.objectives import build_objective
-
     objective = build_objective(conf.objective)
     with torch.no_grad():
         test = objective.metrics(model(data.x_test), data.y_test)

@@ -37,7 +37,9 @@ import numpy as np
 
 from dptrain.inference.coefficients import CoefficientEncoder, coefficient_map, coefficient_offset
 from dptrain.inference.intervals import Interval
+from dptrain.privacy.accounting import PrivacyAccountant
 from dptrain.privacy.events import gaussian_event  # noqa: F401 - offered here as before
+from dptrain.validation import ConfigError
 
 __all__ = ["SSPFit", "calibrate", "gaussian_event", "kept_columns", "release", "sensitivity", "sensitivity_rule",
            "ssp_estimate"]
@@ -93,8 +95,6 @@ def sensitivity_rule(enc: CoefficientEncoder) -> str:
 
 def calibrate(*, target_epsilon: float, delta: float, accountant: str = "rdp", rtol: float = 1e-4) -> float:
     """The smallest noise multiplier s whose epsilon (by ``accountant``) is <= the target."""
-    from dptrain.privacy.accounting import PrivacyAccountant
-
     def eps(s: float) -> float:
         acc = PrivacyAccountant()
         acc.record(gaussian_event(s))
@@ -218,8 +218,6 @@ def ssp_estimate(x: np.ndarray, y: np.ndarray, enc: CoefficientEncoder, *, noise
 
 def ssp_config_check(enc: CoefficientEncoder) -> None:
     """ssp needs a continuous target with public bounds (its sensitivity assumes y in [0, 1])."""
-    from dptrain.validation import ConfigError
-
     if enc.kind != "linear" or enc.target_scale is None:
         raise ConfigError("estimator=ssp is not allowed without data.target_bounds: its sensitivity needs the "
                           "target clipped into PUBLIC bounds; allowed: declare data.target_bounds=[lower, upper]")

@@ -11,6 +11,11 @@ from typing import Any
 import torch
 
 from dptrain.inference.coefficients import encoder_for_config, linear_layer
+from dptrain.inference.ssp import calibrate, describe, gaussian_event, ssp_config_check, ssp_estimate
+from dptrain.objectives import build_objective
+from dptrain.privacy.accounting import PrivacyAccountant
+from dptrain.privacy.randomness import Randomness
+from dptrain.train import TrainResult, build_model
 
 __all__ = ["SSPMechanism", "run_ssp"]
 
@@ -30,8 +35,6 @@ class SSPMechanism:
 
 def _record(conf: Any, fit: Any, *, n: int, delta: float, randomness: Any) -> dict[str, Any]:
     """The report's input, in the DP-SGD record's shape: one 'step' over all rows, no sampling."""
-    from dptrain.inference.ssp import describe
-
     return {
         "enabled": True, "noise_multiplier": fit.noise_multiplier, "noise_multiplier_source": "calibrated",
         "target_epsilon": conf.privacy.target_epsilon, "max_grad_norm": fit.sensitivity, "sample_rate": 1.0,
@@ -48,12 +51,6 @@ def _record(conf: Any, fit: Any, *, n: int, delta: float, randomness: Any) -> di
 
 def run_ssp(conf: Any, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
     """Release, solve, bootstrap; returns a :class:`dptrain.train.TrainResult`."""
-    from dptrain.inference.ssp import calibrate, gaussian_event, ssp_config_check, ssp_estimate
-    from dptrain.objectives import build_objective
-    from dptrain.privacy.accounting import PrivacyAccountant
-    from dptrain.privacy.randomness import Randomness
-    from dptrain.train import TrainResult, build_model
-
     enc = encoder_for_config(conf)
     ssp_config_check(enc)
     sigma = calibrate(target_epsilon=conf.privacy.target_epsilon, delta=delta, accountant=conf.privacy.accountant)

@@ -31,7 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from dptrain.data.table import _mix, _word
 from dptrain.privacy.mechanism import DPSGDMechanism
+from dptrain.privacy.randomness import Randomness
+from dptrain.train import LaunchConfig, fit
 
 __all__ = ["part_index", "part_key", "row_uniform", "part_mechanism", "part_randomness", "fit_parts"]
 
@@ -48,8 +51,6 @@ def row_uniform(x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, *, s
     """A number in [0, 1) per row: a keyed hash of the row's own float32 words (features, then
     target), SplitMix64 rounds keyed by :func:`part_key` (``person`` separates the uses: parts,
     the validation part of task=tune); uniform over rows with distinct content."""
-    from dptrain.data.table import _mix, _word
-
     xa = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
     ya = np.asarray(y, dtype=np.float32).reshape(len(y), -1)
     words = (np.concatenate([xa, ya], axis=1) + np.float32(0.0)).view(np.uint32).astype(np.uint64)  # -0.0 -> 0.0
@@ -83,8 +84,6 @@ def part_mechanism(privacy: Any, *, epochs: float, batch_size: int, dataset_size
 def part_randomness(randomness: Any, k: int) -> Any:
     """Part k's secret streams: fresh from the OS CSPRNG, or (opt-in reproducible noise) derived
     from the run's seed file and label plus the part's index; independent across parts."""
-    from dptrain.privacy.randomness import Randomness
-
     return Randomness.fresh() if randomness is None else randomness.child(f"part {k}")
 
 
@@ -100,8 +99,6 @@ def _part_config(cfg: Any) -> Any:
 def fit_parts(cfg: Any, data: Any, *, mechanism: DPSGDMechanism, randomness: Any = None) -> list[Any]:
     """Train one model per part with :func:`dptrain.train.fit` (dptrain's DP-SGD) under the same
     ``mechanism``; returns the K :class:`dptrain.train.TrainResult` (part order)."""
-    from dptrain.train import LaunchConfig, fit
-
     k_parts = cfg.estimator.parts
     where = part_index(data.x_train, data.y_train, parts=k_parts, seed=cfg.seed)
     part_cfg = _part_config(cfg)

@@ -43,7 +43,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dptrain.privacy.accounting import SIGMA_RANGE, history_epsilon
 from dptrain.privacy.events import Event, poisson_gaussian
+from dptrain.validation import bad
 
 if TYPE_CHECKING:
     import torch
@@ -123,8 +125,6 @@ def curve_noise_multiplier(*, sigma: float, sample_rate: float, steps: int, log_
     docstring). Bisection on log sigma_c from the small-q approximation: about ten RDP
     evaluations. (RDP, whatever the headline accountant: the share is a design choice, cheap to
     evaluate; :func:`fill_target` fits a target by another accountant.)"""
-    from dptrain.privacy.accounting import SIGMA_RANGE, history_epsilon
-
     grads = history_epsilon(((poisson_gaussian(sample_rate=sample_rate, noise_multiplier=sigma), steps),),
                             delta=delta, accountant="rdp")
     k = releases_between(0, steps, log_every)
@@ -146,8 +146,6 @@ def fill_target(sigma_c: float, *, history_of: Any, target_epsilon: float, delta
     to (1 - share) of the target by that accountant, and the curve gets the rest: with RDP the
     share rule does that already; this is for the others (PLD, plugins), whose share of the
     curve differs from RDP's."""
-    from dptrain.privacy.accounting import history_epsilon
-
     def within(x: float) -> bool:
         return history_epsilon(history_of(x), delta=delta, accountant=accountant) <= target_epsilon
 
@@ -158,8 +156,6 @@ def _smallest(ok: Any, *, guess: float, factor: float, rtol: float) -> float:
     """The smallest x in SIGMA_RANGE with ``ok(x)`` (False below some x, True above), to relative
     tolerance ``rtol``: a bracket walked from ``guess`` in steps of ``factor``, then bisection on
     log x. Returns an x where ``ok`` was evaluated True (or the range's end)."""
-    from dptrain.privacy.accounting import SIGMA_RANGE
-
     lo_end, hi_end = SIGMA_RANGE
     x = min(max(guess, lo_end), hi_end)
     if ok(x):
@@ -193,8 +189,6 @@ def bounded_loss_sum(losses: torch.Tensor, bound: float) -> float:
 def resolve_loss_bound(trainer: Any, objective: Any, spec: Any) -> tuple[float, str]:
     """(L, where it comes from): ``trainer.curve_loss_bound`` or the objective's
     ``curve_loss_bound(spec)``."""
-    from dptrain.validation import bad
-
     if trainer.curve_loss_bound is not None:
         return float(trainer.curve_loss_bound), "config (trainer.curve_loss_bound)"
     default = getattr(objective, "curve_loss_bound", None)

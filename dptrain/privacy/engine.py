@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from dptrain.objectives import BINARY
+from dptrain.privacy.curves import bounded_loss_sum
 from dptrain.privacy.layers import Squeeze
 from dptrain.privacy.model_check import ADVICE, ModelCheckError, static_problems
 from dptrain.registry import Registry
@@ -521,8 +522,6 @@ class GradientEngine:
             clipped = 0 if sq_norms is None else self.count_clipped(sq_norms)
             bounded = float("nan")
             if self.curve_loss_bound is not None:
-                from dptrain.privacy.curves import bounded_loss_sum
-
                 bounded = bounded_loss_sum(losses, self.curve_loss_bound)
             return StepStats(n, float(losses.sum()), correct, clipped, bounded)
 

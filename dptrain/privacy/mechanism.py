@@ -25,9 +25,20 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dptrain.neighbours import Neighbours
-from dptrain.privacy.curves import CurveConfig, CurveMechanism, joint_noise_multiplier
+from dptrain.privacy import engine as engines  # engines.make_engine: looked up per call (mutation tests wrap it)
+from dptrain.privacy.accounting import AccountingError, calibrate_noise_multiplier
+from dptrain.privacy.curves import (
+    TAG,
+    CurveConfig,
+    CurveMechanism,
+    curve_noise_multiplier,
+    fill_target,
+    joint_noise_multiplier,
+    releases_between,
+)
 from dptrain.privacy.curves import history_between as _history_between
 from dptrain.privacy.events import Event, poisson_gaussian
+from dptrain.validation import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +153,11 @@ class DPSGDMechanism:
     def build_engine(self, model: Any, *, engine: str, generator: Any, objective: Any = None) -> Any:
         """The gradient engine that applies THIS mechanism (sigma, C, B) to ``model`` (and, with a
         dp/ curve, computes each logged step's loss sum clipped to ITS L)."""
-        from dptrain.privacy.engine import make_engine
-
-        built = make_engine(model, engine=engine if self.enabled else "nonprivate", max_grad_norm=self.max_grad_norm,
-                            noise_multiplier=self.noise_multiplier if self.apply_noise else 0.0,
-                            expected_batch_size=self.expected_batch_size, generator=generator, objective=objective)
+        built = engines.make_engine(model, engine=engine if self.enabled else "nonprivate",
+                                    max_grad_norm=self.max_grad_norm,
+                                    noise_multiplier=self.noise_multiplier if self.apply_noise else 0.0,
+                                    expected_batch_size=self.expected_batch_size, generator=generator,
+                                    objective=objective)
         if self.curve is not None:  # the dp/ curve's input: each step's sum of losses clipped to L
             built.curve_loss_bound = self.curve.loss_bound
         return built
@@ -180,8 +191,6 @@ class DPSGDMechanism:
     def curve_report(self, releases: int | None = None) -> dict[str, Any] | None:
         """The dp/ curve's part of the report (None without a curve): ``releases`` is how many
         values the run released (default: as planned)."""
-        from dptrain.privacy.curves import TAG
-
         c = self.curve
         if c is None:
             return None
@@ -204,9 +213,6 @@ def _calibrate(privacy: Any, *, q: float, steps: int, delta: float,
                curves: CurveConfig | None) -> tuple[float, str | None]:
     """(sigma calibrated to ``privacy.target_epsilon``, advice). With a dp/ curve the gradients
     get (1 - s) of the target and the curve the rest (dptrain.privacy.curves)."""
-    from dptrain.privacy.accounting import AccountingError, calibrate_noise_multiplier
-    from dptrain.validation import ConfigError
-
     target = privacy.target_epsilon * (1.0 - curves.budget_share) if curves is not None else privacy.target_epsilon
     try:
         sigma = calibrate_noise_multiplier(target_epsilon=target, sample_rate=q, steps=steps, delta=delta,
@@ -228,8 +234,6 @@ def _curve(privacy: Any, curves: CurveConfig | None, *, sigma: float, q: float, 
            delta: float) -> CurveMechanism | None:
     """The dp/ curve of a private run (None without ``curves`` or without noise: sigma = 0 has
     no finite epsilon to share)."""
-    from dptrain.privacy.curves import curve_noise_multiplier, fill_target, releases_between
-
     if curves is None or sigma <= 0:
         return None
     sigma_c = curve_noise_multiplier(sigma=sigma, sample_rate=q, steps=steps, log_every=curves.log_every,
@@ -260,7 +264,6 @@ def _tighter_accountant_advice(privacy: Any, *, sigma: float, q: float, steps: i
     without a dp/ curve)."""
     if privacy.accountant != "rdp" or privacy.target_epsilon >= TINY_TARGET or steps > MAX_ADVICE_STEPS:
         return None
-    from dptrain.privacy.accounting import AccountingError, calibrate_noise_multiplier
 
     try:
         tight = calibrate_noise_multiplier(target_epsilon=target, sample_rate=q, steps=steps,

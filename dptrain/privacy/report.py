@@ -11,6 +11,7 @@ import importlib.metadata
 import math
 from typing import Any
 
+from dptrain.privacy.accounting import ACCOUNTANTS
 from dptrain.privacy.noise_law import box_muller_law, delta_total, tail_mass
 
 NOT_COVERED = [
@@ -158,8 +159,6 @@ def build_report(
 ) -> dict[str, Any]:
     """Assemble the privacy report. ``epsilons`` maps accountant name -> epsilon (None when
     privacy is off). A run without noise (sigma = 0) is reported as NOT private."""
-    from dptrain.privacy.accounting import ACCOUNTANTS
-
     base = _run_fields(mechanism, data_source=data_source, seed=seed, test_public=test_public)
     if not mechanism["enabled"]:
         return {"private": False, "guarantee": "none: privacy was switched off (privacy.enabled=false); this model "

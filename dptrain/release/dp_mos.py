@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from dptrain.release.mos import _group_codes
+
 from .cells import STATISTICS, Cells, ReleaseError, ols
 from .cells import statistic as cell_statistic
 from .intervals import interval_columns, laplace_normal_halfwidth
@@ -241,8 +243,6 @@ def _chi_per_cell(values: np.ndarray, eligible: np.ndarray, cells: Cells, statis
                   eps_chi: float, rng: np.random.Generator) -> np.ndarray:
     """Per cell the chi of its group: the exponential mechanism over the group's eligible values
     (one draw per group in order of first appearance; NaN for a group without an eligible cell)."""
-    from .mos import _group_codes
-
     codes = _group_codes(cfg.chi_groups, cells.n_cells)
     cand = chi_candidates(cells, statistic)
     chi = np.full(cells.n_cells, math.nan)

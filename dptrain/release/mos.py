@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dptrain.release.sensitivity import local_sensitivity, se_local_sensitivity
+
 from .cells import STATISTICS, Cells, OLSFit, ReleaseError, ols, standard_error
 from .cells import statistic as cell_statistic
 from .intervals import interval_columns, laplace_normal_halfwidth, normal_halfwidth
@@ -165,7 +167,6 @@ def _complete(cells: Cells, statistic: str, neighbors: str, given: MOSInputs | N
     given = given or MOSInputs()
     sens, se_sens = given.sensitivity, given.se_sensitivity
     if sens is None or se_sens is None:
-        from .sensitivity import local_sensitivity, se_local_sensitivity
         if sens is None:
             sens = local_sensitivity(cells, statistic=statistic, neighbors=neighbors)
         if se_sens is None:

@@ -27,9 +27,11 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from dptrain.config import ReleaseRunConfig, validate
-from dptrain.privacy.randomness import Randomness, data_digest
+from dptrain.data import read_table
+from dptrain.data.atlas import design_cells, simulate_atlas, simulate_figure2
+from dptrain.privacy.randomness import Randomness, data_digest, settings_digest
 from dptrain.release import report
-from dptrain.release.api import CellEstimates, estimates_for_listed
+from dptrain.release.api import CellEstimates, estimates_for_listed, release_custom
 from dptrain.release.cell_domain import (
     CellDomain,
     chi_group_labels,
@@ -75,8 +77,6 @@ def build_randomness(cfg: DictConfig, *, conf: ReleaseRunConfig, run_dir: Path) 
     """The run's secret randomness: fresh from the OS CSPRNG, or, opted in with
     ``privacy.noise_seed_file=PATH``, derived from that secret file and a digest of this run's
     settings (no output holds the secret)."""
-    from dptrain.privacy.randomness import settings_digest
-
     seed_file = conf.privacy.noise_seed_file
     if seed_file is None:
         return Randomness.fresh()
@@ -95,15 +95,12 @@ def load_rows(conf: ReleaseRunConfig) -> tuple[pd.DataFrame, pd.DataFrame | None
     cell design or None)."""
     d = conf.data
     if d.name == "atlas":
-        from dptrain.data.atlas import design_cells, simulate_atlas, simulate_figure2
-
         if d.generator == "figure2":
             rows, truth = simulate_figure2(seed=conf.seed)
         else:
             rows, truth = simulate_atlas(seed=conf.seed, n_cells=d.n_cells)
         source = f"simulated Atlas-like cells (generator={d.generator}, seed={conf.seed})"
         return rows, truth, source, design_cells(truth)
-    from dptrain.data import read_table
 
     return (read_table(d.path, fmt=d.format, delimiter=getattr(d, "delimiter", ",")), None, f"table {d.path}",
             None)
@@ -284,8 +281,6 @@ def load_stat_fn(spec: str) -> Callable:
 
 def run_custom(run: ReleaseRun) -> float:
     """MOS for a user statistic by brute-force refits (no closed form, so no baselines)."""
-    from dptrain.release.api import release_custom
-
     r = run.conf.release
     if r.chi_by:
         raise ReleaseError("release.chi_by is not supported with release.statistic=custom; allowed: []")

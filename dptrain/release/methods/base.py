@@ -27,7 +27,7 @@ import pandas as pd
 from dptrain.neighbours import Neighbours, comparison_epsilon
 from dptrain.registry import Registry
 from dptrain.release.api import CellEstimates
-from dptrain.release.report import RunFacts
+from dptrain.release.report import RunFacts, baseline_json
 from dptrain.release.settings import ReleaseConfig
 
 
@@ -83,8 +83,6 @@ class ReleaseMethod:
 
     def release_json(self, name: str, result: MethodResult, *, facts: RunFacts) -> dict:
         """release.json: this method's own facts."""
-        from dptrain.release.report import baseline_json
-
         return baseline_json(name, result, neighbours=self.relation(facts.config), facts=facts)
 
 

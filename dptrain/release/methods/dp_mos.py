@@ -16,7 +16,7 @@ from dptrain.release.api import CellEstimates
 from dptrain.release.cell_domain import chi_group_labels
 from dptrain.release.dp_mos import GUARANTEE, DPMOSConfig, DPMOSRelease, release_dp_mos
 from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
-from dptrain.release.report import RunFacts
+from dptrain.release.report import RunFacts, cell_counts, composed_total, declared_selection
 from dptrain.release.settings import ReleaseConfig
 from dptrain.release.stability import stability_bounds
 
@@ -63,8 +63,6 @@ class DPMOS(ReleaseMethod):
 
 def dp_mos_json(rel: DPMOSRelease, *, facts: RunFacts) -> dict[str, Any]:
     """release.json of a DP-MOS release: the end-to-end guarantee, the split, chi."""
-    from dptrain.release.report import cell_counts, composed_total, declared_selection
-
     r = facts.config
     total = composed_total("add_remove", rel.epsilon["total"], rel.delta, facts.listed.selection)
     cells = ("the list of cells is public (declared)" if facts.listed.selection is None else

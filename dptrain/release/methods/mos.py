@@ -20,7 +20,7 @@ from dptrain.release.api import CellEstimates
 from dptrain.release.cell_domain import chi_group_labels
 from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
 from dptrain.release.mos import NOT_DP, MOSConfig, MOSInputs, MOSRelease, release_mos
-from dptrain.release.report import RunFacts
+from dptrain.release.report import RunFacts, cell_counts, composed_total, declared_selection
 from dptrain.release.sensitivity import Sensitivity
 from dptrain.release.settings import ReleaseConfig
 
@@ -49,8 +49,6 @@ def mos_sensitivities(est: CellEstimates, config: ReleaseConfig) -> tuple[Sensit
 
 def mos_json(mos: MOSRelease, *, facts: RunFacts) -> dict[str, Any]:
     """release.json of a MOS release: NOT differentially private, and it says so first."""
-    from dptrain.release.report import cell_counts, composed_total, declared_selection
-
     r = facts.config
     eps = dict(mos.epsilon)
     total = composed_total(r.neighbors, float(eps["total_per_cell"]), 0.0, facts.listed.selection)

@@ -23,7 +23,7 @@ from dptrain.release.methods.common import (
     reasons,
     result_frame,
 )
-from dptrain.release.report import RunFacts
+from dptrain.release.report import RunFacts, baseline_json
 from dptrain.release.settings import ReleaseConfig
 
 THRESHOLDS = (5, 10, 20)
@@ -96,8 +96,6 @@ class Suppression(ReleaseMethod):
         return MethodResult(frame, meta)
 
     def release_json(self, name: str, result: MethodResult, *, facts: RunFacts) -> dict:
-        from dptrain.release.report import baseline_json
-
         return baseline_json(name, result, neighbours=None, facts=facts, guarantee=GUARANTEE)
 
 
