@@ -89,6 +89,12 @@ class BinaryLogistic:
     primary_metric = "acc"
     greater_is_better = True
     metric_names = ("acc", "loss", "auc")
+    #: what a linear model's coefficients mean (dptrain.inference: the coefficient table's kind)
+    coefficient_kind = "binary"
+
+    def row_score(self, outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """task=tune's per-row validation score in [0, 1]: 1 when the row is classified correctly."""
+        return ((outputs.reshape(len(y), -1)[:, 0] > 0).to(y.dtype) == y).double()
 
     def __init__(self, settings: Any = None) -> None:
         self.settings = settings
@@ -169,6 +175,11 @@ class Multinomial:
     primary_metric = "acc"
     greater_is_better = True
     metric_names = ("acc", "loss", "auc")
+    coefficient_kind = "multinomial"
+
+    def row_score(self, outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """task=tune's per-row validation score in [0, 1]: 1 when the arg-max class is the label."""
+        return (outputs.reshape(len(y), -1).argmax(1) == y).double()
 
     def __init__(self, settings: Any = None) -> None:
         self.settings = settings
@@ -251,6 +262,12 @@ class LinearRegression:
     primary_metric = "rmse"
     greater_is_better = False
     metric_names = ("rmse", "r2", "mae", "loss")
+    coefficient_kind = "linear"
+
+    def row_score(self, outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """task=tune's per-row validation score in [0, 1]: 1 - min(squared error, 1) on the
+        [0, 1]-scaled target."""
+        return 1.0 - (outputs.reshape(len(y), -1)[:, 0].double() - y.double()).square().clamp(max=1.0)
 
     def __init__(self, settings: Any = None) -> None:
         self.settings = settings

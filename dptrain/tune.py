@@ -230,18 +230,24 @@ def _split(data: Any, mask: np.ndarray) -> tuple[Any, tuple[torch.Tensor, torch.
 
 
 @torch.no_grad()
+def check_scorable(objective: Any) -> None:
+    """task=tune scores each candidate with the objective's own ``row_score`` (one value in
+    [0, 1] per validation row, so the score sum's sensitivity is 1): an objective without one is
+    refused by name before any row is read, never scored as if it were a binary classifier."""
+    if not callable(getattr(objective, "row_score", None)):
+        raise bad("objective", getattr(objective, "name", type(objective).__name__),
+                  "task=tune needs an objective with row_score(outputs, y): a per-row validation score in [0, 1] "
+                  "(the built-in binary, multinomial and linear objectives have one; docs/extending.md)")
+
+
+@torch.no_grad()
 def row_scores(objective: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Per validation row, a score in [0, 1]: correct (classifiers) or 1 - min((z - y)^2, 1)
     on the [0, 1]-scaled target (regression). A row whose output is not finite (a diverged
     candidate) scores 0, the lowest score: each row's score stays in [0, 1] whatever the model,
     so the score sum's sensitivity stays 1."""
     out = model(x).reshape(len(y), -1).double()
-    if objective.name == "linear":
-        score = 1.0 - (out[:, 0] - y.double()).square().clamp(max=1.0)
-    elif out.shape[1] > 1:
-        score = (out.argmax(1) == y).double()
-    else:
-        score = ((out[:, 0] > 0).to(y.dtype) == y).double()
+    score = objective.row_score(out, y).double()
     finite = torch.isfinite(out).all(1) & torch.isfinite(score)
     return torch.where(finite, score.clamp(0.0, 1.0), torch.zeros_like(score))
 
@@ -322,7 +328,9 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     check_tune(conf)
     space = candidate_configs(cfg)
     randomness = randomness_for(conf, cfg, run_dir=run_dir)
-    build_model(conf, spec=data_spec_from_config(conf.data), objective=build_objective(conf.objective))
+    objective = build_objective(conf.objective)
+    check_scorable(objective)
+    build_model(conf, spec=data_spec_from_config(conf.data), objective=objective)
     data = load_dataset(conf.data, seed=conf.seed)
     randomness = bound_to_rows(randomness, data)
     delta = validate_against_size(conf, data.n_train)

@@ -20,6 +20,7 @@ import dptrain.cli as cli
 from dptrain.errors import DPTrainError
 from dptrain.privacy.accounting import RDP_ORDERS
 from dptrain.tune import CandidateLaw, calibrate_search, search_epsilon
+from dptrain.validation import ConfigError
 
 LAWS = [CandidateLaw("truncated_negative_binomial", 5.0, 1.0), CandidateLaw("truncated_negative_binomial", 5.0, 2.0),
         CandidateLaw("truncated_negative_binomial", 5.0, 0.0), CandidateLaw("truncated_negative_binomial", 10.0, 0.5),
@@ -256,8 +257,7 @@ def test_row_scores_stay_in_the_unit_interval_whatever_the_outputs(objective):
     """A row whose output is not finite scores 0 (before: NaN for regression, and a NaN logit
     counted as a prediction, right or wrong, for classifiers); every score is in [0, 1], so the
     score sum moves by at most 1 when one row is added or removed."""
-    from types import SimpleNamespace
-
+    from dptrain.objectives import build_objective
     from dptrain.tune import row_scores
 
     nan, inf = math.nan, math.inf
@@ -269,6 +269,40 @@ def test_row_scores_stay_in_the_unit_interval_whatever_the_outputs(objective):
         out = torch.tensor([[nan], [inf], [-inf], [0.9], [-2.0]])
         y = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0])
         expected = [0.0, 0.0, 0.0, 1.0, 1.0] if objective == "binary" else [0.0, 0.0, 0.0, 1 - 0.1**2, 0.0]
-    scores = row_scores(SimpleNamespace(name=objective), lambda x: out, torch.zeros(len(y), 1), y)
+    scores = row_scores(build_objective(objective), lambda x: out, torch.zeros(len(y), 1), y)
     assert scores.tolist() == pytest.approx(expected)
     assert bool(((scores >= 0) & (scores <= 1)).all())
+
+
+def test_an_objective_without_a_row_score_is_refused_not_scored_as_binary():
+    """Issue 30: task=tune scored any objective other than `linear` as a binary classifier (logit
+    > 0 against the label). Now each objective scores its own rows (row_score, one value in [0, 1]
+    per row) and one without it is refused by name before any row is read."""
+    import torch
+
+    from dptrain.objectives import build_objective
+    from dptrain.tune import check_scorable
+
+    class NoScore:
+        name = "plugin_regression"
+
+    with pytest.raises(ConfigError, match="objective='plugin_regression'.*row_score"):
+        check_scorable(NoScore())
+    y = torch.tensor([0.0, 1.0, 1.0])
+    out = torch.tensor([[0.2], [0.9], [-3.0]])
+    binary, linear = build_objective("binary"), build_objective("linear")
+    check_scorable(binary)
+    assert binary.row_score(out, y).tolist() == [0.0, 1.0, 0.0]
+    assert linear.row_score(out, y).tolist() == pytest.approx([1 - 0.04, 1 - 0.01, 0.0])
+    multi = build_objective("multinomial")
+    assert multi.row_score(torch.tensor([[0.1, 2.0], [3.0, 0.0]]), torch.tensor([1, 1])).tolist() == [1.0, 0.0]
+
+
+def test_coefficient_kinds_come_from_the_registered_objectives():
+    """The coefficient table's kind is the objective's own (coefficient_kind); the old table of
+    names also listed four objectives that do not exist (multiclass, linear_regression,
+    regression, gaussian)."""
+    from dptrain.inference.coefficients import objective_kind
+
+    assert [objective_kind(n) for n in ("binary", "multinomial", "linear")] == ["binary", "multinomial", "linear"]
+    assert [objective_kind(n) for n in ("multiclass", "regression", "gaussian", "nope")] == [None] * 4

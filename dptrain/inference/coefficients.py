@@ -36,7 +36,7 @@ from torch import nn
 
 from dptrain.data import _synthetic_schema, schema_from_config
 from dptrain.errors import DPTrainError
-from dptrain.inference.settings import objective_kind
+from dptrain.objectives import OBJECTIVES
 
 __all__ = ["KINDS", "CoefficientEncoder", "coefficient_map", "coefficient_offset", "coefficients",
            "encoder_from_schema", "linear_layer", "model_coefficients", "table_terms", "term_labels"]
@@ -200,3 +200,12 @@ def encoder_for_config(conf: Any) -> Any:
     numeric = _synthetic_schema(data)[2] if name == "synthetic" else None
     schema = schema_from_config(data, numeric=numeric)
     return encoder_from_schema(schema, kind=objective_kind(conf.objective.name) or "binary")
+
+
+def objective_kind(objective_name: str) -> str | None:
+    """The coefficient table's kind for a registered objective (its ``coefficient_kind``:
+    binary, multinomial or linear); None for an objective with no linear interpretation, or an
+    unknown name."""
+    if objective_name not in OBJECTIVES:
+        return None
+    return getattr(OBJECTIVES.get(objective_name), "coefficient_kind", None)

@@ -16,9 +16,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from dptrain.inference.coefficients import encoder_for_config, linear_layer, model_coefficients, table_terms
+from dptrain.inference.coefficients import (
+    encoder_for_config,
+    linear_layer,
+    model_coefficients,
+    objective_kind,
+    table_terms,
+)
 from dptrain.inference.intervals import aggregate_parts, coefficient_frame, format_table
-from dptrain.inference.settings import ESTIMATORS, LINEAR_OBJECTIVES, MAX_PARTS, objective_kind
+from dptrain.inference.settings import ESTIMATORS, MAX_PARTS
 from dptrain.inference.ssp import ssp_config_check
 from dptrain.inference.ssp_run import run_ssp
 from dptrain.inference.subsample import fit_parts, part_mechanism
@@ -218,7 +224,7 @@ def check_estimator(cfg: Any) -> None:
     if not cfg.privacy.enabled:
         raise bad("estimator", e.name, "needs privacy.enabled=true (its interval accounts for the privacy noise); "
                   "allowed without privacy: estimator=dpsgd")
-    if e.name == "ssp" and cfg.objective.name not in LINEAR_OBJECTIVES:
+    if e.name == "ssp" and objective_kind(cfg.objective.name) != "linear":
         raise bad("estimator", "ssp", f"estimates linear regression only, not objective={cfg.objective.name}; "
                   f"allowed with objective={cfg.objective.name}: estimator=dpsgd | subsample_aggregate")
     if not model_is_linear(cfg):

@@ -11,15 +11,10 @@ from dataclasses import dataclass
 
 from dptrain.validation import setting
 
-__all__ = ["ESTIMATORS", "LINEAR_OBJECTIVES", "MAX_PARTS", "EstimatorConfig", "objective_kind"]
+__all__ = ["ESTIMATORS", "MAX_PARTS", "EstimatorConfig"]
 
 #: the estimators (estimator=NAME)
 ESTIMATORS = ("dpsgd", "subsample_aggregate", "ssp")
-#: objective name -> what the linear model's outputs mean (the coefficient table's kind)
-OBJECTIVE_KINDS = {"binary": "binary", "multinomial": "multinomial", "multiclass": "multinomial",
-                   "linear": "linear", "linear_regression": "linear", "regression": "linear", "gaussian": "linear"}
-#: objectives that are linear regression (the only ones ssp estimates)
-LINEAR_OBJECTIVES = tuple(k for k, v in OBJECTIVE_KINDS.items() if v == "linear")
 MAX_PARTS = 1000
 
 
@@ -41,10 +36,3 @@ class EstimatorConfig:
     level: float = setting(0.95, help="the confidence level of the intervals", allowed="a number in (0.5, 1)")
     bootstrap: int = setting(1000, help="ssp: parametric-bootstrap draws for the interval (no privacy cost: "
                              "they use the released noisy statistics only)", allowed="an integer in [100, 100000]")
-
-
-def objective_kind(objective_name: str) -> str | None:
-    """The coefficient table's kind for an objective (None: no linear interpretation known)."""
-    return OBJECTIVE_KINDS.get(objective_name)
-
-
