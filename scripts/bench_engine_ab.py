@@ -5,8 +5,8 @@
 Logistic regression on 100,000 x 100 in-memory rows, expected batch 1024, sigma 1, C 1, Poisson
 sampling: each engine runs blocks of 100 steps, the two interleaved (order alternating), and the
 medians of the per-step times are compared. Prints new/old (below 1: the new engine is faster).
-The older file must be a standalone ``dptrain/privacy/engine.py`` of an earlier commit (e.g. from
-``git show COMMIT:dptrain/privacy/engine.py > old_engine.py``); its ``make_engine`` took
+The older file must be a standalone ``dptrain/privacy/dpsgd/engine.py`` of an earlier commit (e.g. from
+``git show COMMIT:dptrain/privacy/dpsgd/engine.py > old_engine.py``); its ``make_engine`` took
 ``private=True``.
 """
 
@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dptrain.models import logit
-from dptrain.privacy import engine as new
+from dptrain.models.networks import logit
+from dptrain.privacy.dpsgd import engine as new
 from dptrain.privacy.randomness import Randomness
 
 N, D, B = 100_000, 100, 1024

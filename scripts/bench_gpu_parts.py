@@ -53,10 +53,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from dptrain.models import mlp
-from dptrain.objectives import BINARY
-from dptrain.privacy.engine import DevicePoissonSampler, make_engine, make_sampler
-from dptrain.privacy.graph import BatchStep
+from dptrain.models.networks import mlp
+from dptrain.models.objectives import BINARY
+from dptrain.privacy.dpsgd.engine import DevicePoissonSampler, make_engine, make_sampler
+from dptrain.privacy.dpsgd.graph import BatchStep
 from dptrain.privacy.randomness import Randomness
 
 #: name: (input width, hidden widths, expected batch B)

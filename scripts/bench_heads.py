@@ -40,9 +40,9 @@ for p in (ROOT, ROOT / "scripts"):
 
 from bench_step import OtherLoad, machine_description, num_rows, time_block, warm_up  # noqa: E402
 
-from dptrain.models import logit  # noqa: E402
-from dptrain.objectives import DataSpec, build_objective  # noqa: E402
-from dptrain.privacy.engine import PoissonSampler, make_engine  # noqa: E402
+from dptrain.models.networks import logit  # noqa: E402
+from dptrain.models.objectives import DataSpec, build_objective  # noqa: E402
+from dptrain.privacy.dpsgd.engine import PoissonSampler, make_engine  # noqa: E402
 from dptrain.privacy.randomness import Randomness  # noqa: E402
 
 IN_FEATURES, CLASSES, LR, GOAL = 100, 6, 0.1, 1.3

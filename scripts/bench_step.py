@@ -15,7 +15,7 @@ logistic loss, ReLU, on N = max(50 B, 100,000) rows of random data (``--rows`` o
 * ``mlp1024-b4096``: MLP 1024-1024-1024-1 at B = 4,096 (N = 204,800 rows of 1024 floats: 0.84 GB);
 * ``mlp4096-b16384``: MLP 1024-4096-4096-1 at B = 16,384 (N = 819,200 rows: 3.4 GB);
 * ``preset-logit`` / ``preset-mlp``: the model and expected batch of ``experiment=logit`` /
-  ``experiment=mlp`` (composed from conf/ with Hydra; width = dptrain.train.public_feature_count
+  ``experiment=mlp`` (composed from conf/ with Hydra; width = dptrain.training.fit.public_feature_count
   of the preset's data, 112 for Adult; B = trainer.batch_size), on random rows of that width.
 
 Default cases: on ``--device cpu`` the six logit/mlp256 cases (the numbers of
@@ -31,7 +31,7 @@ in-memory tensors x (N, d), y (N,) on the device, no DataLoader:
                       ``optimizer.step()``, ``optimizer.zero_grad(set_to_none=True)``.
 * ``dptrain-fast``    ``make_sampler`` + ``make_engine(engine="fast")`` + ``optimizer.step()``, the
                       batch drawn and the engine run by ``BatchStep`` as in the training loop (on a
-                      GPU the step replayed as one CUDA graph, dptrain.privacy.graph).
+                      GPU the step replayed as one CUDA graph, dptrain.privacy.dpsgd.graph).
 * ``dptrain-opacus``  the same with ``engine="opacus"`` (Opacus per-sample gradients, our clipping).
 * ``opacus-hooks``    Opacus' standard path: ``GradSampleModule`` + ``DPOptimizer``
                       (loss_reduction="mean"), on the same kind of Poisson-sampled batches.
@@ -114,16 +114,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from dptrain.models import logit, mlp
-from dptrain.objectives import BINARY
-from dptrain.privacy.engine import PoissonSampler, make_engine
+from dptrain.models.networks import logit, mlp
+from dptrain.models.objectives import BINARY
+from dptrain.privacy.dpsgd.engine import PoissonSampler, make_engine
 
 try:  # a checkout that predates device support (--baseline-engine runs): numpy sampler, CPU only
-    from dptrain.privacy.engine import make_sampler
+    from dptrain.privacy.dpsgd.engine import make_sampler
 except ImportError:
     make_sampler = None
 try:  # the training loop's step (a CUDA graph on a GPU); older checkouts: the engine called directly
-    from dptrain.privacy.graph import BatchStep
+    from dptrain.privacy.dpsgd.graph import BatchStep
 except ImportError:
     BatchStep = None
 
@@ -201,8 +201,8 @@ def preset_cases(names: list[str]) -> dict[str, Case]:
     try:
         from hydra import compose, initialize_config_module
 
-        from dptrain.config import register_configs
-        from dptrain.train import public_feature_count
+        from dptrain.tasks.registry import register_configs
+        from dptrain.training.fit import public_feature_count
 
         register_configs()
         with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
@@ -687,7 +687,7 @@ def _sigterm(signum, frame):  # a timeout's SIGTERM runs the finally blocks (com
 
 
 def engine_digest() -> str:
-    """Short SHA-256 of dptrain/privacy/engine.py (the file under test may change between runs)."""
+    """Short SHA-256 of dptrain/privacy/dpsgd/engine.py (the file under test may change between runs)."""
     engine_file = ROOT / "dptrain" / "privacy" / "engine.py"
     return hashlib.sha256(engine_file.read_bytes()).hexdigest()[:12] if engine_file.exists() else "?"
 
@@ -985,7 +985,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="torch thread counts (default: 1 2 on cpu; torch's default on cuda)")
     p.add_argument("--modes", nargs="+", default=MODES, choices=[*MODES, "baseline-fast"])
     p.add_argument("--baseline-engine", type=Path, default=None,
-                   help="path of an older dptrain/privacy/engine.py: adds mode baseline-fast (same process, CPU)")
+                   help="path of an older dptrain/privacy/dpsgd/engine.py: adds mode baseline-fast (same process, CPU)")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup-steps", type=int, default=20)
     p.add_argument("--warmup-seconds", type=float, default=1.0)
@@ -1152,7 +1152,7 @@ def report(records: list[dict], head: list[str], args) -> list[str]:
     if args.case_errors:
         lines += ["", "### cases that failed", "", *(f"- {e}" for e in args.case_errors)]
     if engine_digest() != args.engine_digest:
-        lines += ["", f"WARNING: dptrain/privacy/engine.py changed during the run ({args.engine_digest} -> "
+        lines += ["", f"WARNING: dptrain/privacy/dpsgd/engine.py changed during the run ({args.engine_digest} -> "
                       f"{engine_digest()})"]
     return lines
 
@@ -1186,7 +1186,7 @@ def render(json_file: Path, out: Path | None) -> int:
         f"total {args.info.get('total_seconds')} s"]
     head = [f"rendered from {json_file.name} by --render", *head]
     lines = report(data["records"], head, args)
-    lines = [ln for ln in lines if not ln.startswith("WARNING: dptrain/privacy/engine.py changed")]
+    lines = [ln for ln in lines if not ln.startswith("WARNING: dptrain/privacy/dpsgd/engine.py changed")]
     print("\n".join(lines))
     if out is not None:
         out.write_text("\n".join(lines) + "\n")

@@ -92,7 +92,7 @@ def _study_config(parts: int, eps: float, *, epochs: float, batch: int, lr: floa
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    import dptrain.cli  # noqa: F401
+    import dptrain.tasks.cli  # noqa: F401
 
     with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
         cfg = OmegaConf.to_object(compose(config_name="config", overrides=[

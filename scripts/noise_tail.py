@@ -5,7 +5,7 @@
     python scripts/noise_tail.py --draws 10000000 --seed 3
 
 Prints, for torch's float32 ``normal_`` (the engine before issue 29), the engine's float64 draw
-(dptrain.privacy.engine.standard_normal64: torch's float64 Box-Muller) and numpy's float64 ziggurat
+(dptrain.privacy.dpsgd.engine.standard_normal64: torch's float64 Box-Muller) and numpy's float64 ziggurat
 (the releases and the dp/ curve): the largest |z| over ``--draws`` draws and the bound the
 algorithm allows (dptrain.privacy.noise_law). Then, for the three settings of the finding, with
 the parameter counts d of the presets experiment=logit (113) and experiment=mlp (11,457):
@@ -27,7 +27,7 @@ import math
 import numpy as np
 import torch
 
-from dptrain.privacy.engine import standard_normal32_refined, standard_normal64
+from dptrain.privacy.dpsgd.engine import standard_normal32_refined, standard_normal64
 from dptrain.privacy.noise_law import (
     FLOAT32_CPU,
     REFINED_FLOAT32_CPU,

@@ -17,7 +17,7 @@ accuracy of the model they release (the test rows are the UCI test file, declare
   choice used the data again, and the grid's runs compose).
 
 The grid (learning rate x clipping norm C): logit lr in {1, 2, 4, 8}, mlp lr in {0.25, 0.5, 1,
-2}; C in {0.5, 1, 2}. Each run is a normal dptrain run (``dptrain.cli.run`` on the composed
+2}; C in {0.5, 1, 2}. Each run is a normal dptrain run (``dptrain.tasks.cli.run`` on the composed
 config, its folder in a temporary directory); ``--jobs`` runs the (model, epsilon, seed) cells in
 parallel processes, one torch thread each. Writes ``runs.csv`` (one row per run), ``summary.csv``,
 ``summary.md`` (means and sds over seeds), ``summary.png`` and ``README.md``.
@@ -50,7 +50,7 @@ def _run(overrides: list[str]) -> dict:
     """One dptrain run in a fresh temporary folder: test accuracy, epsilon, (tune) selection."""
     from hydra import compose, initialize_config_module
 
-    import dptrain.cli as cli
+    import dptrain.tasks.cli as cli
 
     with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*COMMON, *overrides])

@@ -4,7 +4,7 @@
     python scripts/settings_reference.py --check    # exit 1 if docs/settings.md is out of date
 
 Each setting's meaning and allowed values are metadata of its dataclass field
-(``dptrain.validation.setting``: dptrain/config.py, dptrain/release/settings.py); its default
+(``dptrain.core.validation.setting``: dptrain/settings/, dptrain/settings/release.py); its default
 is the value the task's composed config holds (``python -m dptrain task=T [data=S]`` without a
 preset), so a default set by a config file (conf/) is the one shown. The free-form sections
 (``model``, ``optim``) list their config-group options instead, and the presets
@@ -37,8 +37,8 @@ experiment=logit trainer.epochs=3`); a config group with `group=option` (`data=t
 `optim=adam`). Keys the schema does not have are refused, also when added with `+` or `++`, with
 the closest valid key suggested. `python -m dptrain ... --cfg job` prints a run's composed config.
 
-This page is generated from the schema (the field metadata in `dptrain/config.py` and
-`dptrain/release/settings.py`) by `python scripts/settings_reference.py`; do not edit it by hand
+This page is generated from the schema (the field metadata in `dptrain/settings/` and
+`dptrain/settings/release.py`) by `python scripts/settings_reference.py`; do not edit it by hand
 (the tests fail when it is out of date).
 """
 
@@ -66,7 +66,7 @@ def _compose(overrides: list[str]) -> dict:
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    import dptrain.cli  # noqa: F401  (registers the schemas)
+    import dptrain.tasks.cli  # noqa: F401  (registers the schemas)
 
     with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
@@ -75,7 +75,7 @@ def _compose(overrides: list[str]) -> dict:
 
 def _rows(schema: type, values: dict, prefix: str) -> list[str]:
     """One table row per leaf setting of ``schema`` (nested dataclasses flattened)."""
-    from dptrain.config import _schema_of
+    from dptrain.settings.command_line import _schema_of
 
     rows = []
     hints = typing.get_type_hints(schema)
@@ -137,7 +137,7 @@ RELEASE_TABLE_KEYS = ("name", "path", "format", "delimiter", "nonfinite")
 
 
 def _data_sections(task: str, sources: tuple[str, ...]) -> list[str]:
-    from dptrain.config import DATA_SOURCES
+    from dptrain.settings.data import DATA_SOURCES
 
     options = ", ".join(f"`data={s}`" for s in sources)
     lines = [f"### data (a config group: {options})", "",
@@ -158,7 +158,7 @@ def _data_sections(task: str, sources: tuple[str, ...]) -> list[str]:
 def _task_section(task: str, title: str, sources: tuple[str, ...], only: tuple[str, ...] | None = None) -> list[str]:
     """One task's settings: the top level, the data sources, the free-form groups, then each
     section (``only``: just those sections, for a task that adds to another's)."""
-    from dptrain.config import _task_schemas
+    from dptrain.tasks.registry import task_schemas as _task_schemas
 
     schema = _task_schemas()[task]
     hints = typing.get_type_hints(schema)

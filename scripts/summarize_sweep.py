@@ -37,7 +37,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from dptrain.tracking import MANIFEST, PRIVATE_DIR, private_dir, write_manifest
+from dptrain.runfolder.tracking import MANIFEST, PRIVATE_DIR, private_dir, write_manifest
 
 CAVEAT = (
     "Choosing the best run of this sweep is itself a use of the private data: "
@@ -321,9 +321,9 @@ def _sweep_data(run: Path) -> tuple:
     and diffprivlib's data_norm from its public schema; a config or data problem is one line."""
     import numpy as np
 
-    from dptrain.config import as_source
+    from dptrain.core.errors import DPTrainError
     from dptrain.data import load_dataset, schema_from_config
-    from dptrain.errors import DPTrainError
+    from dptrain.settings.data import as_source
 
     config = yaml.safe_load(_config_file(run).read_text()) or {}
     try:

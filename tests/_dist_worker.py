@@ -14,11 +14,11 @@ import sys
 import numpy as np
 import torch
 
-from dptrain.distributed import init_from_env, shutdown
-from dptrain.models import Squeeze
-from dptrain.objectives import BINARY
-from dptrain.privacy.engine import FastLinearEngine, PoissonSampler
+from dptrain.models.networks import Squeeze
+from dptrain.models.objectives import BINARY
+from dptrain.privacy.dpsgd.engine import FastLinearEngine, PoissonSampler
 from dptrain.privacy.randomness import Randomness
+from dptrain.training.distributed import init_from_env, shutdown
 
 
 def main(out: str) -> None:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 
 def main(out: Path, overrides: list[str]) -> None:
-    from dptrain import cli
     from dptrain.data import shards
+    from dptrain.tasks import cli
 
     read: list[dict] = []
     real = shards.read_rows

@@ -13,7 +13,7 @@ recorded in tests/test_mutations.py.
 
 An engine factory is anything called as
 ``factory(model, max_grad_norm=C, noise_multiplier=sigma, expected_batch_size=B, generator=g)``
-and returning a :class:`~dptrain.privacy.engine.GradientEngine`: an engine class, or
+and returning a :class:`~dptrain.privacy.dpsgd.engine.GradientEngine`: an engine class, or
 ``functools.partial(make_engine, engine="fast")``.
 """
 
@@ -31,9 +31,9 @@ import numpy as np
 import torch
 from scipy import stats
 
-from dptrain.models import mlp
-from dptrain.objectives import BINARY
-from dptrain.privacy.engine import GradientEngine, PoissonSampler
+from dptrain.models.networks import mlp
+from dptrain.models.objectives import BINARY
+from dptrain.privacy.dpsgd.engine import GradientEngine, PoissonSampler
 
 per_example_loss = BINARY.per_example_loss  # binary cross-entropy with logits, one per example
 
@@ -347,7 +347,7 @@ def check_run_accounting(train: Callable[[Callable[[GradientEngine], None]], Any
                          sampler_draws: int = 2000, rtol: float = 1e-6) -> dict[str, Any]:
     """The epsilon a training run reports is the epsilon of the mechanism it actually ran.
 
-    ``train(on_engine)`` runs one training (e.g. ``dptrain.train.fit``) and returns its result
+    ``train(on_engine)`` runs one training (e.g. ``dptrain.training.fit.fit``) and returns its result
     (``.accountant``, ``.privacy``). The mechanism is OBSERVED, not read from the config: the
     engine handed to ``on_engine`` and the calls made to it (T = number of steps), the
     PoissonSampler whose ``sample`` fed them, and the dp/ curve's releases (K calls of
@@ -363,7 +363,7 @@ def check_run_accounting(train: Callable[[Callable[[GradientEngine], None]], Any
 
     ``accountants``: which reported epsilons to compare (PLD costs ~0.5 s a side).
     """
-    from dptrain.privacy.mechanism import DPSGDMechanism
+    from dptrain.privacy.dpsgd.mechanism import DPSGDMechanism
 
     engines: list[GradientEngine] = []
     samplers: dict[int, Any] = {}
@@ -446,7 +446,7 @@ def check_run_accounting(train: Callable[[Callable[[GradientEngine], None]], Any
 def _check_curve_noise(releases: list[Any], out: dict[str, Any], draws: int = 4000) -> float:
     """The dp/ curve's releases all came from one mechanism whose noise (measured on a zero sum
     with fresh streams) has SD sigma_c L / B; returns that sigma_c."""
-    from dptrain.privacy.mechanism import DPSGDMechanism
+    from dptrain.privacy.dpsgd.mechanism import DPSGDMechanism
 
     mechanisms = {id(m): m for m in releases}
     assert len(mechanisms) == 1, f"the dp/ curve was released by {len(mechanisms)} mechanisms"

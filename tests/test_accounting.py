@@ -396,8 +396,8 @@ def test_rdp_calibration_below_its_floor_is_refused_and_points_to_pld():
 
 
 def test_tiny_rdp_target_recommends_pld_when_it_needs_far_less_noise():
-    from dptrain.config import PrivacyConfig
-    from dptrain.privacy.mechanism import DPSGDMechanism
+    from dptrain.privacy.dpsgd.mechanism import DPSGDMechanism
+    from dptrain.settings.train import PrivacyConfig
 
     kw = dict(epochs=10, expected_batch_size=1024, dataset_size=32561, delta=1e-5)
     tiny = DPSGDMechanism.from_settings(PrivacyConfig(noise_multiplier=None, target_epsilon=0.004), **kw)

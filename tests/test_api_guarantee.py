@@ -16,20 +16,20 @@ from omegaconf import OmegaConf
 from torch import nn
 from torch.nn import functional as F
 
-import dptrain.cli  # noqa: F401  (registers the config schema)
+import dptrain.tasks.cli  # noqa: F401  (registers the config schema)
+from dptrain.core.errors import DPTrainError
+from dptrain.core.validation import ConfigError
 from dptrain.data.table import encode_features, schema_from_config
-from dptrain.errors import DPTrainError
-from dptrain.estimators import DPLogisticRegression
 from dptrain.inference.coefficients import encoder_from_schema
 from dptrain.inference.ssp import describe, sensitivity, ssp_estimate
-from dptrain.layers import Squeeze
-from dptrain.privacy.model_check import ModelCheckError
+from dptrain.privacy.dpsgd.layers import Squeeze
+from dptrain.privacy.dpsgd.model_check import ModelCheckError
 from dptrain.privacy.randomness import Randomness
-from dptrain.private import make_private
 from dptrain.release.api import CellEstimates, PrivateSelectionConfig, fit_cells, release_custom
 from dptrain.release.cells import Domain, group_cells
-from dptrain.release.settings import validate_release
-from dptrain.validation import ConfigError
+from dptrain.settings.release import validate_release
+from dptrain.training.estimators import DPLogisticRegression
+from dptrain.training.private import make_private
 
 # ------------------------------------------------------------------------------ finding 2: cells
 

@@ -16,8 +16,11 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 from scipy import stats
 
-from dptrain import cli
-from dptrain.audit import (
+from dptrain.core.validation import ConfigError
+from dptrain.data import Dataset
+from dptrain.settings.train import Config
+from dptrain.tasks import cli
+from dptrain.tasks.audit import (
     add_canaries,
     audit_scores,
     count_correct,
@@ -25,8 +28,7 @@ from dptrain.audit import (
     guess_counts,
     p_value,
 )
-from dptrain.config import Config, ConfigError, validate
-from dptrain.data import Dataset
+from dptrain.tasks.registry import validate
 
 # ---------------------------------------------------------------------------- the bound
 

@@ -1,4 +1,4 @@
-"""dptrain.baselines: the scikit-learn side of a run's evaluation (the NON-private baselines and the
+"""dptrain.models.baselines: the scikit-learn side of a run's evaluation (the NON-private baselines and the
 test ROC AUC), torch-free so that the accounting worker can compute it. Without a worker each
 objective's numbers are sklearn's own, fitted here."""
 
@@ -15,9 +15,9 @@ import torch
 from sklearn.linear_model import LinearRegression, LogisticRegression
 from sklearn.metrics import roc_auc_score
 
-from dptrain import baselines
-from dptrain.objectives import BinaryLogistic, Multinomial
-from dptrain.objectives import LinearRegression as LinearObjective
+from dptrain.models import baselines
+from dptrain.models.objectives import BinaryLogistic, Multinomial
+from dptrain.models.objectives import LinearRegression as LinearObjective
 
 
 def _rows(kind: str, n: int = 600, d: int = 5, seed: int = 3) -> SimpleNamespace:
@@ -88,7 +88,7 @@ def test_the_numpy_auc_is_sklearns_with_ties_and_one_sort():
 def test_the_module_imports_no_torch_and_no_sklearn():
     """Importing it imports neither torch nor scikit-learn (nor scipy): a run without a baseline
     computes its ROC AUC without them."""
-    code = ("import sys; import dptrain.baselines; "
+    code = ("import sys; import dptrain.models.baselines; "
             "print(sorted(m for m in ('torch', 'sklearn', 'scipy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

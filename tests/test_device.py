@@ -24,19 +24,26 @@ from omegaconf import OmegaConf
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-import dptrain.cli  # noqa: F401  (registers the config schema)
-import dptrain.device as device_mod
+import dptrain.core.device as device_mod
 import dptrain.privacy.randomness as rnd
-from dptrain.checkpoint import CheckpointError, restore
-from dptrain.config import validate, validate_against_size
+import dptrain.tasks.cli  # noqa: F401  (registers the config schema)
+from dptrain.core.device import DeviceError, resolve_device
 from dptrain.data import load_dataset
-from dptrain.device import DeviceError, resolve_device
-from dptrain.layers import Squeeze
-from dptrain.objectives import BINARY, build_objective
-from dptrain.privacy.engine import DevicePoissonSampler, PinnedPoissonSampler, PoissonSampler, make_engine, make_sampler
+from dptrain.models.objectives import BINARY, build_objective
+from dptrain.privacy.dpsgd.engine import (
+    DevicePoissonSampler,
+    PinnedPoissonSampler,
+    PoissonSampler,
+    make_engine,
+    make_sampler,
+)
+from dptrain.privacy.dpsgd.layers import Squeeze
 from dptrain.privacy.randomness import Randomness, philox_state, seeded_philox
-from dptrain.tracking import Tracker
-from dptrain.train import LaunchConfig, fit, mechanism_for
+from dptrain.runfolder.tracking import Tracker
+from dptrain.settings.train import validate_against_size
+from dptrain.tasks.registry import validate
+from dptrain.training.checkpoint import CheckpointError, restore
+from dptrain.training.fit import LaunchConfig, fit, mechanism_for
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -347,7 +354,7 @@ def test_reproducible_streams_of_a_gpu_checkpoint_are_not_resumed_on_the_cpu(tmp
 
 
 def test_make_private_follows_the_models_device():
-    from dptrain.private import make_private
+    from dptrain.training.private import make_private
 
     model = _mlp(4)
     x, y = torch.rand(300, 4), (torch.rand(300) > 0.5).float()

@@ -14,7 +14,8 @@ from scipy import stats
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-RUN = ["experiment=logit", "trainer.epochs=5", "trainer.progress=false", "trainer.threads=1"]
+RUN = ["experiment=logit", "estimator.interval_share=0", "trainer.epochs=5", "trainer.progress=false",
+       "trainer.threads=1"]
 
 
 def _env() -> dict[str, str]:
@@ -83,8 +84,8 @@ def test_two_process_resume_continues_every_ranks_stream(tmp_path):
     (every rank's sampler state is checkpointed). Default runs store no stream state."""
     import torch
 
-    from dptrain.checkpoint import checkpoint_path_in, load_checkpoint
     from dptrain.privacy.randomness import new_seed_file
+    from dptrain.training.checkpoint import checkpoint_path_in, load_checkpoint
 
     full, part = tmp_path / "full", tmp_path / "part"
     key = new_seed_file(tmp_path / "noise.key")

@@ -24,19 +24,22 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 from scipy import stats
 
-import dptrain.train
-from dptrain import cli
-from dptrain.config import ConfigError, validate, validate_against_size
+import dptrain.training.fit
+from dptrain.core.validation import ConfigError
 from dptrain.data import load_dataset
-from dptrain.models import logit, mlp
-from dptrain.objectives import BINARY, DataSpec, build_objective
+from dptrain.models.networks import logit, mlp
+from dptrain.models.objectives import BINARY, DataSpec, build_objective
 from dptrain.privacy.accounting import calibrate_noise_multiplier, rdp_epsilon
 from dptrain.privacy.curves import TAG, bounded_loss_sum, joint_noise_multiplier
-from dptrain.privacy.engine import make_engine
+from dptrain.privacy.dpsgd.engine import make_engine
 from dptrain.privacy.randomness import Randomness, settings_digest
-from dptrain.tracking import Tracker
+from dptrain.runfolder.tracking import Tracker
+from dptrain.settings.train import validate_against_size
+from dptrain.tasks import cli
+from dptrain.tasks.registry import validate
 
-SMALL = ["experiment=logit", "data=synthetic", "data.n_rows=3000", "trainer.epochs=2", "trainer.batch_size=100",
+SMALL = ["experiment=logit", "estimator.interval_share=0",
+         "data=synthetic", "data.n_rows=3000", "trainer.epochs=2", "trainer.batch_size=100",
          "trainer.progress=false", "trainer.baseline=false", "trainer.eval_every=1000"]
 
 
@@ -130,8 +133,8 @@ def test_the_run_accounting_invariant_observes_the_curve(tmp_path):
 
     def train(on_engine):
         conf = copy.deepcopy(cfg)
-        return dptrain.train.fit(conf, data, mechanism=dptrain.train.mechanism_for(conf, dataset_size=data.n_train,
-                                                                                   delta=delta),
+        mechanism = dptrain.training.fit.mechanism_for(conf, dataset_size=data.n_train, delta=delta)
+        return dptrain.training.fit.fit(conf, data, mechanism=mechanism,
                                  tracker=Tracker(tmp_path, tensorboard=False), on_engine=on_engine)
 
     out = check_run_accounting(train, delta=delta, accountants=("rdp",))
@@ -193,11 +196,11 @@ def test_bounded_loss_sum_keeps_each_example_in_zero_to_l():
 
 
 def test_released_value_is_unbiased_for_the_clipped_mean_with_the_stated_sd():
-    """The loop's release (dptrain.train.release_curve: the mechanism's formula, one draw from the
+    """The loop's release (dptrain.training.fit.release_curve: the mechanism's formula, one draw from the
     run's secret stream "curve-noise" per step) on one fixed batch, 20,000 times: mean = the sum of
     the clipped losses / B, SD = sigma_c L / B; draws of different steps are uncorrelated."""
     cfg, data, delta = _setup(["privacy.noise_multiplier=1.0"])
-    mech = dptrain.train.mechanism_for(cfg, dataset_size=data.n_train, delta=delta)
+    mech = dptrain.training.fit.mechanism_for(cfg, dataset_size=data.n_train, delta=delta)
     torch.manual_seed(0)
     net = logit(in_features=data.x_train.shape[1])
     eng = mech.build_engine(net, engine="fast", generator=torch.Generator().manual_seed(0), objective=BINARY)
@@ -211,7 +214,7 @@ def test_released_value_is_unbiased_for_the_clipped_mean_with_the_stated_sd():
         mechanism, randomness = mech, Randomness.fresh()
 
     n = 20_000
-    values = np.array([dptrain.train.release_curve(_Run, st, step) for step in range(1, n + 1)])
+    values = np.array([dptrain.training.fit.release_curve(_Run, st, step) for step in range(1, n + 1)])
     sd = mech.curve.noise_multiplier * mech.curve.loss_bound / mech.expected_batch_size
     assert sd == mech.curve_noise_std > 0
     mean_z = (values.mean() - want / 100) / (sd / math.sqrt(n))
@@ -335,7 +338,7 @@ def test_objective_defaults_and_a_plugin_objective_without_one():
     spec = DataSpec(3, target_kind="multiclass", class_names=("a", "b", "c", "d"))
     assert build_objective("multinomial").curve_loss_bound(spec) == pytest.approx(math.log(4) + 1)
     assert build_objective("linear").curve_loss_bound(DataSpec(3, "continuous", target_bounds=(0, 1))) == 0.5
-    from dptrain.objectives import OBJECTIVES, BinaryLogistic
+    from dptrain.models.objectives import OBJECTIVES, BinaryLogistic
 
     class NoBound(BinaryLogistic):
         name = "no_bound"
@@ -356,5 +359,5 @@ def test_objective_defaults_and_a_plugin_objective_without_one():
 
 def test_audit_mechanism_releases_no_curve():
     cfg, data, delta = _setup([])
-    assert dptrain.train.mechanism_for(cfg, dataset_size=data.n_train, delta=delta, curves=False).curve is None
-    assert dptrain.train.mechanism_for(cfg, dataset_size=data.n_train, delta=delta).curve is not None
+    assert dptrain.training.fit.mechanism_for(cfg, dataset_size=data.n_train, delta=delta, curves=False).curve is None
+    assert dptrain.training.fit.mechanism_for(cfg, dataset_size=data.n_train, delta=delta).curve is not None

@@ -11,9 +11,9 @@ import pytest
 import torch
 from scipy import stats
 
-from dptrain.models import logit, mlp
-from dptrain.objectives import BINARY
-from dptrain.privacy.engine import (
+from dptrain.models.networks import logit, mlp
+from dptrain.models.objectives import BINARY
+from dptrain.privacy.dpsgd.engine import (
     FastLinearEngine,
     NonPrivateEngine,
     OpacusEngine,
@@ -285,7 +285,7 @@ def test_prefetched_noise_is_the_sequential_stream_and_checkpoints_rewind():
 # ------------------------------------------------------------------ the buffered fast path
 
 def _stack(*layers: torch.nn.Module) -> torch.nn.Sequential:
-    from dptrain.models import Squeeze
+    from dptrain.models.networks import Squeeze
 
     return torch.nn.Sequential(*layers, Squeeze())
 

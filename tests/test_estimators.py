@@ -13,10 +13,11 @@ from sklearn.base import clone
 from sklearn.model_selection import cross_val_score
 from sklearn.pipeline import Pipeline
 
-import dptrain.cli  # noqa: F401  (registers the config schema)
-from dptrain.errors import DPTrainError
-from dptrain.estimators import DPLogisticRegression, DPMLPClassifier, PublicBoundsScaler
-from dptrain.privacy.accounting import compute_epsilon
+import dptrain.tasks.cli  # noqa: F401  (registers the config schema)
+from dptrain.core.errors import DPTrainError
+from dptrain.privacy.accounting import compute_epsilon, history_epsilon
+from dptrain.privacy.events import gaussian_event, poisson_gaussian
+from dptrain.training.estimators import DPLogisticRegression, DPMLPClassifier, PublicBoundsScaler
 
 
 def _synthetic(n: int = 3000, d: int = 5, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -51,8 +52,11 @@ def test_pipeline_on_adult_fits_predicts_and_reports(adult):
     q, steps = 256 / len(X), clf.n_iter_
     assert steps == round(5 / q) and report["steps"] == steps and report["dataset_size"] == len(X)
     assert clf.epsilon_ == report["epsilon"] <= 1.0 and clf.delta_ == report["delta"] == 1e-5
-    assert clf.epsilon_ == compute_epsilon(accountant="rdp", sample_rate=q, noise_multiplier=clf.noise_multiplier_,
-                                           steps=steps, delta=1e-5)
+    # DP-SGD's steps composed with the intervals' Gaussian release (interval_share, default 0.25)
+    assert clf.epsilon_ == history_epsilon(((poisson_gaussian(sample_rate=q, noise_multiplier=clf.noise_multiplier_),
+                                             steps), (gaussian_event(clf.interval_noise_multiplier_), 1)), delta=1e-5)
+    assert compute_epsilon(accountant="rdp", sample_rate=q, noise_multiplier=clf.noise_multiplier_, steps=steps,
+                           delta=1e-5) < clf.epsilon_
     for key in ("guarantee", "epsilons", "noise_multiplier", "sample_rate", "not_covered", "randomness", "tier"):
         assert key in report
     assert report["noise_multiplier_source"] == "calibrated" and report["target_epsilon"] == 1.0

@@ -18,15 +18,16 @@ import torch
 from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
 
-from dptrain import cli
-from dptrain.models import logit
-from dptrain.objectives import OBJECTIVES, DataSpec
+from dptrain.models.networks import logit
+from dptrain.models.objectives import OBJECTIVES, DataSpec
 from dptrain.privacy.accounting import ACCOUNTANTS, calibrate_noise_multiplier
-from dptrain.privacy.engine import FastLinearEngine
+from dptrain.privacy.dpsgd.engine import FastLinearEngine
 from dptrain.privacy.events import EVENT_KINDS, poisson_gaussian
+from dptrain.tasks import cli
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = ["experiment=logit", "data=synthetic", "data.n_rows=2000", "trainer.epochs=1", "trainer.batch_size=100",
+SMALL = ["experiment=logit", "estimator.interval_share=0",
+         "data=synthetic", "data.n_rows=2000", "trainer.epochs=1", "trainer.batch_size=100",
          "trainer.progress=false", "trainer.baseline=false"]
 
 
@@ -155,7 +156,7 @@ def test_unknown_names_are_refused_with_the_registered_ones(tmp_path, capsys):
 PLUGIN = textwrap.dedent('''
     """A user's plugin module: registers a toy accountant and a toy objective."""
     import math
-    from dptrain.objectives import OBJECTIVES, BinaryLogistic
+    from dptrain.models.objectives import OBJECTIVES, BinaryLogistic
     from dptrain.privacy.accounting import ACCOUNTANTS, RdpAccountant
 
 

@@ -19,10 +19,13 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from dptrain import cli
-from dptrain.config import Config, ConfigError, DataConfig, NumericColumn, validate
+from dptrain.core.errors import DPTrainError
+from dptrain.core.validation import ConfigError
 from dptrain.data import DataError, load_dataset, read_table, write_data_diagnostics
-from dptrain.errors import DPTrainError
+from dptrain.settings.data import DataConfig, NumericColumn
+from dptrain.settings.train import Config
+from dptrain.tasks import cli
+from dptrain.tasks.registry import validate
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["data=synthetic", "data.n_rows=600", "trainer.epochs=1", "trainer.batch_size=100",
@@ -256,7 +259,7 @@ def test_item7_an_error_is_printed_once_and_kept_in_the_private_log(tmp_path):
 def test_item7_no_cell_with_three_rows_is_refused_first_by_setting(tmp_path):
     path = _release_table(tmp_path / "tiny.csv", per_cell=2, cells=30)
     conf = _release(path, "release.domain={x_lo: 0, x_hi: 1, y_lo: 0, y_hi: 1}", "release.private_evaluation=true")
-    from dptrain.release.run import run_task
+    from dptrain.tasks.release import run_task
 
     with pytest.raises(DPTrainError) as err:
         run_task(_compose(conf), run_dir=tmp_path / "run")
@@ -353,7 +356,8 @@ def test_item9_help_points_to_the_reference_and_lists_tasks_presets_settings(tmp
     assert "docs/settings.md" in text
     for word in ("train", "audit", "release", "predict", "logit_nonprivate", "mos_atlas", "eps_grid"):
         assert word in text, word
-    from dptrain.config import _all_paths, _task_schemas
+    from dptrain.settings.command_line import _all_paths
+    from dptrain.tasks.registry import task_schemas as _task_schemas
 
     known = {p for schema in _task_schemas().values() for p in _all_paths(schema)}
     known |= {f"data.{f}" for f in ("path", "target", "positive", "numeric", "categorical", "delimiter",
@@ -377,7 +381,7 @@ def test_item9_the_composed_config_is_readable_and_adult_unchanged():
 def test_item9_hparams_trials_let_tensorboard_compare_the_runs(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from dptrain.tracking import Tracker
+    from dptrain.runfolder.tracking import Tracker
 
     for sigma in (1.0, 2.0):
         tracker = Tracker(tmp_path / f"sigma={sigma}", tensorboard=True)

@@ -1,4 +1,4 @@
-"""The step a training run takes (dptrain.privacy.graph.BatchStep), and the padded step a GPU run
+"""The step a training run takes (dptrain.privacy.dpsgd.graph.BatchStep), and the padded step a GPU run
 replays as a CUDA graph, checked on the CPU: the padded step over ``capacity`` rows, the batch's k
 rows weighted 1 and the padding 0, gives the same noisy gradient as the step on the k rows alone
 (float64, the same noise draw), for every fused path of the fast engine and both buffer layouts.
@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from dptrain.layers import Squeeze
-from dptrain.objectives import BINARY, build_objective
-from dptrain.privacy.engine import DevicePoissonSampler, PinnedPoissonSampler, PoissonSampler, make_engine
-from dptrain.privacy.graph import BatchStep, graph_blocker, graph_capacity
+from dptrain.models.objectives import BINARY, build_objective
+from dptrain.privacy.dpsgd.engine import DevicePoissonSampler, PinnedPoissonSampler, PoissonSampler, make_engine
+from dptrain.privacy.dpsgd.graph import BatchStep, graph_blocker, graph_capacity
+from dptrain.privacy.dpsgd.layers import Squeeze
 
 B = 40.0
 
@@ -153,8 +153,8 @@ def test_the_setting_is_in_the_config_and_the_settings_reference():
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    import dptrain.cli  # noqa: F401  (registers the config schema)
-    from dptrain.config import validate
+    import dptrain.tasks.cli  # noqa: F401  (registers the config schema)
+    from dptrain.tasks.registry import validate
 
     with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
         assert OmegaConf.to_object(compose(config_name="config")).trainer.cuda_graph is True

@@ -29,20 +29,13 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from dptrain import cli
-from dptrain.config import (
-    GRAD_NORM_RANGE,
-    MAX_STEPS,
-    MAX_TARGET_EPSILON,
-    SIGMA_RANGE,
-    Config,
-    ConfigError,
-    DataConfig,
-    NumericColumn,
-    validate,
-    validate_against_size,
-)
+from dptrain.core.validation import ConfigError
 from dptrain.data import DataError, load_dataset, read_table
+from dptrain.privacy.accounting import SIGMA_RANGE
+from dptrain.settings.data import DataConfig, NumericColumn
+from dptrain.settings.train import GRAD_NORM_RANGE, MAX_STEPS, MAX_TARGET_EPSILON, Config, validate_against_size
+from dptrain.tasks import cli
+from dptrain.tasks.registry import validate
 
 SENTINELS = ("SECRET_CANARY_XYZ", "987654.321", "987654")
 FAST = settings(max_examples=40, deadline=None,

@@ -11,16 +11,16 @@ import torch
 from hydra import compose, initialize_config_module
 from torch import nn
 
-from dptrain import cli
-from dptrain.models import Squeeze, logit, mlp
-from dptrain.objectives import BINARY
-from dptrain.privacy.engine import (
+from dptrain.models.networks import Squeeze, logit, mlp
+from dptrain.models.objectives import BINARY
+from dptrain.privacy.dpsgd.engine import (
     FastLinearEngine,
     NonPrivateEngine,
     OpacusEngine,
     make_engine,
 )
-from dptrain.privacy.model_check import ModelCheckError, check_model
+from dptrain.privacy.dpsgd.model_check import ModelCheckError, check_model
+from dptrain.tasks import cli
 
 per_example_loss = BINARY.per_example_loss  # binary cross-entropy with logits, one per example
 

@@ -30,11 +30,11 @@ from dp_invariants import (
 )
 from torch import nn
 
-import dptrain.privacy.engine
-import dptrain.train
-from dptrain.models import logit, mlp
+import dptrain.privacy.dpsgd.engine
+import dptrain.training.fit
+from dptrain.models.networks import logit, mlp
 from dptrain.privacy.accounting import PrivacyAccountant
-from dptrain.privacy.engine import (
+from dptrain.privacy.dpsgd.engine import (
     FastLinearEngine,
     GradientEngine,
     OpacusEngine,
@@ -191,9 +191,9 @@ def _accountant_step_mutant(*, sigma_factor: float = 1.0, q_factor: float = 1.0,
 
 
 def _stale_sigma_make_engine(factor: float):
-    """dptrain.privacy.engine.make_engine (what the mechanism builds its engine with) that builds
+    """dptrain.privacy.dpsgd.engine.make_engine (what the mechanism builds its engine with) that builds
     the engine with sigma * factor, while the accountant and report keep the (calibrated) sigma."""
-    orig = dptrain.privacy.engine.make_engine
+    orig = dptrain.privacy.dpsgd.engine.make_engine
 
     def build(model, *, noise_multiplier, **kwargs):
         return orig(model, noise_multiplier=noise_multiplier * factor, **kwargs)
@@ -215,9 +215,10 @@ def _setup(kind: str):
         from hydra import compose, initialize_config_module
         from omegaconf import OmegaConf
 
-        import dptrain.cli  # noqa: F401  (registers the config schema)
-        from dptrain.config import validate, validate_against_size
+        import dptrain.tasks.cli  # noqa: F401  (registers the config schema)
         from dptrain.data import load_dataset
+        from dptrain.settings.train import validate_against_size
+        from dptrain.tasks.registry import validate
 
         with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
             cfg = OmegaConf.to_object(compose(config_name="config", overrides=[
@@ -230,14 +231,14 @@ def _setup(kind: str):
 
 
 def _trainer(kind: str, tmp_path):
-    from dptrain.tracking import Tracker
+    from dptrain.runfolder.tracking import Tracker
 
     cfg, data, delta = _setup(kind)
 
     def train(on_engine):
         conf = copy.deepcopy(cfg)
-        return dptrain.train.fit(conf, data,
-                                 mechanism=dptrain.train.mechanism_for(conf, dataset_size=data.n_train, delta=delta),
+        mechanism = dptrain.training.fit.mechanism_for(conf, dataset_size=data.n_train, delta=delta)
+        return dptrain.training.fit.fit(conf, data, mechanism=mechanism,
                                  tracker=Tracker(tmp_path, tensorboard=False), on_engine=on_engine)
 
     return train, delta
@@ -403,7 +404,7 @@ def test_mutation_accountant(monkeypatch, tmp_path, mutant):
 
 def test_mutation_engine_built_with_stale_sigma(monkeypatch, tmp_path):
     # seen: reported 0.4999 (calibrated sigma 1.922) against 0.766 of the engine's sigma 1.538
-    monkeypatch.setattr(dptrain.privacy.engine, "make_engine", _stale_sigma_make_engine(0.8))
+    monkeypatch.setattr(dptrain.privacy.dpsgd.engine, "make_engine", _stale_sigma_make_engine(0.8))
     train, delta = _trainer("calibrated", tmp_path)
     with pytest.raises(AssertionError, match="epsilon .* of the mechanism run"):
         check_run_accounting(train, delta=delta)

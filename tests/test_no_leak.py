@@ -25,8 +25,8 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 
-from dptrain import cli
 from dptrain.data import DataError, load_dataset
+from dptrain.tasks import cli
 
 NUM = 987654.321
 CAT = "SECRET_CANARY_XYZ"

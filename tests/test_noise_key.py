@@ -20,10 +20,10 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from dptrain import cli
-from dptrain.config import Config
 from dptrain.data.shards import load_training_data
 from dptrain.privacy.randomness import Randomness, RandomnessError, data_digest, new_seed_file
+from dptrain.settings.train import Config
+from dptrain.tasks import cli
 
 # ------------------------------------------------------------------------------ the key's streams
 

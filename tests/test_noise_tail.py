@@ -16,11 +16,11 @@ import torch
 from scipy import stats
 from torch import nn
 
-from dptrain.layers import Squeeze
-from dptrain.objectives import build_objective
+from dptrain.models.objectives import build_objective
 from dptrain.privacy import noise_law
-from dptrain.privacy.engine import FastLinearEngine, refined_box_muller, standard_normal64
-from dptrain.privacy.mechanism import DPSGDMechanism
+from dptrain.privacy.dpsgd.engine import FastLinearEngine, refined_box_muller, standard_normal64
+from dptrain.privacy.dpsgd.layers import Squeeze
+from dptrain.privacy.dpsgd.mechanism import DPSGDMechanism
 from dptrain.privacy.report import build_report, format_report
 
 FLOAT32_Z_MAX = math.sqrt(48 * math.log(2))  # 5.7681

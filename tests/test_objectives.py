@@ -15,13 +15,13 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-from dptrain import cli
+from dptrain.core.errors import DPTrainError
 from dptrain.data import DataError, load_dataset, schema_from_config
 from dptrain.data.table import build_dataset
-from dptrain.errors import DPTrainError
-from dptrain.models import logit, mlp
-from dptrain.objectives import BINARY, OBJECTIVES, DataSpec, Multinomial
-from dptrain.privacy.engine import FastLinearEngine, OpacusEngine
+from dptrain.models.networks import logit, mlp
+from dptrain.models.objectives import BINARY, OBJECTIVES, DataSpec, Multinomial
+from dptrain.privacy.dpsgd.engine import FastLinearEngine, OpacusEngine
+from dptrain.tasks import cli
 
 K = 4
 CLASSES = ("a", "b", "c", "d")
@@ -269,7 +269,7 @@ def test_continuous_target_is_clipped_scaled_and_counted_privately(tmp_path):
 
 
 def test_adult_target_choice_removes_it_from_the_features():
-    from dptrain.config import DataConfig
+    from dptrain.settings.data import DataConfig
 
     base = schema_from_config(DataConfig(name="adult", schema="adult"))
     rel = schema_from_config(DataConfig(name="adult", schema="adult", target="relationship",
@@ -317,7 +317,7 @@ FAST = ["trainer.epochs=1", "trainer.progress=false", "trainer.baseline=false", 
 
 def test_multiclass_preset_end_to_end_and_predictions(tmp_path):
     from dptrain.data import load_adult_frame
-    from dptrain.predict import load_model
+    from dptrain.tasks.predict import load_model
 
     run = tmp_path / "mc"
     acc = cli.run(_compose(["experiment=multiclass", *FAST]), run_dir=run)
@@ -339,7 +339,7 @@ def test_multiclass_preset_end_to_end_and_predictions(tmp_path):
 
 def test_linreg_preset_end_to_end_and_predictions(tmp_path):
     from dptrain.data import load_adult_frame
-    from dptrain.predict import load_model
+    from dptrain.tasks.predict import load_model
 
     run = tmp_path / "lr"
     rmse = cli.run(_compose(["experiment=linreg", *FAST]), run_dir=run)

@@ -1,4 +1,4 @@
-"""dptrain.optimizers: torch.optim classes without torch._dynamo's import. The updates, states and
+"""dptrain.models.optimizers: torch.optim classes without torch._dynamo's import. The updates, states and
 checkpoints must be torch's own, bit for bit; only the import goes."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dptrain.optimizers import build_optimizer, eager_class, eager_factory
+from dptrain.models.optimizers import build_optimizer, eager_class, eager_factory
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -145,7 +145,7 @@ def test_the_eager_classes_never_import_torchs_compiler():
     fail). A whole command-line run is checked in tests/test_startup.py (slow)."""
     code = (
         "import json, sys, torch\n"
-        "from dptrain.optimizers import build_optimizer\n"
+        "from dptrain.models.optimizers import build_optimizer\n"
         "seen = []\n"
         "for target in ('torch.optim.SGD', 'torch.optim.Adam'):\n"
         "    p = torch.nn.Parameter(torch.ones(3))\n"

@@ -38,10 +38,10 @@ def test_wheel_ships_configs_and_data_and_runs_from_outside_the_repo(tmp_path):
     res = subprocess.run([sys.executable, "-m", "dptrain", "experiment=mlp", "--cfg", "job"], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "dptrain.models.mlp" in res.stdout and "schema: adult" in res.stdout  # dptrain/data/adult/schema.yaml
+    assert "dptrain.models.networks.mlp" in res.stdout and "schema: adult" in res.stdout
     run = subprocess.run(
-        [sys.executable, "-c", "from dptrain.data import load_dataset; from dptrain.config import DataConfig;"
-         "from hydra import compose, initialize_config_module; import dptrain.cli;"
+        [sys.executable, "-c", "from dptrain.data import load_dataset; from dptrain.settings.data import DataConfig;"
+         "from hydra import compose, initialize_config_module; import dptrain.tasks.cli;"
          "from omegaconf import OmegaConf\n"
          "with initialize_config_module(config_module='dptrain.conf', version_base='1.3'):\n"
          "    cfg = OmegaConf.to_object(compose(config_name='config', overrides=['experiment=logit']))\n"

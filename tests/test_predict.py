@@ -17,10 +17,10 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from dptrain import cli
-from dptrain.checkpoint import CheckpointError
 from dptrain.data import DataError, load_adult_frame, load_dataset, schema_from_config
-from dptrain.predict import load_model
+from dptrain.tasks import cli
+from dptrain.tasks.predict import load_model
+from dptrain.training.checkpoint import CheckpointError
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = ["trainer.epochs=1", "trainer.progress=false", "trainer.baseline=false", "logger.tensorboard=false"]
@@ -53,7 +53,7 @@ def new_rows(tmp_path_factory) -> Path:
 def test_model_file_holds_weights_and_the_resolved_public_schema_only(logit_run):
     state = torch.load(logit_run / "model.pt", weights_only=True)
     assert state["format"] == "dptrain-model-v2" and state["objective"] == "binary"
-    assert state["model"]["_target_"] == "dptrain.models.logit" and state["in_features"] == 112
+    assert state["model"]["_target_"] == "dptrain.models.networks.logit" and state["in_features"] == 112
     schema = state["schema"]
     declared = schema_from_config(OmegaConf.to_object(_compose(["experiment=logit"])).data)
     assert schema["target"] == declared.target == "income" and schema["positive"] == declared.positive == ">50K"
@@ -191,7 +191,7 @@ def test_model_files_that_cannot_be_used_are_refused(logit_run, tmp_path):
     torch.save({**state, "model": {"_target_": "os.getcwd"}}, tmp_path / "foreign.pt")
     with pytest.raises(CheckpointError, match="trust_model_target"):
         load_model(tmp_path / "foreign.pt")
-    torch.save({**state, "model": {"_target_": "dptrain.models.mlp", "hidden": [4]}}, tmp_path / "other.pt")
+    torch.save({**state, "model": {"_target_": "dptrain.models.networks.mlp", "hidden": [4]}}, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="cannot be rebuilt"):
         load_model(tmp_path / "other.pt")
     (tmp_path / "junk.pt").write_bytes(b"not a model")
@@ -201,7 +201,7 @@ def test_model_files_that_cannot_be_used_are_refused(logit_run, tmp_path):
 
 def user_net(*, in_features: int, width: int = 6) -> torch.nn.Sequential:
     """A model of the user's own (model._target_=test_predict.user_net)."""
-    from dptrain.layers import Squeeze
+    from dptrain.privacy.dpsgd.layers import Squeeze
 
     return torch.nn.Sequential(torch.nn.Linear(in_features, width), torch.nn.Tanh(), torch.nn.Linear(width, 1),
                                Squeeze())

@@ -1,4 +1,4 @@
-"""Your own PyTorch model and loop with dptrain's DP-SGD (dptrain.private, a make_private-style
+"""Your own PyTorch model and loop with dptrain's DP-SGD (dptrain.training.private, a make_private-style
 wrapper): Poisson batches, the engine's clipped noisy gradient, the accountant, the report; models
 that mix examples and batches that were not Poisson-sampled are refused."""
 
@@ -11,12 +11,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dptrain.errors import DPTrainError
-from dptrain.layers import Squeeze
+from dptrain.core.errors import DPTrainError
 from dptrain.privacy.accounting import compute_epsilon
-from dptrain.privacy.model_check import ModelCheckError
+from dptrain.privacy.dpsgd.layers import Squeeze
+from dptrain.privacy.dpsgd.model_check import ModelCheckError
 from dptrain.privacy.randomness import Randomness, new_seed_file
-from dptrain.private import DPConfig, PrivateTraining, make_private
+from dptrain.training.private import DPConfig, PrivateTraining, make_private
 
 
 def _data(n: int = 2000, d: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

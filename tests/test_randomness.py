@@ -23,8 +23,6 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 import dptrain.privacy.randomness as rnd
-from dptrain import cli
-from dptrain.config import validate, validate_against_size
 from dptrain.data import load_dataset
 from dptrain.privacy.randomness import (
     Randomness,
@@ -33,8 +31,11 @@ from dptrain.privacy.randomness import (
     seeded_mt19937,
     settings_digest,
 )
-from dptrain.tracking import Tracker
-from dptrain.train import LaunchConfig, fit, mechanism_for
+from dptrain.runfolder.tracking import Tracker
+from dptrain.settings.train import validate_against_size
+from dptrain.tasks import cli
+from dptrain.tasks.registry import validate
+from dptrain.training.fit import LaunchConfig, fit, mechanism_for
 
 # ------------------------------------------------------------------------------ generators
 

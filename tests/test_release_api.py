@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dptrain.core.validation import ConfigError
 from dptrain.release.api import CellEstimates, Release, fit_cells
-from dptrain.validation import ConfigError
 
 
 def _frame(seed=0, n_cells=12):

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from dptrain.errors import DPTrainError
-from dptrain.neighbours import Neighbours, add_remove_footing, comparison_epsilon
+from dptrain.core.errors import DPTrainError
+from dptrain.core.neighbours import Neighbours, add_remove_footing, comparison_epsilon
 from dptrain.privacy.accounting import calibrate_noise_multiplier, rdp_epsilon
 from dptrain.release.cells import Domain, ReleaseError, make_cells, ols, statistic
 from dptrain.release.methods import dp_gd, noisy_stats, ss_laplace
@@ -58,7 +58,7 @@ def _ols(cells, stat):
 
 # ------------------------------------------------------------------ epsilon footing
 def test_normalise_epsilon_factor_two_both_ways():
-    """The comparison convention the runner applies to every method (dptrain.neighbours)."""
+    """The comparison convention the runner applies to every method (dptrain.core.neighbours)."""
     assert comparison_epsilon(1.5, "replace_one") == 3.0
     assert add_remove_footing(3.0, "replace_one") == 1.5
     assert comparison_epsilon(0.7, "add_remove") == 0.7 and comparison_epsilon(0.7, "add") == 0.7

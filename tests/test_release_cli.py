@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 
-from dptrain import cli
+from dptrain.tasks import cli
 
 SMALL = ["data.n_cells=120", "release.tail_epsilons=[1,4]"]
 

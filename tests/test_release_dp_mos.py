@@ -340,8 +340,8 @@ def test_likelihood_ratio_of_one_row_is_within_the_claim_and_mos_fails_it():
 def test_release_json_states_the_end_to_end_guarantee(tmp_path):
     from hydra import compose, initialize_config_module
 
-    from dptrain.config import register_configs
-    from dptrain.release.run import run_task
+    from dptrain.tasks.registry import register_configs
+    from dptrain.tasks.release import run_task
 
     register_configs()
     with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
@@ -407,9 +407,9 @@ def test_one_chi_per_public_group():
 def test_settings_that_dp_mos_cannot_honour_are_refused(extra, needle, tmp_path):
     from hydra import compose, initialize_config_module
 
-    from dptrain.config import register_configs
-    from dptrain.release.run import run_task
-    from dptrain.validation import ConfigError
+    from dptrain.core.validation import ConfigError
+    from dptrain.tasks.registry import register_configs
+    from dptrain.tasks.release import run_task
 
     register_configs()
     with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):

@@ -15,13 +15,13 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 
-from dptrain.config import register_configs
-from dptrain.errors import DPTrainError
-from dptrain.neighbours import Neighbours
+from dptrain.core.errors import DPTrainError
+from dptrain.core.neighbours import Neighbours
 from dptrain.release.methods import RELEASE_METHODS, MethodResult, ReleaseMethod
 from dptrain.release.methods.common import method_meta, reasons, result_frame
 from dptrain.release.noise import add_noise, calibrate
-from dptrain.release.run import run_task
+from dptrain.tasks.registry import register_configs
+from dptrain.tasks.release import run_task
 
 SMALL = ["experiment=mos_atlas", "data.n_cells=60"]
 

@@ -22,7 +22,6 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-from dptrain import cli
 from dptrain.privacy.randomness import seeded_mt19937
 from dptrain.release.cell_domain import select_cells, selection_threshold
 from dptrain.release.cells import Domain, group_cells, make_cells
@@ -33,6 +32,7 @@ from dptrain.release.methods.noisy_stats import noisy_stats
 from dptrain.release.methods.ss_laplace import sufficient_stats_laplace
 from dptrain.release.methods.suppression import suppression
 from dptrain.release.methods.theil_sen import TheilSenConfig, dp_theil_sen
+from dptrain.tasks import cli
 
 CELLS = ["a", "b", "c", "d", "e"]
 DECLARED = "release.cell_values={cell: [a, b, c, d, e, f]}"

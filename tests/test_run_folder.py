@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dptrain import runlock, verify
-from dptrain.stopping import EXIT_STOPPED
+from dptrain.runfolder import runlock, verify
+from dptrain.runfolder.stopping import EXIT_STOPPED
 
 # ------------------------------------------------------------------------------ the lock
 
@@ -24,7 +24,7 @@ def _hold_in_child(folder: Path) -> subprocess.Popen:
     """A second process that takes the folder's lock and waits for a line on stdin."""
     code = textwrap.dedent(f"""
         import sys
-        from dptrain import runlock
+        from dptrain.runfolder import runlock
         runlock.acquire({str(folder)!r})
         print("held", flush=True)
         sys.stdin.readline()

@@ -27,8 +27,7 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from dptrain import cli  # registers the config schemas
-from dptrain.config import ConfigError
+from dptrain.core.validation import ConfigError
 from dptrain.data import DataError, load_dataset
 from dptrain.data import shards as shards_mod
 from dptrain.data.shards import (
@@ -39,6 +38,7 @@ from dptrain.data.shards import (
     shard_pieces,
     sharding_plan,
 )
+from dptrain.tasks import cli  # registers the config schemas
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
@@ -283,10 +283,10 @@ def test_what_cannot_be_sharded_is_refused_before_any_row_is_read(tmp_path, monk
     with pytest.raises(ConfigError, match=r"data.sharding='row_groups' is not allowed: reads Parquet row groups"):
         sharding_plan(_conf([*base, f"data.path={csv}", "data.sharding=row_groups"]), world=2)
     with pytest.raises(ConfigError, match=r"data.sharding='bogus' is not allowed"):
-        from dptrain.config import validate
+        from dptrain.tasks.registry import validate
 
         validate(_conf([*base, "data.sharding=bogus"]))
-    from dptrain.tune import check_tune
+    from dptrain.tasks.tune import check_tune
 
     tune = _conf(["experiment=logit", "task=tune", "tune=lr_clip", "privacy.noise_multiplier=null",
                   "privacy.target_epsilon=2", "trainer.distributed=true"])
@@ -305,11 +305,12 @@ def _env() -> dict[str, str]:
 
 @pytest.mark.slow  # 17 s of the fast suite; CI runs it with -m slow
 def test_two_process_sharded_run_matches_one_process(tmp_path):
-    from dptrain.objectives import build_objective
-    from dptrain.predict import load_model
+    from dptrain.models.objectives import build_objective
+    from dptrain.tasks.predict import load_model
 
     write_set(tmp_path / "set")
-    run = ["experiment=logit", *SCHEMA_ARGS, f"data.path={tmp_path / 'set'}", "trainer.epochs=2",
+    run = ["experiment=logit", "estimator.interval_share=0", *SCHEMA_ARGS, f"data.path={tmp_path / 'set'}",
+           "trainer.epochs=2",
            "trainer.batch_size=128", "trainer.progress=false", "trainer.threads=1", "trainer.baseline=false",
            "trainer.eval_every=10"]
     one, two, spy = tmp_path / "one", tmp_path / "two", tmp_path / "spy"

@@ -120,15 +120,15 @@ def test_no_import_cycle_counting_every_import():
     TYPE_CHECKING (there were four: privacy <-> objectives through the accounting worker,
     config <-> the task modules, release.run <-> its evaluation, data <-> data.shards)."""
     graph = _dptrain_imports()
-    assert len(graph) > 80 and "dptrain.privacy.engine" in graph["dptrain.train"]
+    assert len(graph) > 80 and "dptrain.privacy.dpsgd.engine" in graph["dptrain.training.fit"]
     assert _cycles(graph) == []
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check works
 
 
 def test_the_import_linter_contracts_hold():
-    """The layers (pyproject.toml, [tool.importlinter]): tasks > run folder and facades >
-    estimators and releases > training > settings > models and data > privacy > core; privacy/
-    imports no models, data, settings, scikit-learn or scipy; the tasks are independent."""
+    """The layers (pyproject.toml, [tool.importlinter]): tasks > inference, release > training >
+    settings > models, data > privacy, run folder > core; privacy/ imports no models, data,
+    settings, scikit-learn or scipy; the tasks are independent."""
     lint = Path(sys.executable).with_name("lint-imports")
     res = subprocess.run([str(lint)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
@@ -143,23 +143,34 @@ def test_no_process_holds_private_rows_beside_the_run():
         assert not re.search(r"^\s*(import|from) multiprocessing|os\.fork\(|subprocess\.Popen\(", text, re.M), path
 
 
-#: the one named boundary where dptrain modules are imported inside functions: the command line
-#: and its config checks, which must not import torch, pandas or numpy before a task runs (a
-#: refused command line is answered in about a second: tests/test_startup.py)
-LAZY_BOUNDARY = {
-    "dptrain.cli": {"dptrain.distributed"},
-    "dptrain.config": {"dptrain.data", "dptrain.data.table", "dptrain.optimizers", "dptrain.objectives",
-                       "dptrain.privacy.curves", "dptrain.privacy.engine", "dptrain.device"},
+#: the named boundaries where a heavy third-party library is imported inside a function, because
+#: only some runs need it: {dptrain module: {library}}. No dptrain module is ever imported there.
+LAZY_THIRD_PARTY = {
+    "dptrain.data.parquet": {"pyarrow.parquet"},  # Parquet input only
+    "dptrain.data.table": {"pyarrow.parquet"},
+    "dptrain.data.atlas": {"scipy.special"},  # data=atlas only
+    "dptrain.models.baselines": {"sklearn.linear_model", "threadpoolctl"},  # trainer.baseline=true only
+    "dptrain.privacy.accounting": {"dp_accounting"},  # an uncached accounting only (privacy/cache.py)
+    "dptrain.privacy.events": {"dp_accounting"},
+    "dptrain.privacy.dpsgd.engine": {"opacus"},  # engine=opacus only (models the fast engine cannot take)
+    "dptrain.privacy.dpsgd.model_check": {"opacus.validators"},
+    "dptrain.inference.intervals": {"scipy"},
+    "dptrain.inference.audit_bound": {"scipy"},  # task=audit only  # estimator=subsample_aggregate only
+    "dptrain.tasks.tune": {"scipy.optimize"},  # task=tune only
+    "dptrain.release.methods.suppression": {"scipy.stats"},  # the suppression baseline of a release only
+    "dptrain.release.intervals": {"scipy.special"},  # release intervals only
+    "dptrain.release.methods._gd_interval": {"scipy.special"},
+    "dptrain.release.figures": {"matplotlib.backends.backend_agg", "matplotlib.figure"},  # figures only
+    "dptrain.runfolder.tracking": {"torch.utils.tensorboard", "torch.utils.tensorboard.summary"},  # logger.tensorboard
 }
 
 
-def test_no_dptrain_import_inside_a_function_beyond_the_named_boundary():
-    """An import of a dptrain module inside a function body hides a dependency (the cycles of the
-    last renovation grew that way): only the command line and its config checks keep some, listed
-    in LAZY_BOUNDARY, because each of those modules imports torch or pandas."""
+def _function_imports() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """({module: dptrain modules imported inside its functions}, {module: other libraries})."""
     import ast
 
-    found: dict[str, set[str]] = {}
+    ours: dict[str, set[str]] = {}
+    theirs: dict[str, set[str]] = {}
     for path in (REPO / "dptrain").rglob("*.py"):
         parts = path.relative_to(REPO).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -167,8 +178,18 @@ def test_no_dptrain_import_inside_a_function_beyond_the_named_boundary():
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             for node in ast.walk(fn):
-                if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("dptrain")):
-                    found.setdefault(name, set()).add(node.module if not node.level else f".{node.module}")
-                elif isinstance(node, ast.Import) and any(a.name.startswith("dptrain") for a in node.names):
-                    found.setdefault(name, set()).update(a.name for a in node.names)
-    assert found == LAZY_BOUNDARY, {k: v - LAZY_BOUNDARY.get(k, set()) for k, v in found.items()}
+                mods = ([f".{node.module}" if node.level else node.module] if isinstance(node, ast.ImportFrom)
+                        else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+                for mod in mods:
+                    target = ours if mod.startswith((".", "dptrain")) else theirs
+                    target.setdefault(name, set()).add(mod)
+    return ours, theirs
+
+
+def test_no_dptrain_import_inside_a_function():
+    """An import of a dptrain module inside a function body hides a dependency (the cycles of the
+    last renovation grew that way): there is none. Heavy third-party libraries are imported inside
+    a function only at the boundaries named in LAZY_THIRD_PARTY."""
+    ours, theirs = _function_imports()
+    assert ours == {}
+    assert theirs == LAZY_THIRD_PARTY, {k: v - LAZY_THIRD_PARTY.get(k, set()) for k, v in theirs.items()}

@@ -40,7 +40,7 @@ def _write_run(sweep: Path, *, target_eps, seed, eps, acc, loss, auc, model="log
     (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     (run / ".hydra" / "config.yaml").write_text(
         f"seed: {seed}\ndata:\n  name: synthetic\n  test_public: {str(test_public).lower()}\n"
-        f"model:\n  _target_: dptrain.models.{model}\nprivacy:\n  enabled: {str(private).lower()}\n"
+        f"model:\n  _target_: dptrain.models.networks.{model}\nprivacy:\n  enabled: {str(private).lower()}\n"
     )
     if metrics:
         (run / "private").mkdir()
@@ -49,7 +49,7 @@ def _write_run(sweep: Path, *, target_eps, seed, eps, acc, loss, auc, model="log
             **tests, "baseline/nonprivate_acc": nonprivate_acc, "baseline/majority_acc": majority,
             "train/steps": 10,
         }))
-        # the run's publishable metrics.json, as dptrain.outputs.publishable_metrics writes it
+        # the run's publishable metrics.json, as dptrain.tasks.outputs.publishable_metrics writes it
         (run / "metrics.json").write_text(json.dumps({
             "train/steps": 10, **({"privacy/epsilon": eps, "privacy/delta": 1e-5} if private else {}),
             **({**tests, "baseline/majority_acc": majority} if test_public else {}),
@@ -194,7 +194,7 @@ def _readme_sweep(sweep: Path, sigmas=(0.5, 1, 2, 4)) -> None:
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from dptrain.config import register_configs
+    from dptrain.tasks.registry import register_configs
 
     register_configs()  # the schemas the shipped config extends, as python -m dptrain registers them
     for i, sigma in enumerate(sigmas):

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 
-import dptrain.cli as cli
+import dptrain.tasks.cli as cli
 import dptrain.tasks.train
-import dptrain.tune
-from dptrain.tune import CandidateLaw
+import dptrain.tasks.tune
+from dptrain.tasks.registry import TASKS
+from dptrain.tasks.tune import CandidateLaw
 
 TUNE = ["task=tune", "data=synthetic", "data.n_rows=4000", "trainer.epochs=2", "trainer.batch_size=256",
         "trainer.progress=false", "logger.tensorboard=false", "privacy.target_epsilon=1", "tune=lr_clip"]
@@ -60,13 +61,14 @@ def _launch(overrides: list[str], run: Path, monkeypatch, task_module) -> tuple[
     (run / ".hydra" / "config.yaml").write_text("task: x\n")
     before = time.time_ns()
     os.utime(run / ".hydra" / "config.yaml", ns=(before - 60 * 10**9,) * 2)
-    began, original = [], task_module.run_task
+    task = TASKS.get(task_module.__name__.rsplit(".", 1)[1])
+    began, original = [], task.run
 
     def run_task(cfg, **kwargs):
         began.append(time.time_ns())
         return original(cfg, **kwargs)
 
-    monkeypatch.setattr(task_module, "run_task", run_task)
+    monkeypatch.setattr(task, "run", run_task)
     cli.run(_compose(overrides), run_dir=run)
     return before, began[0]
 
@@ -87,7 +89,7 @@ def test_tune_folder_has_one_time_and_the_console_no_line_per_candidate(k, tmp_p
     per candidate reaches the console (K = 4 printed 4)."""
     monkeypatch.setattr(CandidateLaw, "sample", lambda self, rng: k)
     run = tmp_path / "run"
-    before, began = _launch(TUNE, run, monkeypatch, dptrain.tune)
+    before, began = _launch(TUNE, run, monkeypatch, dptrain.tasks.tune)
     assert len((run / "private" / "candidates.jsonl").read_text().splitlines()) == k
     assert (run / ".hydra" / "resolved_config.yaml").is_file() and (run / "private" / "metrics.json").is_file()
     _assert_one_start_time(run, before, began)
@@ -107,7 +109,7 @@ def test_train_folder_has_one_time(tmp_path, monkeypatch, console):
 
 
 def test_stamp_times_reaches_every_file_folder_and_link(tmp_path):
-    from dptrain.tracking import stamp_times
+    from dptrain.runfolder.tracking import stamp_times
 
     (tmp_path / "a" / "b").mkdir(parents=True)
     (tmp_path / "a" / "b" / "f.txt").write_text("x")

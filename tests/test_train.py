@@ -6,12 +6,13 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-import dptrain.cli  # noqa: F401  (registers the config schema)
-from dptrain.config import validate, validate_against_size
+import dptrain.tasks.cli  # noqa: F401  (registers the config schema)
 from dptrain.data import load_dataset
 from dptrain.privacy.accounting import rdp_epsilon
-from dptrain.tracking import Tracker
-from dptrain.train import LaunchConfig, fit, mechanism_for
+from dptrain.runfolder.tracking import Tracker
+from dptrain.settings.train import validate_against_size
+from dptrain.tasks.registry import validate
+from dptrain.training.fit import LaunchConfig, fit, mechanism_for
 
 
 def _setup(overrides):
@@ -78,7 +79,7 @@ def test_noise_changes_the_model_and_privacy_off_has_no_accountant(tmp_path):
 def test_mlp_preset_trains_on_the_buffered_fast_path(tmp_path):
     """`experiment=mlp` picks the fast engine's autograd-free path (no per-example gradients)
     and its time/train_seconds is the time spent in those steps."""
-    from dptrain.privacy.engine import FastLinearEngine
+    from dptrain.privacy.dpsgd.engine import FastLinearEngine
 
     with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
         cfg = OmegaConf.to_object(compose(config_name="config", overrides=[

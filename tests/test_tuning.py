@@ -1,4 +1,4 @@
-"""task=tune (dptrain/tune.py): the law of the number of candidates, the search's epsilon against
+"""task=tune (dptrain/tasks/tune.py): the law of the number of candidates, the search's epsilon against
 dp-accounting and Papernot & Steinke's bound, the released model is the selected one, refusals."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from dp_accounting.rdp import rdp_privacy_accountant as rdp_module
 from hydra import compose, initialize_config_module
 from scipy import stats
 
-import dptrain.cli as cli
-from dptrain.errors import DPTrainError
+import dptrain.tasks.cli as cli
+from dptrain.core.errors import DPTrainError
+from dptrain.core.validation import ConfigError
 from dptrain.privacy.accounting import RDP_ORDERS
-from dptrain.tune import CandidateLaw, calibrate_search, search_epsilon
-from dptrain.validation import ConfigError
+from dptrain.tasks.tune import CandidateLaw, calibrate_search, search_epsilon
 
 LAWS = [CandidateLaw("truncated_negative_binomial", 5.0, 1.0), CandidateLaw("truncated_negative_binomial", 5.0, 2.0),
         CandidateLaw("truncated_negative_binomial", 5.0, 0.0), CandidateLaw("truncated_negative_binomial", 10.0, 0.5),
@@ -129,7 +129,7 @@ def test_tune_run_releases_the_selected_model_with_one_report(tmp_path):
     """A private search end to end: privacy.json's epsilon equals dp-accounting's epsilon of the
     event rebuilt from the report's public numbers and is within the target; model.pt is the
     candidate with the highest noisy score; the number of candidates appears in no publishable file."""
-    from dptrain.predict import load_model
+    from dptrain.tasks.predict import load_model
 
     score = cli.run(_compose([*FAST, "tune=lr_clip", "tune.mean=4"]), run_dir=tmp_path)
     report = json.loads((tmp_path / "privacy.json").read_text())
@@ -218,8 +218,8 @@ def test_diverged_candidate_is_not_released_over_a_finite_one(tmp_path, monkeypa
     which made its per-row scores and its noisy score NaN, and `score > best` is False against
     NaN, so it was released), candidate 1 is finite. Now the diverged candidate's rows score 0,
     its noisy score is finite and low, and the finite candidate is selected and released."""
-    from dptrain import tune
-    from dptrain.predict import load_model
+    from dptrain.tasks import tune
+    from dptrain.tasks.predict import load_model
 
     draws = iter([{"optim.lr": 3e38}, {"optim.lr": 0.2}])
     monkeypatch.setattr(CandidateLaw, "sample", lambda self, rng: 2)
@@ -246,7 +246,7 @@ def test_selection_rule_takes_the_highest_finite_score_and_the_earliest_of_ties(
     """The rule the accounting theorem analyses: a non-finite noisy score counts as minus infinity
     (NaN compared False against everything and kept whichever came first), ties go to the earlier
     candidate (a fixed order)."""
-    from dptrain.tune import select_best, selection_key
+    from dptrain.tasks.tune import select_best, selection_key
 
     assert select_best(scores) == selected
     assert [selection_key(s) for s in (math.nan, math.inf, -math.inf, 0.25)] == [-math.inf] * 3 + [0.25]
@@ -257,8 +257,8 @@ def test_row_scores_stay_in_the_unit_interval_whatever_the_outputs(objective):
     """A row whose output is not finite scores 0 (before: NaN for regression, and a NaN logit
     counted as a prediction, right or wrong, for classifiers); every score is in [0, 1], so the
     score sum moves by at most 1 when one row is added or removed."""
-    from dptrain.objectives import build_objective
-    from dptrain.tune import row_scores
+    from dptrain.models.objectives import build_objective
+    from dptrain.tasks.tune import row_scores
 
     nan, inf = math.nan, math.inf
     if objective == "multinomial":
@@ -280,8 +280,8 @@ def test_an_objective_without_a_row_score_is_refused_not_scored_as_binary():
     per row) and one without it is refused by name before any row is read."""
     import torch
 
-    from dptrain.objectives import build_objective
-    from dptrain.tune import check_scorable
+    from dptrain.models.objectives import build_objective
+    from dptrain.tasks.tune import check_scorable
 
     class NoScore:
         name = "plugin_regression"

@@ -8,7 +8,7 @@ fitted on the rows. Without
 a ``split_column`` the train/test split is a per-row keyed hash that adding or removing one row
 cannot change for any other row. Errors and logs never quote a value or a count of rows.
 
-Each source has its own settings (``dptrain.config.DATA_SOURCES``); :func:`declaration` turns
+Each source has its own settings (``dptrain.settings.data.DATA_SOURCES``); :func:`declaration` turns
 any of them into the one explicit schema declaration (target, positive, numeric, categorical,
 split): Adult's comes from the shipped file ``adult/schema.yaml`` (``data.schema: adult``).
 
@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 
+from dptrain.core.validation import ConfigError
 from dptrain.data import synthetic
 from dptrain.data.parquet import read_folder
 from dptrain.data.table import (
@@ -44,8 +46,7 @@ from dptrain.data.table import (
     read_table,
 )
 from dptrain.data.table import schema_from_config as _schema_from_declaration
-from dptrain.tracking import private_dir, write_json
-from dptrain.validation import ConfigError
+from dptrain.runfolder.tracking import private_dir, write_json
 
 __all__ = [
     "ADULT_FILE",
@@ -152,8 +153,6 @@ DECLARATION_KEYS = ("target", "positive", "classes", "target_bounds", "numeric",
 
 def shipped_schema(key: Any) -> dict[str, Any]:
     """The shipped public schema named by ``data.schema`` (``adult``), as a plain mapping."""
-    import yaml
-
     if key not in SCHEMAS:
         raise ConfigError(f"data.schema={key!r} is not allowed: must be one of {', '.join(SCHEMAS)} (a shipped "
                           "public schema); your own table declares its schema in data=table's keys")

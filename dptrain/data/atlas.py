@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy.special import expit, logit, ndtr
 
 __all__ = [
     "DESIGN_COLUMNS",
@@ -52,6 +51,8 @@ _GL_AB = np.polynomial.legendre.leggauss(16)
 
 def clipped_mean(mu: np.ndarray, sd: float) -> np.ndarray:
     """E[clip(mu + sd Z, 0, 1)] for Z ~ N(0, 1), elementwise (exact closed form)."""
+    from scipy.special import ndtr  # data=atlas only
+
     mu = np.asarray(mu, dtype=np.float64)
 
     def g(t: np.ndarray) -> np.ndarray:  # E[max(t + sd Z, 0)]
@@ -180,6 +181,8 @@ def _atlas_sizes(rng: np.random.Generator, z: np.ndarray, cfg: AtlasConfig) -> n
 
 def _atlas_cells(rng: np.random.Generator, n_cells: int, cfg: AtlasConfig) -> dict[str, np.ndarray]:
     """The per-cell design: z, N, state, the latent line, the x support and the rare rate."""
+    from scipy.special import expit, logit  # data=atlas only
+
     z = rng.standard_normal(n_cells)
     n = _atlas_sizes(rng, z, cfg)
     state = rng.integers(0, cfg.n_states, n_cells)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dptrain.core.validation import bad
 from dptrain.data.table import (
     DataError,
     Schema,
@@ -21,7 +22,6 @@ from dptrain.data.table import (
     missing_column_error,
     missing_columns,
 )
-from dptrain.validation import bad
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 

@@ -41,6 +41,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from dptrain.core.errors import DPTrainError
+from dptrain.core.validation import ConfigError, bad
 from dptrain.data import load_dataset, schema_from_config
 from dptrain.data.parquet import (
     ParquetSet,
@@ -59,8 +61,6 @@ from dptrain.data.table import (
     detect_format,
     encode_rows,
 )
-from dptrain.errors import DPTrainError
-from dptrain.validation import ConfigError, bad
 
 log = logging.getLogger("dptrain.data")
 
@@ -198,7 +198,7 @@ def _raise_first_error(everyone: Sequence[dict[str, Any]]) -> None:
 def load_shard(data_cfg: Any, pset: ParquetSet, *, seed: int, dist: Any) -> Dataset:
     """This process' shard of ``pset`` (:func:`shard_pieces`) as a :class:`Dataset` whose
     ``shard`` is (rank, world) and whose ``global_n_train`` / ``global_n_test`` are the job's
-    counts. ``dist``: a :class:`dptrain.distributed.DistContext` (rank, world_size,
+    counts. ``dist``: a :class:`dptrain.training.distributed.DistContext` (rank, world_size,
     all_gather_objects). Every process raises the same error when any shard is refused."""
     schema = schema_from_config(data_cfg)
     check_columns(pset, schema)  # metadata only: the same on every process

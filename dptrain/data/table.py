@@ -66,9 +66,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dptrain.errors import DPTrainError
-from dptrain.objectives import DataSpec
-from dptrain.validation import ConfigError, closest
+from dptrain.core.errors import DPTrainError
+from dptrain.core.validation import ConfigError, closest
+from dptrain.models.objectives import DataSpec
 
 log = logging.getLogger("dptrain.data")
 
@@ -99,7 +99,7 @@ class Dataset:
     # PRIVATE facts about the rows (e.g. how many values were clipped into the declared bounds, per
     # column): written only to private/data_diagnostics.json (dptrain.data.write_data_diagnostics)
     diagnostics: dict = field(default_factory=dict)
-    target_kind: str = "binary"  # binary | multiclass | continuous (dptrain.objectives.TARGET_KINDS)
+    target_kind: str = "binary"  # binary | multiclass | continuous (dptrain.models.objectives.TARGET_KINDS)
     class_names: tuple[str, ...] = ()  # multiclass: the declared classes, in label-index order
     target_bounds: tuple[float, float] | None = None  # continuous: the declared public (lower, upper)
     # A sharded read (dptrain.data.shards: trainer.distributed=true on a partitioned Parquet data
@@ -185,7 +185,7 @@ class Schema:
                                                               else "binary")
 
     def data_spec(self, *, extra_features: int = 0) -> Any:
-        """The :class:`dptrain.objectives.DataSpec` of this schema (no row is read)."""
+        """The :class:`dptrain.models.objectives.DataSpec` of this schema (no row is read)."""
         return DataSpec(n_features=len(self.feature_names) + extra_features, target_kind=self.target_kind,
                         class_names=tuple(self.classes or ()), target_bounds=self.target_bounds)
 

@@ -6,7 +6,7 @@
 * :mod:`dptrain.inference.subsample`: DP-SGD on K disjoint, row-keyed parts (parallel composition);
 * :mod:`dptrain.inference.ssp`: noisy sufficient statistics for linear regression with a
   parametric-bootstrap interval;
-* :mod:`dptrain.inference.settings`: the ``estimator`` settings (``estimator=NAME``);
+* :mod:`dptrain.settings.inference`: the ``estimator`` settings (``estimator=NAME``);
 * :mod:`dptrain.inference.run`: the estimators inside ``task=train`` and the run folder's table.
 
 This package's ``__init__`` imports nothing, so that the config schema can import the settings

@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from dptrain.core.errors import DPTrainError
 from dptrain.data import _synthetic_schema, schema_from_config
-from dptrain.errors import DPTrainError
-from dptrain.objectives import OBJECTIVES
+from dptrain.models.objectives import OBJECTIVES
 
 __all__ = ["KINDS", "CoefficientEncoder", "coefficient_map", "coefficient_offset", "coefficients",
            "encoder_from_schema", "linear_layer", "model_coefficients", "table_terms", "term_labels"]

@@ -14,16 +14,17 @@ because both vary across parts. It covers the TRUE coefficient only when each pa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from dptrain.errors import DPTrainError
+from dptrain.core.errors import DPTrainError
 
 __all__ = ["COLUMNS", "Interval", "aggregate_parts", "coefficient_frame", "format_table"]
 
 #: the columns of coefficients.csv
-COLUMNS = ("term", "estimate", "std_error", "ci_lower", "ci_upper", "method")
+COLUMNS = ("term", "estimate", "std_error", "ci_lower", "ci_upper", "claimed", "method")
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,9 @@ def aggregate_parts(estimates: np.ndarray, *, level: float = 0.95) -> Interval:
 
 
 def coefficient_frame(terms: list[str], estimate: np.ndarray, interval: Interval | None, *,
-                      method: str) -> pd.DataFrame:
-    """The table of coefficients.csv: one row per term; empty SE / interval without an interval."""
+                      method: str, claimed: Any = False) -> pd.DataFrame:
+    """The table of coefficients.csv: one row per term; empty SE / interval without an interval.
+    ``claimed``: whether each term's interval is claimed valid (one bool, or one per term)."""
     n = len(terms)
     if len(estimate) != n:
         raise DPTrainError(f"{len(estimate)} estimates for {n} terms")
@@ -65,7 +67,8 @@ def coefficient_frame(terms: list[str], estimate: np.ndarray, interval: Interval
     return pd.DataFrame({
         "term": terms, "estimate": np.asarray(estimate, dtype=np.float64),
         "std_error": iv.std_error if iv is not None else nan, "ci_lower": iv.lower if iv is not None else nan,
-        "ci_upper": iv.upper if iv is not None else nan, "method": [method] * n,
+        "ci_upper": iv.upper if iv is not None else nan,
+        "claimed": np.broadcast_to(np.asarray(claimed, dtype=bool), (n,)) & (iv is not None), "method": [method] * n,
     }, columns=list(COLUMNS))
 
 
@@ -73,12 +76,14 @@ def format_table(frame: pd.DataFrame, *, title: str, level: float = 0.95) -> str
     """A statsmodels-like summary of the table (fixed-width text)."""
     width = max([len("term"), *(len(t) for t in frame["term"])])
     pct = f"{level * 100:g}%"
-    head = f"{'term':<{width}}  {'estimate':>11}  {'std err':>10}  {'[' + pct + ' lower':>12}  {pct + ' upper]':>12}"
+    head = (f"{'term':<{width}}  {'estimate':>11}  {'std err':>10}  {'[' + pct + ' lower':>12}  {pct + ' upper]':>12}"
+            "  claimed")
     rule = "=" * len(head)
     lines = [title, rule, head, "-" * len(head)]
     for row in frame.itertuples(index=False):
         cells = [f"{v:>{w}.5g}" if np.isfinite(v) else f"{'':>{w}}"
                  for v, w in ((row.std_error, 10), (row.ci_lower, 12), (row.ci_upper, 12))]
-        lines.append((f"{row.term:<{width}}  {row.estimate:>11.5g}  " + "  ".join(cells)).rstrip())
+        claim = ("yes" if row.claimed else "NO") if np.isfinite(row.std_error) else ""
+        lines.append((f"{row.term:<{width}}  {row.estimate:>11.5g}  " + "  ".join(cells) + f"  {claim:>7}").rstrip())
     lines += [rule, f"method: {frame['method'].iloc[0]}" if len(frame) else "method: -"]
     return "\n".join(lines)

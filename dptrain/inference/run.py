@@ -1,21 +1,30 @@
-"""The estimators in a training run: :func:`run_estimator` (what ``task=train`` trains) and
-:func:`coefficient_section` (the table and the guarantee the run folder publishes).
+"""The estimators in a training run, one class each in the ``ESTIMATORS`` registry
+(``estimator=NAME``). Each checks its settings before any row is read (``check``, ``check_size``
+against the PUBLIC N), trains (``run``), builds its coefficient table (``table``) and states its
+guarantee and when its intervals are valid (``report``):
 
-* ``dpsgd``: :func:`dptrain.train.fit` on all rows, exactly as without this module;
+* ``dpsgd``: :func:`dptrain.training.fit.fit` on all rows, exactly as without this module;
 * ``subsample_aggregate``: :mod:`dptrain.inference.subsample` (K part models; the published
   model is their average, whose coefficients are the table's estimates);
 * ``ssp``: :mod:`dptrain.inference.ssp` (one Gaussian release of the sufficient statistics).
+
+:func:`run_estimator`, :func:`coefficient_section`, :func:`estimator_report`,
+:func:`check_estimator` and :func:`check_estimator_size` look the run's estimator up.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
+import math
 from typing import Any
 
 import numpy as np
 import torch
 
+from dptrain.core.registry import Registry
+from dptrain.core.validation import ConfigError, bad, integer, one_of, real
 from dptrain.inference.coefficients import (
     encoder_for_config,
     linear_layer,
@@ -23,16 +32,22 @@ from dptrain.inference.coefficients import (
     objective_kind,
     table_terms,
 )
-from dptrain.inference.intervals import aggregate_parts, coefficient_frame, format_table
-from dptrain.inference.settings import ESTIMATORS, MAX_PARTS
+from dptrain.inference.intervals import Interval, aggregate_parts, coefficient_frame, format_table
+from dptrain.inference.newton import embed, radius2, reduce, reduced_design, term_intervals
 from dptrain.inference.ssp import ssp_config_check
 from dptrain.inference.ssp_run import run_ssp
 from dptrain.inference.subsample import fit_parts, part_mechanism
-from dptrain.objectives import build_objective
-from dptrain.train import TrainResult, build_model, data_spec_from_config, fit, mechanism_for
-from dptrain.validation import ConfigError, bad, integer, one_of, real
+from dptrain.models.objectives import build_objective
+from dptrain.privacy.accounting import SIGMA_RANGE, history_epsilon
+from dptrain.privacy.calibration import smallest_noise
+from dptrain.privacy.events import gaussian_event
+from dptrain.privacy.newton import BOUNDS, private_newton, statistics
+from dptrain.privacy.randomness import Randomness
+from dptrain.settings.inference import MAX_PARTS
+from dptrain.training.fit import TrainResult, bound_to_rows, build_model, data_spec_from_config, fit, mechanism_for
 
-__all__ = ["check_estimator", "check_estimator_size", "coefficient_section", "model_is_linear", "run_estimator"]
+__all__ = ["ESTIMATORS", "check_estimator", "check_estimator_size", "coefficient_section", "model_is_linear",
+           "run_estimator"]
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +65,9 @@ def model_is_linear(cfg: Any) -> bool:
 
 
 def run_estimator(conf: Any, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
-    """Train (or release) with ``conf.estimator``; returns a :class:`dptrain.train.TrainResult`
+    """Train (or release) with ``conf.estimator``; returns a :class:`dptrain.training.fit.TrainResult`
     (``inference`` holds what the coefficient table needs beyond the model)."""
-    name = conf.estimator.name
-    if name == "dpsgd":
-        mechanism = mechanism_for(conf, dataset_size=data.n_train, delta=delta)
-        return fit(conf, data, mechanism=mechanism, tracker=tracker, launch=launch)
-    if name == "subsample_aggregate":
-        return _subsample_aggregate(conf, data, delta=delta, tracker=tracker, launch=launch)
-
-    return run_ssp(conf, data, delta=delta, tracker=tracker, launch=launch)
+    return ESTIMATORS.get(conf.estimator.name).run(conf, data, delta=delta, tracker=tracker, launch=launch)
 
 
 def _subsample_aggregate(conf: Any, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
@@ -100,26 +108,14 @@ def _aggregate_metrics(conf: Any, data: Any, parts: list[Any], model: Any) -> di
     return metrics
 
 
-def coefficient_section(conf: Any, result: Any) -> dict[str, Any] | None:
+def coefficient_section(conf: Any, result: Any, report: dict | None = None) -> dict[str, Any] | None:
     """The coefficient table of a run with a linear model (None otherwise): ``frame`` (the rows
     of coefficients.csv), ``text`` (the summary for privacy.txt and the log) and ``estimator``
     (the guarantee text for the report)."""
     if linear_layer(result.model) is None or objective_kind(conf.objective.name) is None:
         return None
-    enc = encoder_for_config(conf)
     est = conf.estimator
-    inference = getattr(result, "inference", None) or {}
-    if est.name == "subsample_aggregate":
-        iv = aggregate_parts(np.stack(inference["part_coefficients"]), level=est.level)
-        frame = coefficient_frame(table_terms(enc), iv.estimate, iv, method=SA_METHOD.format(
-            k=est.parts, dof=est.parts - 1))
-    elif est.name == "ssp":
-        iv = inference["interval"]
-        frame = coefficient_frame(table_terms(enc), iv.estimate, iv, method=SSP_METHOD.format(b=est.bootstrap))
-    else:
-        n_out = linear_layer(result.model).out_features
-        frame = coefficient_frame(table_terms(enc, n_out), model_coefficients(result.model, enc), None,
-                                  method=NO_INTERVAL)
+    frame = ESTIMATORS.get(est.name).table(conf, result, encoder_for_config(conf), report or {})
     title = f"coefficients on the original scale (estimator={est.name}, objective={conf.objective.name})"
     return {"frame": frame, "text": format_table(frame, title=title, level=est.level)}
 
@@ -174,32 +170,8 @@ def estimator_report(conf: Any, result: Any, report: dict[str, Any], section: di
     est, acc = conf.estimator, conf.privacy.accountant
     eps, delta = report.get("epsilon"), report.get("delta")
     out: dict[str, Any] = {"name": est.name, "coefficients": "coefficients.csv" if section else None}
-    if est.name == "dpsgd":
-        out.update(intervals="none computed", guarantee=report["guarantee"])
-    elif est.name == "subsample_aggregate":
-        m = result.mechanism
-        out.update(parts=est.parts, level=est.level, part_dataset_size=m.dataset_size,
-                   part_expected_batch_size=m.expected_batch_size, partition=(
-                       "keyed hash of each row's own encoded content (features, target); key = BLAKE2b(seed, "
-                       "person='dptrain-parts'), public; a row's part depends on that row alone"),
-                   guarantee=(f"({eps:.4g}, {delta:.3g})-DP by parallel composition: each row is in exactly one of "
-                              f"the {est.parts} disjoint parts, each trained by DP-SGD under the same mechanism, "
-                              f"accounted once ({acc} accountant, one part's {result.privacy['steps']} steps). It "
-                              "covers the K part models and every function of them: model.pt (their average) and "
-                              "coefficients.csv (estimates, standard errors, intervals); the intervals spend no "
-                              "privacy beyond it"), validity=SA_VALIDITY,
-                   validity_check=validity_check(est.name, epsilon=eps, dataset_size=m.dataset_size * est.parts,
-                                                 parts=est.parts))
-    else:
-        out.update(level=est.level, bootstrap=est.bootstrap, **{k: v for k, v in result.privacy["ssp"].items()
-                                                                 if k != "guarantee"},
-                   guarantee=(f"({eps:.4g}, {delta:.3g})-DP, example-level, add/remove-one-record neighbours: one "
-                              f"Gaussian mechanism on the sufficient statistics ({acc} accountant, "
-                              f"GaussianDpEvent({result.mechanism.noise_multiplier:.6g})); it covers the released "
-                              "noisy statistics and everything computed from them: model.pt and coefficients.csv "
-                              "(estimates, bootstrap standard errors and intervals; the bootstrap spends no "
-                              "privacy)"), validity=SSP_VALIDITY,
-                   validity_check=validity_check(est.name, epsilon=eps, dataset_size=result.mechanism.dataset_size))
+    out.update(ESTIMATORS.get(est.name).report(conf, result, eps=eps, delta=delta, accountant=acc,
+                                               guarantee=report["guarantee"]))
     if not out.get("validity_check", {"claimed": True})["claimed"]:
         log.warning("estimator=%s: %s", est.name, out["validity_check"]["why"])
     if section is not None:
@@ -210,29 +182,28 @@ def estimator_report(conf: Any, result: Any, report: dict[str, Any], section: di
 def check_estimator(cfg: Any) -> None:
     """The estimator settings alone and against the run's objective, model and privacy."""
     e = cfg.estimator
-    one_of("estimator.name", e.name, ESTIMATORS)
+    one_of("estimator.name", e.name, tuple(ESTIMATORS))
+    estimator = ESTIMATORS.get(e.name)
     integer("estimator.parts", e.parts, 2, f"must be an integer in [2, {MAX_PARTS}]")
     if e.parts > MAX_PARTS:
         raise bad("estimator.parts", e.parts, f"must be an integer in [2, {MAX_PARTS}]")
     integer("estimator.min_part_rows", e.min_part_rows, 10)
     real("estimator.level", e.level, "must be a number in (0.5, 1)", lo=0.5, hi=1, lo_open=True, hi_open=True)
+    real("estimator.interval_share", e.interval_share, "must be a number in [0, 0.9]", lo=0, hi=0.9)
     integer("estimator.bootstrap", e.bootstrap, 100, "must be an integer in [100, 100000]")
     if e.bootstrap > 100_000:
         raise bad("estimator.bootstrap", e.bootstrap, "must be an integer in [100, 100000]")
-    if e.name == "dpsgd":
+    if not estimator.intervals:
         return
     if not cfg.privacy.enabled:
         raise bad("estimator", e.name, "needs privacy.enabled=true (its interval accounts for the privacy noise); "
                   "allowed without privacy: estimator=dpsgd")
-    if e.name == "ssp" and objective_kind(cfg.objective.name) != "linear":
-        raise bad("estimator", "ssp", f"estimates linear regression only, not objective={cfg.objective.name}; "
-                  f"allowed with objective={cfg.objective.name}: estimator=dpsgd | subsample_aggregate")
+    estimator.check_objective(cfg)
     if not model_is_linear(cfg):
         raise bad("estimator", e.name, "needs a linear model (model=logit: one Linear layer) whose coefficients "
                   "it estimates; allowed with this model: estimator=dpsgd")
     _check_training_only(cfg, e.name)
-    if e.name == "ssp":
-        ssp_config_check(encoder_for_config(cfg))
+    estimator.check(cfg)
 
 
 def _check_training_only(cfg: Any, name: str) -> None:
@@ -247,19 +218,261 @@ def _check_training_only(cfg: Any, name: str) -> None:
     if cfg.privacy.max_epsilon is not None:
         raise bad("privacy.max_epsilon", cfg.privacy.max_epsilon, f"must be null with estimator={name} (set "
                   "privacy.target_epsilon instead)")
-    if name == "ssp" and cfg.privacy.target_epsilon is None:
-        raise bad("privacy.target_epsilon", None, "estimator=ssp calibrates its Gaussian noise to a target: set "
-                  "privacy.target_epsilon=E (and privacy.noise_multiplier=null)")
 
 
 def check_estimator_size(cfg: Any, n: int) -> None:
-    """Against the PUBLIC training-set size N: subsample_aggregate needs N / K >= min_part_rows."""
-    e = cfg.estimator
-    if e.name != "subsample_aggregate":
-        return
-    if n // e.parts < e.min_part_rows:
-        most = max(n // e.min_part_rows, 0)
-        raise ConfigError(f"estimator.parts={e.parts} is not allowed for N = {n} training rows: each part would "
-                          f"have about {n // e.parts} rows, fewer than estimator.min_part_rows={e.min_part_rows}; "
-                          f"allowed: estimator.parts <= {most} (or more rows)" + (
-                              "" if most >= 2 else "; this table is too small for subsample_aggregate"))
+    """Against the PUBLIC training-set size N (subsample_aggregate: N / K >= min_part_rows)."""
+    ESTIMATORS.get(cfg.estimator.name).check_size(cfg, n)
+
+
+# ------------------------------------------------------------------------------ the estimators
+
+
+class DPSGD:
+    """``dpsgd``: DP-SGD on all rows. With a linear model (objective=binary or linear) and
+    ``estimator.interval_share`` > 0, two private Newton steps at DP-SGD's model give the table's
+    estimates and sandwich intervals (:mod:`dptrain.inference.newton`); otherwise estimates only."""
+
+    intervals = False
+
+    def run(self, conf: Any, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
+        reason = newton_reason(conf)
+        share = conf.estimator.interval_share
+        trained = conf
+        if reason is None and conf.privacy.enabled and conf.privacy.target_epsilon is not None:
+            trained = dataclasses.replace(conf, privacy=dataclasses.replace(
+                conf.privacy, target_epsilon=conf.privacy.target_epsilon * (1.0 - share)))
+        mechanism = mechanism_for(trained, dataset_size=data.n_train, delta=delta)
+        result = fit(trained, data, mechanism=mechanism, tracker=tracker, launch=launch)
+        if reason is None and conf.privacy.enabled and not mechanism.private:
+            reason = "the run adds no noise (no finite epsilon to share)"
+        if reason is not None:
+            result.inference = {"newton": None, "reason": reason}
+            return result
+        return newton_refit(conf, data, result, launch=launch)
+
+    def check_objective(self, cfg: Any) -> None:
+        """Any objective."""
+
+    def check(self, cfg: Any) -> None:
+        """Nothing beyond the training settings."""
+
+    def check_size(self, cfg: Any, n: int) -> None:
+        """Any N the training settings allow."""
+
+    def table(self, conf: Any, result: Any, enc: Any, report: dict) -> Any:
+        newton = (result.inference or {}).get("newton")
+        if newton is None:
+            n_out = linear_layer(result.model).out_features
+            return coefficient_frame(table_terms(enc, n_out), model_coefficients(result.model, enc), None,
+                                     method=NO_INTERVAL)
+        claimed, why = newton.claim()
+        if not claimed:  # DP-SGD's model and estimates stand; the release's intervals are not shown
+            return coefficient_frame(table_terms(enc), model_coefficients(result.model, enc), None,
+                                     method=f"dpsgd: estimate only; the private Newton release's intervals are NOT "
+                                            f"CLAIMED ({why})")
+        est, se, lo, hi, ok = term_intervals(newton, enc, level=conf.estimator.level)
+        iv = Interval(est, se, lo, hi, conf.estimator.level)
+        return coefficient_frame(table_terms(enc), est, iv, method=NEWTON_METHOD, claimed=ok)
+
+    def report(self, conf: Any, result: Any, *, eps: Any, delta: Any, accountant: str, guarantee: str) -> dict:
+        inference = result.inference or {}
+        newton = inference.get("newton")
+        if newton is None:
+            return {"intervals": f"none computed ({inference.get('reason', 'estimates only')})",
+                    "guarantee": guarantee}
+        claimed, why = newton.claim()
+        sigma, kind = inference["noise_multiplier"], inference["kind"]
+        enc = encoder_for_config(conf)
+        est, se, _, _, ok = term_intervals(newton, enc, level=conf.estimator.level)
+        out = {"intervals": NEWTON_METHOD, "interval_share": conf.estimator.interval_share,
+               "interval_noise_multiplier": sigma, "interval_noise_sd": newton.noise_sd,
+               "interval_sensitivity": ("||z||^2 <= 1 + numeric columns + categorical columns = "
+                                        f"{inference['radius_sq']:g} (public); |r| <= {BOUNDS[kind][0]:g}, "
+                                        f"w <= {BOUNDS[kind][1]:g} ({kind})"),
+               "validity": NEWTON_VALIDITY,
+               "validity_check": {"claimed": claimed, "why": why, **newton.checks()},
+               "newton_fit": {"note": "the two-step estimate and its standard error per term (functions of the "
+                              "releases), shown whether or not the run claims them; when NOT CLAIMED the table and "
+                              "the model do not use them", "term": table_terms(enc),
+                              "estimate": [float(v) for v in est],
+                              "std_error": [float(v) if ok_ else None for v, ok_ in zip(se, ok)]}}
+        if eps is None or not math.isfinite(eps):
+            out["guarantee"] = guarantee
+            return out
+        out["guarantee"] = (f"({eps:.4g}, {delta:.3g})-DP, example-level, add/remove-one-record neighbours "
+                            f"({accountant} accountant), for the final model, every intermediate iterate and the "
+                            f"coefficient table: DP-SGD's steps composed with one Gaussian mechanism (noise multiplier "
+                            f"{sigma:.6g}) that "
+                            "releases the gradient and Hessian at DP-SGD's model and the gradient, Hessian and "
+                            "score covariance after one Newton step (adaptive Gaussian releases compose to one "
+                            "Gaussian); model.pt and coefficients.csv (estimates, standard errors, intervals) "
+                            "are functions of these releases")
+        return out
+
+
+NEWTON_METHOD = ("dpsgd + two private Newton steps at its model: estimate and sandwich standard error "
+                 "H^-1 (S + noise) H^-1, normal interval (privacy noise included)")
+NEWTON_VALIDITY = ("the normal approximation of the two-step estimator: DP-SGD's model close enough to the optimum "
+                   "for two Newton steps (checked: the first step in standard errors), the Hessian well determined "
+                   "under its noise (checked), the privacy noise not dominating the sampling variance (checked), "
+                   "and a correctly bounded design (public bounds). The coverage study (docs/inference.md) finds "
+                   "93-97% where all three checks pass")
+
+
+def newton_reason(conf: Any) -> str | None:
+    """Why a dpsgd run gets no Newton interval (None: it gets one)."""
+    e = conf.estimator
+    if e.name != "dpsgd" or e.interval_share == 0:
+        return "estimator.interval_share=0"
+    kind = objective_kind(conf.objective.name)
+    if kind not in BOUNDS:
+        return f"no private Newton interval for objective={conf.objective.name} (binary and linear only)"
+    if conf.privacy.enabled and conf.privacy.max_epsilon is not None:
+        return "privacy.max_epsilon stops DP-SGD at a budget the interval's release would exceed"
+    if conf.trainer.distributed:
+        return "trainer.distributed=true: each process holds only its shard of the rows"
+    if not model_is_linear(conf):
+        return "the model is not linear"
+    return None
+
+
+def newton_refit(conf: Any, data: Any, result: Any, *, launch: Any) -> Any:
+    """Two private Newton steps from DP-SGD's model (:mod:`dptrain.inference.newton`): the noise
+    multiplier that makes the whole run's epsilon the target (or DP-SGD's epsilon / (1 - share)),
+    the release, the refitted model and its test metrics."""
+    enc = encoder_for_config(conf)
+    kind = objective_kind(conf.objective.name)
+    layer = linear_layer(result.model)
+    z = reduced_design(data.x_train.double().numpy(), enc)
+    y = data.y_train.double().numpy()
+    theta = reduce(float(layer.bias.detach()[0]), layer.weight.detach().double().numpy()[0], enc)
+    sigma = newton_noise(conf, result)
+    randomness = bound_to_rows(launch.randomness if launch.randomness is not None else Randomness.fresh(), data)
+    fit_ = private_newton(theta, lambda th: statistics(z, y, z @ th, kind), kind=kind, radius_sq=radius2(enc),
+                          noise_multiplier=sigma, rng=randomness.numpy("newton-interval"))
+    if conf.privacy.enabled:
+        result.accountant.record(gaussian_event(sigma))
+        if conf.privacy.target_epsilon is not None:
+            result.privacy["target_epsilon"] = conf.privacy.target_epsilon
+    claimed, why = fit_.claim()
+    if claimed:  # the model becomes the two-step estimate (a function of the releases)
+        bias, weight = embed(fit_.estimate, enc)
+        objective = build_objective(conf.objective)
+        objective.check_data(data.spec)
+        with torch.no_grad():
+            layer.bias.fill_(bias)
+            layer.weight.copy_(torch.as_tensor(weight, dtype=layer.weight.dtype).reshape(layer.weight.shape))
+            test = objective.metrics(result.model(data.x_test), data.y_test)
+        result.metrics.update({f"test/{k}": v for k, v in test.items()})
+    result.inference = {"newton": fit_, "noise_multiplier": sigma, "kind": kind, "radius_sq": radius2(enc)}
+    log.info("dpsgd: two private Newton steps (interval share %g, noise multiplier %.6g): intervals %s: %s",
+             conf.estimator.interval_share, sigma, "CLAIMED" if claimed else "NOT CLAIMED", why)
+    return result
+
+
+def newton_noise(conf: Any, result: Any) -> float:
+    """The Newton release's noise multiplier: the smallest whose Gaussian event, composed with the
+    run's DP-SGD history, keeps the run's epsilon within privacy.target_epsilon (DP-SGD was
+    calibrated to (1 - share) of it) or, with a given noise multiplier, within DP-SGD's epsilon /
+    (1 - share). 0 without privacy (the non-private sandwich)."""
+    p = conf.privacy
+    if not p.enabled:
+        return 0.0
+    delta = result.mechanism.delta
+    history = result.accountant.totals
+    target = p.target_epsilon if p.target_epsilon is not None else (
+        result.accountant.get_epsilon(delta=delta, accountant=p.accountant) / (1.0 - conf.estimator.interval_share))
+
+    def epsilon_of(sigma: float) -> float:
+        return history_epsilon((*history, (gaussian_event(sigma), 1)), delta=delta, accountant=p.accountant)
+
+    return smallest_noise(epsilon_of, target=target, rtol=p.calibration_rtol, lower=SIGMA_RANGE[0],
+                          upper=SIGMA_RANGE[1])
+
+
+class SubsampleAggregate(DPSGD):
+    """``subsample_aggregate``: DP-SGD on K disjoint, row-keyed parts; mean and t interval."""
+
+    intervals = True
+
+    def run(self, conf: Any, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
+        return _subsample_aggregate(conf, data, delta=delta, tracker=tracker, launch=launch)
+
+    def check_size(self, cfg: Any, n: int) -> None:
+        e = cfg.estimator
+        if n // e.parts < e.min_part_rows:
+            most = max(n // e.min_part_rows, 0)
+            raise ConfigError(f"estimator.parts={e.parts} is not allowed for N = {n} training rows: each part would "
+                              f"have about {n // e.parts} rows, fewer than estimator.min_part_rows={e.min_part_rows}; "
+                              f"allowed: estimator.parts <= {most} (or more rows)" + (
+                                  "" if most >= 2 else "; this table is too small for subsample_aggregate"))
+
+    def table(self, conf: Any, result: Any, enc: Any, report: dict) -> Any:
+        est = conf.estimator
+        iv = aggregate_parts(np.stack(result.inference["part_coefficients"]), level=est.level)
+        claimed = validity_check(est.name, epsilon=report.get("epsilon"),
+                                 dataset_size=result.mechanism.dataset_size * est.parts, parts=est.parts)["claimed"]
+        return coefficient_frame(table_terms(enc), iv.estimate, iv, method=SA_METHOD.format(
+            k=est.parts, dof=est.parts - 1), claimed=claimed)
+
+    def report(self, conf: Any, result: Any, *, eps: Any, delta: Any, accountant: str, guarantee: str) -> dict:
+        est, m = conf.estimator, result.mechanism
+        return dict(parts=est.parts, level=est.level, part_dataset_size=m.dataset_size,
+                    part_expected_batch_size=m.expected_batch_size, partition=(
+                        "each row's part drawn uniformly and independently of the other rows from the run's "
+                        "secret randomness (stream 'subsample-parts'); the partition is not published"),
+                    guarantee=(f"({eps:.4g}, {delta:.3g})-DP by parallel composition: each row is in exactly one of "
+                               f"the {est.parts} disjoint parts, each trained by DP-SGD under the same mechanism, "
+                               f"accounted once ({accountant} accountant, one part's {result.privacy['steps']} "
+                               "steps). It covers the K part models and every function of them: model.pt (their "
+                               "average) and coefficients.csv (estimates, standard errors, intervals); the "
+                               "intervals spend no privacy beyond it"), validity=SA_VALIDITY,
+                    validity_check=validity_check(est.name, epsilon=eps, dataset_size=m.dataset_size * est.parts,
+                                                  parts=est.parts))
+
+
+class SSP(DPSGD):
+    """``ssp``: noisy sufficient statistics (linear regression), parametric-bootstrap interval."""
+
+    intervals = True
+
+    def run(self, conf: Any, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
+        return run_ssp(conf, data, delta=delta, tracker=tracker, launch=launch)
+
+    def check_objective(self, cfg: Any) -> None:
+        if objective_kind(cfg.objective.name) != "linear":
+            raise bad("estimator", "ssp", f"estimates linear regression only, not objective={cfg.objective.name}; "
+                      f"allowed with objective={cfg.objective.name}: estimator=dpsgd | subsample_aggregate")
+
+    def check(self, cfg: Any) -> None:
+        if cfg.privacy.target_epsilon is None:
+            raise bad("privacy.target_epsilon", None, "estimator=ssp calibrates its Gaussian noise to a target: set "
+                      "privacy.target_epsilon=E (and privacy.noise_multiplier=null)")
+        ssp_config_check(encoder_for_config(cfg))
+
+    def table(self, conf: Any, result: Any, enc: Any, report: dict) -> Any:
+        iv = result.inference["interval"]
+        claimed = validity_check("ssp", epsilon=report.get("epsilon"),
+                                 dataset_size=result.mechanism.dataset_size)["claimed"]
+        return coefficient_frame(table_terms(enc), iv.estimate, iv, method=SSP_METHOD.format(
+            b=conf.estimator.bootstrap), claimed=claimed)
+
+    def report(self, conf: Any, result: Any, *, eps: Any, delta: Any, accountant: str, guarantee: str) -> dict:
+        est = conf.estimator
+        return dict(level=est.level, bootstrap=est.bootstrap, **{k: v for k, v in result.privacy["ssp"].items()
+                                                                  if k != "guarantee"},
+                    guarantee=(f"({eps:.4g}, {delta:.3g})-DP, example-level, add/remove-one-record neighbours: one "
+                               f"Gaussian mechanism on the sufficient statistics ({accountant} accountant, "
+                               f"GaussianDpEvent({result.mechanism.noise_multiplier:.6g})); it covers the released "
+                               "noisy statistics and everything computed from them: model.pt and coefficients.csv "
+                               "(estimates, bootstrap standard errors and intervals; the bootstrap spends no "
+                               "privacy)"), validity=SSP_VALIDITY,
+                    validity_check=validity_check(est.name, epsilon=eps, dataset_size=result.mechanism.dataset_size))
+
+
+#: the estimators (``estimator.name``); a plugin registers its own class with the same methods
+ESTIMATORS: Registry = Registry("estimator", setting="estimator.name")
+ESTIMATORS.register("dpsgd", DPSGD())
+ESTIMATORS.register("subsample_aggregate", SubsampleAggregate())
+ESTIMATORS.register("ssp", SSP())

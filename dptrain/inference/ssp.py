@@ -35,11 +35,12 @@ from typing import Any
 
 import numpy as np
 
+from dptrain.core.validation import ConfigError
 from dptrain.inference.coefficients import CoefficientEncoder, coefficient_map, coefficient_offset
 from dptrain.inference.intervals import Interval
 from dptrain.privacy.accounting import PrivacyAccountant
+from dptrain.privacy.calibration import Unreachable, smallest_noise
 from dptrain.privacy.events import gaussian_event  # noqa: F401 - offered here as before
-from dptrain.validation import ConfigError
 
 __all__ = ["SSPFit", "calibrate", "gaussian_event", "kept_columns", "release", "sensitivity", "sensitivity_rule",
            "ssp_estimate"]
@@ -94,21 +95,17 @@ def sensitivity_rule(enc: CoefficientEncoder) -> str:
 
 
 def calibrate(*, target_epsilon: float, delta: float, accountant: str = "rdp", rtol: float = 1e-4) -> float:
-    """The smallest noise multiplier s whose epsilon (by ``accountant``) is <= the target."""
+    """The smallest noise multiplier s in [1e-3, 1e7] (to relative ``rtol``) whose epsilon (by ``accountant``)
+    is <= the target: :func:`dptrain.privacy.calibration.smallest_noise`."""
     def eps(s: float) -> float:
         acc = PrivacyAccountant()
         acc.record(gaussian_event(s))
         return acc.get_epsilon(delta=delta, accountant=accountant)
 
-    lo, hi = 1e-3, 1.0
-    while eps(hi) > target_epsilon:
-        lo, hi = hi, hi * 2
-        if hi > 1e7:
-            raise ValueError(f"privacy.target_epsilon={target_epsilon!r} needs a noise multiplier above 1e7")
-    while hi / lo > 1 + rtol:
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if eps(mid) > target_epsilon else (lo, mid)
-    return hi
+    try:
+        return smallest_noise(eps, target=target_epsilon, rtol=rtol, lower=1e-3, upper=1e7, factor=2.0)
+    except Unreachable:
+        raise ValueError(f"privacy.target_epsilon={target_epsilon!r} needs a noise multiplier above 1e7") from None
 
 
 def kept_columns(enc: CoefficientEncoder) -> np.ndarray:

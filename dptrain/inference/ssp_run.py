@@ -12,10 +12,10 @@ import torch
 
 from dptrain.inference.coefficients import encoder_for_config, linear_layer
 from dptrain.inference.ssp import calibrate, describe, gaussian_event, ssp_config_check, ssp_estimate
-from dptrain.objectives import build_objective
+from dptrain.models.objectives import build_objective
 from dptrain.privacy.accounting import PrivacyAccountant
 from dptrain.privacy.randomness import Randomness
-from dptrain.train import TrainResult, build_model
+from dptrain.training.fit import TrainResult, build_model
 
 __all__ = ["SSPMechanism", "run_ssp"]
 
@@ -50,7 +50,7 @@ def _record(conf: Any, fit: Any, *, n: int, delta: float, randomness: Any) -> di
 
 
 def run_ssp(conf: Any, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
-    """Release, solve, bootstrap; returns a :class:`dptrain.train.TrainResult`."""
+    """Release, solve, bootstrap; returns a :class:`dptrain.training.fit.TrainResult`."""
     enc = encoder_for_config(conf)
     ssp_config_check(enc)
     sigma = calibrate(target_epsilon=conf.privacy.target_epsilon, delta=delta, accountant=conf.privacy.accountant)

@@ -1,14 +1,14 @@
 """Subsample-and-aggregate (``estimator=subsample_aggregate``): DP-SGD on K disjoint parts.
 
-The rows are split into K parts by a keyed hash of each row's own encoded content (its features
-and target, as float32 words): a row's part depends on that row alone, never on the other rows,
-their number or their order, so adding or removing one row changes one part and moves no other
-row (the same construction as the train/test split, :func:`dptrain.data.table.split_scores`).
-
-The key is derived from the PUBLIC ``seed`` (BLAKE2b, personalisation ``dptrain-parts``,
-independent of the split's key). It need not be secret: parallel composition holds for ANY
-partition in which each row's part is a function of that row alone, whoever knows the
-function. A public key makes the partition reproducible and auditable.
+Each row's part is drawn uniformly from the K parts, independently of every other row, from the
+run's SECRET randomness (the stream ``subsample-parts``: fresh from the OS CSPRNG, or the opt-in
+seed file bound to the rows). So the parts are random subsamples whatever the table looks like:
+a table of few distinct rows (a survey table of discrete covariates) gives parts whose make-up
+matches the whole, where a partition keyed by the row's content put identical rows in the same
+part (parts that were all married or all unmarried). Parallel composition holds: under
+add/remove-one-row neighbours the added row falls in one part, and the other rows' parts have
+the same distribution with and without it (each is an independent draw). The partition is not
+published: it is private like the rows.
 
 Each part is trained with the SAME mechanism (:func:`part_mechanism`), built from PUBLIC numbers
 only: N_part = floor(N / K) and the expected batch B_part = max(1, round(q N_part)) with the
@@ -32,25 +32,25 @@ import numpy as np
 import torch
 
 from dptrain.data.table import _mix, _word
-from dptrain.privacy.mechanism import DPSGDMechanism
+from dptrain.privacy.dpsgd.mechanism import DPSGDMechanism
 from dptrain.privacy.randomness import Randomness
-from dptrain.train import LaunchConfig, fit
+from dptrain.training.fit import LaunchConfig, bound_to_rows, fit
 
-__all__ = ["part_index", "part_key", "row_uniform", "part_mechanism", "part_randomness", "fit_parts"]
+__all__ = ["random_parts", "part_key", "row_uniform", "part_mechanism", "part_randomness", "fit_parts"]
 
 log = logging.getLogger(__name__)
 
 
-def part_key(seed: int, person: bytes = b"dptrain-parts") -> bytes:
-    """The 16-byte key of the partition, from the PUBLIC seed (module docstring)."""
+def part_key(seed: int, person: bytes = b"dptrain-valid") -> bytes:
+    """The 16-byte key of a row-keyed split (task=tune's validation rows), from the PUBLIC seed."""
     return hashlib.blake2b(str(int(seed)).encode(), digest_size=16, person=person).digest()
 
 
 def row_uniform(x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, *, seed: int,
-                person: bytes = b"dptrain-parts") -> np.ndarray:
+                person: bytes = b"dptrain-valid") -> np.ndarray:
     """A number in [0, 1) per row: a keyed hash of the row's own float32 words (features, then
-    target), SplitMix64 rounds keyed by :func:`part_key` (``person`` separates the uses: parts,
-    the validation part of task=tune); uniform over rows with distinct content."""
+    target), SplitMix64 rounds keyed by :func:`part_key` (task=tune's validation rows); uniform
+    over rows with distinct content."""
     xa = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
     ya = np.asarray(y, dtype=np.float32).reshape(len(y), -1)
     words = (np.concatenate([xa, ya], axis=1) + np.float32(0.0)).view(np.uint32).astype(np.uint64)  # -0.0 -> 0.0
@@ -65,10 +65,10 @@ def row_uniform(x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, *, s
     return (keyed(h, b"end") >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
-def part_index(x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, *, parts: int, seed: int) -> np.ndarray:
-    """The part (0..K-1) of every row: :func:`row_uniform` scaled to the K parts."""
-    u = row_uniform(x, y, seed=seed)
-    return np.minimum((u * parts).astype(np.int64), parts - 1)
+def random_parts(n_rows: int, *, parts: int, randomness: Randomness) -> np.ndarray:
+    """The part (0..K-1) of each of ``n_rows`` rows: independent uniform draws from the run's
+    secret stream ``subsample-parts`` (module docstring)."""
+    return randomness.numpy("subsample-parts").integers(0, parts, size=int(n_rows))
 
 
 def part_mechanism(privacy: Any, *, epochs: float, batch_size: int, dataset_size: int, parts: int,
@@ -82,9 +82,9 @@ def part_mechanism(privacy: Any, *, epochs: float, batch_size: int, dataset_size
 
 
 def part_randomness(randomness: Any, k: int) -> Any:
-    """Part k's secret streams: fresh from the OS CSPRNG, or (opt-in reproducible noise) derived
-    from the run's seed file and label plus the part's index; independent across parts."""
-    return Randomness.fresh() if randomness is None else randomness.child(f"part {k}")
+    """Part k's secret streams, derived from the run's (fresh from the OS CSPRNG, or the opt-in seed
+    file) and the part's index; independent across parts and of the partition's stream."""
+    return randomness.child(f"part {k}")
 
 
 def _part_config(cfg: Any) -> Any:
@@ -97,10 +97,11 @@ def _part_config(cfg: Any) -> Any:
 
 
 def fit_parts(cfg: Any, data: Any, *, mechanism: DPSGDMechanism, randomness: Any = None) -> list[Any]:
-    """Train one model per part with :func:`dptrain.train.fit` (dptrain's DP-SGD) under the same
-    ``mechanism``; returns the K :class:`dptrain.train.TrainResult` (part order)."""
+    """Train one model per part with :func:`dptrain.training.fit.fit` (dptrain's DP-SGD) under the same
+    ``mechanism``; returns the K :class:`dptrain.training.fit.TrainResult` (part order)."""
     k_parts = cfg.estimator.parts
-    where = part_index(data.x_train, data.y_train, parts=k_parts, seed=cfg.seed)
+    randomness = bound_to_rows(randomness if randomness is not None else Randomness.fresh(), data)
+    where = random_parts(len(data.y_train), parts=k_parts, randomness=randomness)
     part_cfg = _part_config(cfg)
     results = []
     for k in range(k_parts):

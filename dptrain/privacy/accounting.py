@@ -25,18 +25,21 @@ import numbers
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dptrain.errors import DPTrainError
+import numpy as np
+
+from dptrain.core.errors import DPTrainError
+from dptrain.core.registry import Registry
 from dptrain.privacy import cache
+from dptrain.privacy.calibration import Unreachable, smallest_noise
 from dptrain.privacy.events import EVENT_KINDS, Event, event_from_list, poisson_gaussian
-from dptrain.registry import Registry
 
 if TYPE_CHECKING:
     import numpy as np
     from dp_accounting import pld as _pld
 
 # dp-accounting (~1.5 s to import: scipy.signal, scipy.optimize) and numpy are imported by the
-# functions that need them, not here: dptrain.config imports this module for ACCOUNTANTS and
-# SIGMA_RANGE, and `import dptrain.cli` (so every command line, a refused one too) stays free of
+# functions that need them, not here: dptrain.settings imports this module for ACCOUNTANTS and
+# SIGMA_RANGE, and `import dptrain.tasks.cli` (so every command line, a refused one too) stays free of
 # them; with the accounting cache (dptrain.privacy.cache) a repeated run never imports dp-accounting.
 
 __all__ = ["ACCOUNTANTS", "RDP_ORDERS", "AccountingError", "PrivacyAccountant", "rdp_floor", "rdp_to_epsilon",
@@ -158,8 +161,6 @@ def rdp_to_epsilon(rdp: np.ndarray, delta: float) -> float:
     that sigma (sigma 56,087 for a target of 0.001 where PLD needs 2,369). Here a finite noise
     multiplier always gets the conversion's positive epsilon; a tiny RDP value that came out
     negative through rounding counts as 0."""
-    import numpy as np
-
     orders = np.asarray(RDP_ORDERS)
     r = np.maximum(np.asarray(rdp, dtype=np.float64), 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -186,8 +187,6 @@ def _rdp_per_step(event: Event) -> np.ndarray:
     """RDP of ONE step of ``event`` at each of RDP_ORDERS (read-only array): from the accounting
     cache when this event was computed before (:mod:`dptrain.privacy.cache`), else by
     dp-accounting (imported here, the accounting's one heavy boundary) and stored."""
-    import numpy as np
-
     payload = json.dumps([event.kind, list(event.params), list(RDP_ORDERS)])
     cached = cache.load("rdp", payload, length=len(RDP_ORDERS))
     if cached is None:
@@ -294,29 +293,6 @@ def history_epsilon(history: History, *, delta: float, accountant: str = "rdp") 
     return _epsilon(tuple(history), _check_delta(delta), _check_accountant(accountant))
 
 
-def _solve(g: Callable[[float], float], lo: float, hi: float, tol: float) -> float:
-    """Shrinks a bracket [lo, hi] of log sigma (g(lo) > 0 >= g(hi)) to width <= tol; returns hi.
-
-    False position on log epsilon vs log sigma (nearly linear), nudged by tol/2 across the
-    estimated root so that both ends close in; bisection when that does not halve the bracket.
-    """
-    glo, ghi, push, interpolate = g(lo), g(hi), 0.0, True
-    while hi - lo > tol:
-        before = hi - lo
-        if interpolate and math.isfinite(glo) and math.isfinite(ghi):
-            x = hi - ghi * (hi - lo) / (ghi - glo) + push
-            x = min(max(x, lo + 0.01 * before), hi - 0.01 * before)
-        else:
-            x = 0.5 * (lo + hi)
-        gx = g(x)
-        if gx > 0:
-            lo, glo, push = x, gx, tol / 2
-        else:
-            hi, ghi, push = x, gx, -tol / 2
-        interpolate = not interpolate or (hi - lo) <= before / 2
-    return hi
-
-
 def calibrate_noise_multiplier(
     *,
     target_epsilon: float,
@@ -332,7 +308,8 @@ def calibrate_noise_multiplier(
     sigma / (1 + rtol) does not (up to the accountant's monotonicity), i.e. it is the smallest
     such sigma to RELATIVE tolerance ``rtol``. Searched in [1e-2, 1e6]; if even sigma = 1e-2
     meets the target, 1e-2 is returned. For "pld" the RDP answer seeds the bracket (PLD is
-    tighter), ~10 PLD evaluations (a few seconds).
+    tighter), ~10 PLD evaluations (a few seconds). The search is the project's one calibration
+    routine, :func:`dptrain.privacy.calibration.smallest_noise`.
 
     Args:
         target_epsilon: Target epsilon > 0.
@@ -360,23 +337,21 @@ def calibrate_noise_multiplier(
     if accountant == "rdp" and target <= rdp_floor(delta):
         raise _bad("target_epsilon", target_epsilon, _rdp_floor_advice(target, q, steps, delta, rtol))
 
-    def g(log_sigma: float) -> float:  # log(eps / target); > 0 means not private enough
-        eps = _epsilon(_one_run(math.exp(log_sigma), q, steps), delta, accountant)
-        return math.log(eps / target) if eps > 0 else -math.inf
+    def eps(sigma: float) -> float:
+        return _epsilon(_one_run(sigma, q, steps), delta, accountant)
 
-    hi, step = 0.0, math.log(4.0)  # log sigma; other accountants start from the RDP sigma
+    start, factor = 1.0, 4.0  # other accountants start from the RDP sigma (PLD is tighter: a little less)
     if accountant != "rdp" and target > rdp_floor(delta):
         with contextlib.suppress(AccountingError):
-            hi, step = math.log(calibrate_noise_multiplier(
-                target_epsilon=target, sample_rate=q, steps=steps, delta=delta, rtol=rtol)), 0.2
-    bracket = _bracket(g, hi, step)
-    if bracket[0] is None:
-        if bracket[1] is None:
-            raise _bad("target_epsilon", target_epsilon,
-                       f"unreachable with noise_multiplier <= {_SIGMA_MAX:g} (q={q}, "
-                       f"steps={steps}, delta={delta}, accountant={accountant!r})")
-        return math.exp(bracket[1])  # the floor (as evaluated) already meets the target
-    return math.exp(_solve(g, bracket[0], bracket[1], math.log1p(rtol)))
+            start, factor = calibrate_noise_multiplier(
+                target_epsilon=target, sample_rate=q, steps=steps, delta=delta, rtol=rtol), math.exp(0.2)
+    try:
+        return smallest_noise(eps, target=target, rtol=rtol, lower=_SIGMA_MIN, upper=_SIGMA_MAX, start=start,
+                              factor=factor)
+    except Unreachable:
+        raise _bad("target_epsilon", target_epsilon,
+                   f"unreachable with noise_multiplier <= {_SIGMA_MAX:g} (q={q}, steps={steps}, delta={delta}, "
+                   f"accountant={accountant!r})") from None
 
 
 def rdp_floor(delta: float) -> float:
@@ -391,25 +366,6 @@ def _rdp_floor_advice(target: float, q: float, steps: int, delta: float, rtol: f
     return (f"RDP accounting (orders up to {RDP_ORDERS[-1]:g}) cannot certify an epsilon below "
             f"{rdp_floor(delta):.4g} at delta={delta:g}, whatever the noise (q={q:g}, steps={steps}); allowed: a "
             "larger target, or privacy.accountant=pld, which is tight and certifies smaller epsilons")
-
-
-def _bracket(g: Callable[[float], float], hi: float, step: float) -> tuple[float | None, float | None]:
-    """(lo, hi) in log sigma with g(lo) > 0 >= g(hi), walking from ``hi`` in steps of ``step``;
-    (None, floor) when the search floor already meets the target; (None, None) when even the
-    largest sigma does not."""
-    if g(hi) > 0:
-        lo = hi
-        while g(hi) > 0:
-            lo, hi = hi, hi + step
-            if hi > math.log(_SIGMA_MAX):
-                return None, None
-        return lo, hi
-    lo = hi - step
-    while g(lo) <= 0:
-        if lo <= math.log(_SIGMA_MIN):
-            return None, lo
-        lo, hi = max(lo - step, math.log(_SIGMA_MIN)), lo
-    return lo, hi
 
 
 class PrivacyAccountant:

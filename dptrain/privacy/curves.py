@@ -40,12 +40,16 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from dptrain.core.validation import bad
 from dptrain.privacy.accounting import SIGMA_RANGE, history_epsilon
+from dptrain.privacy.calibration import Unreachable, smallest_noise
 from dptrain.privacy.events import Event, poisson_gaussian
-from dptrain.validation import bad
 
 if TYPE_CHECKING:
     import torch
@@ -122,22 +126,23 @@ def curve_noise_multiplier(*, sigma: float, sample_rate: float, steps: int, log_
     """sigma_c: the smallest curve noise multiplier (relative tolerance max(``rtol``,
     CURVE_RTOL)) whose planned history (``steps`` steps, those of :func:`releases_between`
     logged) has RDP epsilon <= the gradients' RDP epsilon / (1 - ``share``), as evaluated (module
-    docstring). Bisection on log sigma_c from the small-q approximation: about ten RDP
-    evaluations. (RDP, whatever the headline accountant: the share is a design choice, cheap to
-    evaluate; :func:`fill_target` fits a target by another accountant.)"""
+    docstring), by :func:`dptrain.privacy.calibration.smallest_noise` from the small-q
+    approximation: a handful of RDP evaluations. (RDP, whatever the headline accountant: the
+    share is a design choice, cheap to evaluate; :func:`fill_target` fits a target by another
+    accountant.)"""
     grads = history_epsilon(((poisson_gaussian(sample_rate=sample_rate, noise_multiplier=sigma), steps),),
                             delta=delta, accountant="rdp")
     k = releases_between(0, steps, log_every)
     if not (0 < grads < math.inf) or k == 0:
         return SIGMA_RANGE[1]
 
-    def within(sigma_c: float) -> bool:
+    def eps(sigma_c: float) -> float:
         history = history_between(sigma=sigma, sigma_c=sigma_c, sample_rate=sample_rate, start=0, end=steps,
                                   log_every=log_every)
-        return history_epsilon(history, delta=delta, accountant="rdp") <= grads / (1.0 - share)
+        return history_epsilon(history, delta=delta, accountant="rdp")
 
     guess = sigma * math.sqrt((1.0 - share) * k / (share * steps))  # the small-q approximation
-    return _smallest(within, guess=guess, factor=2.0, rtol=max(rtol, CURVE_RTOL))
+    return _calibrated(eps, grads / (1.0 - share), guess=guess, factor=2.0, rtol=max(rtol, CURVE_RTOL))
 
 
 def fill_target(sigma_c: float, *, history_of: Any, target_epsilon: float, delta: float, accountant: str) -> float:
@@ -146,41 +151,25 @@ def fill_target(sigma_c: float, *, history_of: Any, target_epsilon: float, delta
     to (1 - share) of the target by that accountant, and the curve gets the rest: with RDP the
     share rule does that already; this is for the others (PLD, plugins), whose share of the
     curve differs from RDP's."""
-    def within(x: float) -> bool:
-        return history_epsilon(history_of(x), delta=delta, accountant=accountant) <= target_epsilon
+    def eps(x: float) -> float:
+        return history_epsilon(history_of(x), delta=delta, accountant=accountant)
 
-    return _smallest(within, guess=sigma_c, factor=1.25, rtol=CURVE_RTOL)
+    return _calibrated(eps, target_epsilon, guess=sigma_c, factor=1.25, rtol=CURVE_RTOL)
 
 
-def _smallest(ok: Any, *, guess: float, factor: float, rtol: float) -> float:
-    """The smallest x in SIGMA_RANGE with ``ok(x)`` (False below some x, True above), to relative
-    tolerance ``rtol``: a bracket walked from ``guess`` in steps of ``factor``, then bisection on
-    log x. Returns an x where ``ok`` was evaluated True (or the range's end)."""
-    lo_end, hi_end = SIGMA_RANGE
-    x = min(max(guess, lo_end), hi_end)
-    if ok(x):
-        hi, lo = x, max(x / factor, lo_end)
-        while ok(lo):
-            if lo <= lo_end:
-                return lo_end
-            hi, lo = lo, max(lo / factor, lo_end)
-    else:
-        lo, hi = x, min(x * factor, hi_end)
-        while not ok(hi):
-            if hi >= hi_end:
-                return hi_end
-            lo, hi = hi, min(hi * factor, hi_end)
-    while hi / lo > 1.0 + rtol:
-        mid = math.sqrt(lo * hi)
-        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-    return hi
+def _calibrated(eps: Callable[[float], float], target: float, *, guess: float, factor: float, rtol: float) -> float:
+    """:func:`dptrain.privacy.calibration.smallest_noise` over SIGMA_RANGE; the range's top when
+    even that does not meet ``target`` (the curve then adds next to nothing)."""
+    try:
+        return smallest_noise(eps, target=target, rtol=rtol, lower=SIGMA_RANGE[0], upper=SIGMA_RANGE[1],
+                              start=guess, factor=factor)
+    except Unreachable:
+        return SIGMA_RANGE[1]
 
 
 def bounded_loss_sum(losses: torch.Tensor, bound: float) -> float:
     """sum_i min(max(loss_i, 0), L), in float64; a non-finite loss counts as L (NaN, +inf) or 0
     (-inf), so each example adds a number in [0, L] whatever its loss."""
-    import torch
-
     b = float(bound)
     clean = torch.nan_to_num(losses.detach().to(torch.float64), nan=b, posinf=b, neginf=0.0)
     return float(clean.clamp_(0.0, b).sum())

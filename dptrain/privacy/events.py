@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dptrain.registry import Registry
+from dptrain.core.registry import Registry
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -101,3 +101,44 @@ EVENT_KINDS.register("gaussian", Gaussian)
 def gaussian_event(noise_multiplier: float) -> Event:
     """The event of one Gaussian mechanism with noise std = noise_multiplier x L2 sensitivity."""
     return Event("gaussian", (float(noise_multiplier),))
+
+
+class PrivateSearch:
+    """A private hyperparameter search (Papernot and Steinke 2022): a random number K of candidate
+    trainings, each ``steps`` Poisson-subsampled Gaussian steps plus one Gaussian noisy score, the
+    best one released; K follows the truncated negative binomial with ``mean`` and ``shape``
+    (shape 0: logarithmic, 1: geometric). Params (sample_rate, noise_multiplier, steps,
+    score_noise, mean, shape). RDP accounting only (dp-accounting has no PLD of it)."""
+
+    params = ("sample_rate", "noise_multiplier", "steps", "score_noise", "mean", "shape")
+
+    @staticmethod
+    def dp_event(params: tuple[float, ...]) -> dp_accounting.DpEvent:
+        import dp_accounting  # here, not at the top: importing dptrain.privacy stays cheap
+
+        q, sigma, steps, score_noise, mean, shape = params
+        one = dp_accounting.ComposedDpEvent([
+            dp_accounting.SelfComposedDpEvent(
+                dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), int(steps)),
+            dp_accounting.GaussianDpEvent(score_noise)])
+        return dp_accounting.dp_event.RepeatAndSelectDpEvent(one, mean, shape)
+
+    @staticmethod
+    def spends(params: tuple[float, ...]) -> bool:
+        return True
+
+    @staticmethod
+    def unbounded(params: tuple[float, ...]) -> bool:
+        """No finite epsilon: a candidate's score without noise, or training steps without noise."""
+        q, sigma, steps, score_noise = params[:4]
+        return score_noise == 0.0 or (sigma == 0.0 and q > 0.0 and steps > 0)
+
+
+EVENT_KINDS.register("private_search", PrivateSearch)
+
+
+def private_search(*, sample_rate: float, noise_multiplier: float, steps: int, score_noise: float, mean: float,
+                   shape: float) -> Event:
+    """The event of a whole private search (:class:`PrivateSearch`)."""
+    return Event("private_search", (float(sample_rate), float(noise_multiplier), float(steps), float(score_noise),
+                                    float(mean), float(shape)))

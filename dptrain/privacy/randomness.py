@@ -39,6 +39,7 @@ Generators:
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import secrets
@@ -47,9 +48,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd  # only when a caller passes pandas objects (releases)
 import torch
 
-from dptrain.errors import DPTrainError
+from dptrain.core.errors import DPTrainError
 
 OS_ENTROPY_BITS = 256
 MIN_KEY_BITS = 128
@@ -239,8 +241,6 @@ def settings_digest(settings: dict) -> str:
     """A label of a run's settings (its composed config without Hydra's own node) for
     :meth:`Randomness.from_seed_file`: runs that differ in any computing setting get different
     labels, hence independent streams."""
-    import json
-
     def strip(node: dict, path: tuple = ()) -> dict:
         out = {}
         for k, v in node.items():
@@ -284,8 +284,6 @@ def data_digest(*parts: object) -> str:
 
 
 def _pandas_rows(obj) -> np.ndarray:
-    import pandas as pd  # only when a caller passes pandas objects (releases)
-
     return pd.util.hash_pandas_object(obj, index=False).to_numpy()
 
 

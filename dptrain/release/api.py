@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dptrain.core.validation import bad
 from dptrain.privacy.randomness import Randomness, data_digest
 from dptrain.release import _ls_math
 from dptrain.release.cell_domain import CellDomain, from_table, select_cells
@@ -70,8 +71,7 @@ from dptrain.release.sensitivity import (
     local_sensitivity,
     se_local_sensitivity,
 )
-from dptrain.release.settings import ReleaseConfig, check_cell_source
-from dptrain.validation import bad
+from dptrain.settings.release import ReleaseConfig, check_cell_source
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ class CellEstimates:
     # ------------------------------------------------------------------ what every release checks
     def check_listed(self) -> None:
         """Refuse cells OBSERVED in the rows (not a public declaration, not a private selection)
-        with the command line's message (:func:`dptrain.release.settings.check_cell_source`)."""
+        with the command line's message (:func:`dptrain.settings.release.check_cell_source`)."""
         if self.listed is None:
             check_cell_source(ReleaseConfig(cells=list(self.cells.keys.columns)), _TABLE_DATA)
             raise ReleaseError("the cells were not listed by a declaration or a private selection")  # unreachable
@@ -290,7 +290,7 @@ def fit_cells(df: pd.DataFrame, *, x: str, y: str, cells: list[str], domain: Dom
     stability-based selection of ``release.cell_selection=private``
     (:func:`dptrain.release.cell_domain.select_cells`, (epsilon, delta)-DP under add/remove
     neighbours, composed into every release's totals). With neither, the command line's refusal
-    is raised (:func:`dptrain.release.settings.check_cell_source`): cells observed in the rows
+    is raised (:func:`dptrain.settings.release.check_cell_source`): cells observed in the rows
     would reveal who is in them."""
     if selection is not None and not isinstance(selection, PrivateSelectionConfig):
         raise bad("selection", selection, "must be None or a dptrain.release.api.PrivateSelectionConfig")

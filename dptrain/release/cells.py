@@ -13,7 +13,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from dptrain.errors import DPTrainError, ReleaseError  # noqa: F401 - ReleaseError offered here as before
+from dptrain.core.errors import DPTrainError, ReleaseError  # noqa: F401 - ReleaseError offered here as before
 
 Statistic = Literal["p25", "p75", "slope"]
 STATISTICS: tuple[str, ...] = ("p25", "p75", "slope")

@@ -37,12 +37,12 @@ import numpy as np
 import pandas as pd
 
 from dptrain.release.mos import _group_codes
+from dptrain.settings.release import stage_epsilons
 
 from .cells import STATISTICS, Cells, ReleaseError, ols
 from .cells import statistic as cell_statistic
 from .intervals import interval_columns, laplace_normal_halfwidth
 from .noise import add_noise, calibrate
-from .settings import STAGES, stage_epsilons  # noqa: F401 - offered here as before
 from .stability import distance_to_instability, stability_bounds
 
 DEFAULT_SPLIT: dict[str, float] = {"n": 0.25, "se": 0.5, "chi": 0.25, "test": 1.0, "theta": 1.0}

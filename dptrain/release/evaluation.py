@@ -24,7 +24,7 @@ from dptrain.release.methods import RELEASE_METHODS, MethodResult, evaluation_me
 from dptrain.release.mos import NOT_DP
 from dptrain.release.prepared import ReleaseRun
 from dptrain.release.report_figures import write_figures
-from dptrain.tracking import atomic_write_text
+from dptrain.runfolder.tracking import atomic_write_text
 
 REFERENCE = "mos"  # the method the evaluation is about: listed first, its LS and chi in figures 1-2
 

@@ -21,7 +21,6 @@ with gamma ~ 2^-20 t: the continuous law with the same scale is the same to abou
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import log_ndtr, ndtr, ndtri
 
 from .cells import ReleaseError
 
@@ -36,6 +35,8 @@ def _check_level(level: float) -> float:
 
 def laplace_normal_cdf(z: np.ndarray, *, s: np.ndarray, b: np.ndarray) -> np.ndarray:
     """P(G + L <= z) for G ~ N(0, s^2), L ~ Laplace(0, b), element-wise (s > 0, b > 0)."""
+    from scipy.special import log_ndtr, ndtr  # scipy: imported where it is used
+
     z, s, b = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (z, s, b)))
     r = s / b
     with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
@@ -50,6 +51,8 @@ def laplace_normal_halfwidth(*, s: np.ndarray | float, b: np.ndarray | float, le
 
     ``s`` (sampling SD) and ``b`` (Laplace scale) are >= 0; NaN or inf in either gives NaN.
     Exact to a relative 1e-10 (bisection on the closed-form CDF)."""
+    from scipy.special import ndtri  # scipy: imported where it is used
+
     level = _check_level(level)
     s, b = np.broadcast_arrays(np.asarray(s, dtype=np.float64), np.asarray(b, dtype=np.float64))
     s, b = s.astype(np.float64).copy(), b.astype(np.float64).copy()
@@ -78,6 +81,8 @@ def laplace_normal_halfwidth(*, s: np.ndarray | float, b: np.ndarray | float, le
 
 def normal_halfwidth(*, sd: np.ndarray | float, level: float = LEVEL) -> np.ndarray:
     """z_{(1 + level) / 2} times ``sd``: the half-width for an error that is (approximately) normal."""
+    from scipy.special import ndtri  # scipy: imported where it is used
+
     level = _check_level(level)
     return np.asarray(sd, dtype=np.float64) * ndtri(0.5 + level / 2.0)
 

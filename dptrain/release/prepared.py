@@ -1,5 +1,5 @@
 """A release run once its cells are listed and estimated, before any method runs: what the runner
-(:mod:`dptrain.release.run`), the private evaluation (:mod:`dptrain.release.evaluation`) and its
+(:mod:`dptrain.tasks.release`), the private evaluation (:mod:`dptrain.release.evaluation`) and its
 figures share. A leaf of the release package: it imports no runner."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dptrain.release.api import CellEstimates
 class ReleaseRun:
     """One release run once its cells are listed and estimated (before any method runs)."""
 
-    conf: Any  # the run's ReleaseRunConfig (dptrain.config)
+    conf: Any  # the run's ReleaseRunConfig (dptrain.settings)
     run_dir: Path
     randomness: Randomness
     truth: pd.DataFrame | None  # the simulator's per-cell truth (simulated data only)

@@ -16,10 +16,10 @@ from typing import Any
 
 import pandas as pd
 
-from dptrain.neighbours import Neighbours, replace_one_from_add_remove
+from dptrain.core.neighbours import Neighbours, replace_one_from_add_remove
 from dptrain.release.cell_domain import CellDomain
 from dptrain.release.mos import NOT_DP
-from dptrain.release.settings import ReleaseConfig
+from dptrain.settings.release import ReleaseConfig
 
 REPLACE_ONE_NOTE = (
     "epsilon_add_remove_comparison is the comparison convention used to set methods side by side (a replace-one "

@@ -1,6 +1,6 @@
 """task=train: settings checked, randomness and model checked, THEN the data read, trained (the
-fit library, :mod:`dptrain.train`, through the estimator, :mod:`dptrain.inference.run`), and the
-run folder written (:mod:`dptrain.outputs`)."""
+fit library, :mod:`dptrain.training.fit`, through the estimator, :mod:`dptrain.inference.run`), and the
+run folder written (:mod:`dptrain.tasks.outputs`)."""
 
 from __future__ import annotations
 
@@ -10,25 +10,25 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from dptrain.config import Config, validate, validate_against_size
 from dptrain.data.shards import load_training_data
-from dptrain.distributed import init_from_env, shutdown
 from dptrain.inference.run import check_estimator, check_estimator_size, run_estimator
-from dptrain.objectives import build_objective
-from dptrain.outputs import randomness_for, write_training_outputs
+from dptrain.models.objectives import build_objective
 from dptrain.privacy.report import summary_lines
-from dptrain.tracking import Tracker
-from dptrain.train import LaunchConfig, bound_to_rows, build_model, data_spec_from_config, run_device
+from dptrain.runfolder.tracking import Tracker
+from dptrain.settings.train import Config, validate_against_size, validate_train
+from dptrain.tasks.outputs import randomness_for, write_training_outputs
+from dptrain.training.distributed import init_from_env, shutdown
+from dptrain.training.fit import LaunchConfig, bound_to_rows, build_model, data_spec_from_config, run_device
 
-log = logging.getLogger("dptrain.train")
+log = logging.getLogger("dptrain.training.fit")
 
 
 def run_task(cfg: Any, *, run_dir: Path) -> float:
     """task=train: settings checked, randomness and model checked, THEN the data read, trained,
-    and the run folder written (dptrain.outputs). Returns the primary test metric (a sweeper's
+    and the run folder written (dptrain.tasks.outputs). Returns the primary test metric (a sweeper's
     objective). Bad input raises a DPTrainError before anything is written."""
     conf: Config = OmegaConf.to_object(cfg)
-    validate(conf)
+    validate_train(conf)
     check_estimator(conf)
     randomness = randomness_for(conf, cfg, run_dir=run_dir)
     build_model(conf, spec=data_spec_from_config(conf.data), objective=build_objective(conf.objective))

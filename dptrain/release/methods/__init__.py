@@ -16,40 +16,43 @@ module             release.method          guarantee
 
 ``base`` holds the registry and the :class:`ReleaseMethod` base class, ``common`` the helpers
 the methods share. Importing this package registers every method above, in this order (the
-order of the private evaluation's comparison), then any other module of this folder (a new
-method is one file here), in name order. Methods of your own package are loaded by the
-``plugins`` setting instead.
+order of the private evaluation's comparison). A new built-in method is one module here and one
+line below; a method of your own package is loaded by the ``plugins`` setting (docs/extending.md).
+A method may declare settings of its own (``ReleaseMethod.settings``), given as
+``release.method_settings={name: value}`` and checked by the method before any row is read.
 """
 
-import importlib
-import pkgutil
 from typing import Any
 
+from dptrain.core.validation import bad
 from dptrain.release.methods.base import (
     RELEASE_METHODS,
     MethodResult,
     ReleaseMethod,
+    check_method_settings,
     evaluation_methods,
     run_method,
 )
-from dptrain.validation import bad
 
-#: the built-in method modules, imported (and so registered) in this order
+# the order of registration is the order of the evaluation's comparison
+# isort: off
+from dptrain.release.methods import mos, dp_mos, suppression, ss_laplace, noisy_stats  # noqa: F401
+from dptrain.release.methods import theil_sen, dp_gd, dp_sgd  # noqa: F401
+# isort: on
+
+#: the built-in method modules, imported (and so registered) in this order above
 BUILTIN = ("mos", "dp_mos", "suppression", "ss_laplace", "noisy_stats", "theil_sen", "dp_gd", "dp_sgd")
-_NOT_METHODS = ("base", "common")
-_others = sorted(m.name for m in pkgutil.iter_modules(__path__)
-                 if m.name not in BUILTIN + _NOT_METHODS and not m.name.startswith("_"))
-for _module in (*BUILTIN, *_others):
-    importlib.import_module(f"{__name__}.{_module}")
 
-__all__ = ["BUILTIN", "RELEASE_METHODS", "MethodResult", "ReleaseMethod", "evaluation_methods", "run_method"]
+__all__ = ["BUILTIN", "RELEASE_METHODS", "MethodResult", "ReleaseMethod", "check_method_settings",
+           "evaluation_methods", "run_method"]
 
 
 def check_release_method(r: Any) -> None:
-    """``release.method`` and ``release.suppression_k`` against the registry (the built-in methods
-    and the plugins' are registered once this package is imported); called by the release run
-    before any row is read."""
-    RELEASE_METHODS.get(r.method)
+    """``release.method``, ``release.method_settings`` (the keys the method declares, its own
+    value checks) and ``release.suppression_k`` against the registry (the built-in methods and
+    the plugins' are registered once this package is imported); called by the release run before
+    any row is read."""
+    check_method_settings(r)
     unregistered = [k for k in r.suppression_k if f"suppression_{k}" not in RELEASE_METHODS]
     if unregistered:
         known = [n.removeprefix("suppression_") for n in RELEASE_METHODS if n.startswith("suppression_")]

@@ -30,7 +30,6 @@ reveal more of (a, b) than theta alone, at no privacy cost).
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import ndtri
 
 from dptrain.release.cells import Cells
 from dptrain.release.intervals import LEVEL
@@ -118,6 +117,8 @@ def gd_interval(W: np.ndarray, n_noisy: np.ndarray, stats: dict, cells: Cells, *
 def _halfwidth(W: np.ndarray, n: np.ndarray, sigma2: np.ndarray, design: tuple[np.ndarray, np.ndarray], *,
                cells: Cells, statistic: str, recursion: dict) -> np.ndarray:
     """1.96 sqrt(c' V c + SE_samp^2) + |c' M (W_0 - W^)| on the unit scale, for one design (u~, v)."""
+    from scipy.special import ndtri  # scipy: imported where it is used
+
     ubar, v = design
     lr, steps, s, q = (recursion[k] for k in ("lr", "steps", "grad_sd", "batch_rate"))
     H = hessian(ubar, v)

@@ -2,9 +2,9 @@
 
 ``RELEASE_METHODS`` maps each ``release.method`` value to a :class:`ReleaseMethod` object, which
 declares its neighbour relation and whether it has a guarantee, and runs on a run's cells at a
-given epsilon. The runner (:mod:`dptrain.release.run`) never names a method: it validates
+given epsilon. The runner (:mod:`dptrain.tasks.release`) never names a method: it validates
 ``release.method`` against this registry, runs each method at ``run_epsilon`` (the comparison
-convention of :func:`dptrain.neighbours.comparison_epsilon`: replace-one methods run at 2
+convention of :func:`dptrain.core.neighbours.comparison_epsilon`: replace-one methods run at 2
 epsilon), and writes release.csv / release.json from the method's own ``published`` and
 ``release_json``. The private evaluation runs every registered method whose ``in_evaluation``
 says so, and the tail figure those with ``tail_figure``.
@@ -13,22 +13,28 @@ A new method is one module that subclasses :class:`ReleaseMethod` and registers 
 
     RELEASE_METHODS.register("my_method", MyMethod())
 
-(docs/release.md section 13, "A new release method").
+(docs/release.md section 13, "A new release method"). A method may declare settings of its own
+(``settings``: names and defaults); the user gives them as ``release.method_settings={name:
+value}``, :func:`check_method_settings` refuses a key the method does not declare and runs the
+method's ``check_settings`` before any row is read, the method reads them with
+``own_settings(config)``, and release.json records them (docs/extending.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from dptrain.neighbours import Neighbours, comparison_epsilon
-from dptrain.registry import Registry
+from dptrain.core.neighbours import Neighbours, comparison_epsilon
+from dptrain.core.registry import Registry
+from dptrain.core.validation import bad
 from dptrain.release.api import CellEstimates
 from dptrain.release.report import RunFacts, baseline_json
-from dptrain.release.settings import ReleaseConfig
+from dptrain.settings.release import ReleaseConfig
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,24 @@ class ReleaseMethod:
     has_guarantee: bool = True
     #: drawn in the evaluation's tail-classification figure (at every release.tail_epsilons)
     tail_figure: bool = False
+    #: the method's OWN settings and their defaults, given as ``release.method_settings={NAME: value}``
+    #: when it is the run's ``release.method``; {}: none (every built-in method)
+    settings: Mapping[str, Any] = {}
+
+    def check_settings(self, settings: dict[str, Any]) -> None:
+        """Refuse a bad value of one of this method's own settings, before any row is read: raise
+        ``bad(f"release.method_settings.{key}", value, allowed)`` (a ConfigError naming the
+        setting, the value and what is allowed). ``settings`` is :meth:`own_settings` of the run
+        (the declared defaults, updated with ``release.method_settings``). Default: no check."""
+
+    def own_settings(self, config: ReleaseConfig) -> dict[str, Any]:
+        """This method's settings in this run: its declared defaults, updated with
+        ``release.method_settings`` when it is the run's ``release.method`` (the private
+        evaluation runs every other method at its defaults)."""
+        out = dict(self.settings)
+        if config.method in RELEASE_METHODS and RELEASE_METHODS.get(config.method) is self:
+            out.update(dict(config.method_settings or {}))
+        return out
 
     def relation(self, config: ReleaseConfig) -> Neighbours | None:
         """The neighbour relation of this run (a method may take it from the settings)."""
@@ -82,8 +106,12 @@ class ReleaseMethod:
         return pd.concat([est.cells.keys.reset_index(drop=True), result.frame.reset_index(drop=True)], axis=1)
 
     def release_json(self, name: str, result: MethodResult, *, facts: RunFacts) -> dict:
-        """release.json: this method's own facts."""
-        return baseline_json(name, result, neighbours=self.relation(facts.config), facts=facts)
+        """release.json: this method's own facts (and its own settings, when it declares any)."""
+        out = baseline_json(name, result, neighbours=self.relation(facts.config), facts=facts)
+        settings = self.own_settings(facts.config)
+        if settings:
+            out["method_settings"] = settings
+        return out
 
 
 RELEASE_METHODS: Registry[ReleaseMethod] = Registry("release method", setting="release.method")
@@ -99,3 +127,16 @@ def run_method(name: str, est: CellEstimates, *, epsilon: float, rng: np.random.
 def evaluation_methods(config: ReleaseConfig) -> list[str]:
     """The methods the private evaluation runs, in registry order."""
     return [name for name in RELEASE_METHODS if RELEASE_METHODS.get(name).in_evaluation(config)]
+
+
+def check_method_settings(config: ReleaseConfig) -> None:
+    """``release.method_settings`` against what ``release.method`` declares (a key it does not
+    declare is refused, with the ones it does), then the method's own ``check_settings``; before
+    any row is read."""
+    method = RELEASE_METHODS.get(config.method)
+    for key, value in dict(config.method_settings or {}).items():
+        if key not in method.settings:
+            declared = ", ".join(method.settings) or "none (leave release.method_settings={})"
+            raise bad(f"release.method_settings.{key}", value,
+                      f"not a setting of release.method={config.method}; its settings: {declared}")
+    method.check_settings(method.own_settings(config))

@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from dptrain.neighbours import add_remove_footing
+from dptrain.core.neighbours import add_remove_footing
 from dptrain.privacy.accounting import AccountingError, calibrate_noise_multiplier
 from dptrain.release.cells import STATISTICS, Cells, ReleaseError
 from dptrain.release.intervals import LEVEL, interval_columns
@@ -138,7 +138,7 @@ def bootstrap_interval(theta: np.ndarray, draw_errors, *, n_boot: int, rng: np.r
 def method_meta(method: str, statistic: str, neighbours: str | None, epsilon: float | None, delta: float,
                 **text) -> dict:
     """A method's facts: method, statistic, neighbour relation, the epsilon and delta it ran at,
-    their add/remove footing (``dptrain.neighbours.add_remove_footing``: a comparison convention
+    their add/remove footing (``dptrain.core.neighbours.add_remove_footing``: a comparison convention
     for replace-one methods, not a guarantee), then ``split`` (how epsilon was split),
     ``guarantee``, ``reference`` and any further fields in ``text``."""
     split, guarantee, reference = text.pop("split"), text.pop("guarantee"), text.pop("reference")

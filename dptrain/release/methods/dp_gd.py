@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from dptrain.neighbours import Neighbours
+from dptrain.core.neighbours import Neighbours
 from dptrain.privacy.accounting import rdp_epsilon
 from dptrain.release.api import CellEstimates
 from dptrain.release.cells import Cells, ReleaseError
@@ -35,7 +35,7 @@ from dptrain.release.methods.common import (
     unit_rows,
 )
 from dptrain.release.noise import add_noise, grid_step
-from dptrain.release.settings import ReleaseConfig
+from dptrain.settings.release import ReleaseConfig
 
 INTERVAL = (
     "theta~ -/+ (1.96 sqrt(noise var + SE_samp^2) + |non-convergence bias|), from the method's DP outputs "

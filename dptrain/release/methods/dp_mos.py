@@ -11,14 +11,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dptrain.neighbours import Neighbours
+from dptrain.core.neighbours import Neighbours
 from dptrain.release.api import CellEstimates
 from dptrain.release.cell_domain import chi_group_labels
 from dptrain.release.dp_mos import GUARANTEE, DPMOSConfig, DPMOSRelease, release_dp_mos
 from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
 from dptrain.release.report import RunFacts, cell_counts, composed_total, declared_selection
-from dptrain.release.settings import ReleaseConfig
 from dptrain.release.stability import stability_bounds
+from dptrain.settings.release import ReleaseConfig
 
 SPLIT_TEXT = ("sequential composition over the stages of a cell (noisy N, the SE statistics, chi, the stability "
               "test, theta); cells are disjoint, so the release costs the per-cell sum (parallel composition); "

@@ -11,10 +11,11 @@ import pandas as pd
 import torch
 from torch import nn
 
-from dptrain.neighbours import Neighbours
-from dptrain.optimizers import eager_class
+from dptrain.core.neighbours import Neighbours
+from dptrain.models.optimizers import eager_class
 from dptrain.privacy.accounting import rdp_epsilon
-from dptrain.privacy.engine import GradientEngine, PoissonSampler, StepStats
+from dptrain.privacy.dpsgd.engine import GradientEngine, PoissonSampler, StepStats
+from dptrain.privacy.dpsgd.loop import PrivateStep
 from dptrain.privacy.randomness import seeded_mt19937
 from dptrain.release.api import CellEstimates
 from dptrain.release.cells import Cells, ReleaseError
@@ -37,7 +38,7 @@ from dptrain.release.methods.common import (
     theta_from_unit,
     unit_rows,
 )
-from dptrain.release.settings import ReleaseConfig
+from dptrain.settings.release import ReleaseConfig
 
 INTERVAL = (
     "theta~ -/+ (1.96 sqrt(noise var + SE_samp^2) + |non-convergence bias|), from the method's DP outputs "
@@ -101,11 +102,11 @@ def _sgd_cell(u: np.ndarray, t: np.ndarray, *, sigma: float, batch: float, rng: 
     sampler = PoissonSampler(num_rows=u.size, sample_rate=config.sample_rate, rng=sample_rng)
     opt = eager_class(torch.optim.SGD)(model.parameters(), lr=config.lr)
     xs, ys = torch.from_numpy(u).reshape(-1, 1), torch.from_numpy(t)
+    # THE DP-SGD step (dptrain.privacy.dpsgd.loop), recording nothing: sigma is calibrated up front
+    private_step = PrivateStep(engine, sampler, opt, xs, ys, accountant=None)
     acc = np.zeros(2)
     for it in range(steps):
-        idx = sampler.sample()
-        engine(xs[idx], ys[idx])
-        opt.step()
+        private_step(None)
         with torch.no_grad():
             model.bias.clamp_(*BOX_A)
             model.weight.clamp_(*BOX_B)
@@ -171,7 +172,7 @@ def dp_sgd_engine(cells: Cells, *, statistic: str, epsilon: float, delta: float,
               f"{1 - frac - ifrac:g} epsilon to {T} DP-SGD steps (RDP)",
         guarantee="(epsilon, delta)-DP, add/remove (basic composition of the count, the interval's statistics "
                   "and the RDP-accounted steps)",
-        reference="Abadi et al. 2016 DP-SGD with Poisson sampling, dptrain.privacy.engine + accounting (RDP)",
+        reference="Abadi et al. 2016 DP-SGD with Poisson sampling, dptrain.privacy.dpsgd.engine + accounting (RDP)",
         noise_multiplier=sigma, sample_rate=q, steps=T, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm,
         epsilon_count=eps_n, epsilon_interval=eps_d,
         epsilon_gradient=rdp_epsilon(sample_rate=q, noise_multiplier=sigma, steps=T, delta=delta),

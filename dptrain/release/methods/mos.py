@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dptrain.neighbours import Neighbours
+from dptrain.core.neighbours import Neighbours
 from dptrain.release.api import CellEstimates
 from dptrain.release.cell_domain import chi_group_labels
 from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
 from dptrain.release.mos import NOT_DP, MOSConfig, MOSInputs, MOSRelease, release_mos
 from dptrain.release.report import RunFacts, cell_counts, composed_total, declared_selection
 from dptrain.release.sensitivity import Sensitivity
-from dptrain.release.settings import ReleaseConfig
+from dptrain.settings.release import ReleaseConfig
 
 
 def min_n_rule(sens: Sensitivity, n: np.ndarray, min_n: int) -> Sensitivity:

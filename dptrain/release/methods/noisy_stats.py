@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dptrain.neighbours import Neighbours
+from dptrain.core.neighbours import Neighbours
 from dptrain.release.api import CellEstimates
 from dptrain.release.cells import Cells
 from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
@@ -24,7 +24,7 @@ from dptrain.release.methods.common import (
     widths,
 )
 from dptrain.release.noise import add_noise, calibrate
-from dptrain.release.settings import ReleaseConfig
+from dptrain.settings.release import ReleaseConfig
 
 
 def _noisy_moments(cells: Cells, eps: float, rng: np.random.Generator) -> tuple:

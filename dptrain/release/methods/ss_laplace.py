@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dptrain.neighbours import Neighbours
+from dptrain.core.neighbours import Neighbours
 from dptrain.release.api import CellEstimates
 from dptrain.release.cells import Cells
 from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
@@ -22,7 +22,7 @@ from dptrain.release.methods.common import (
     sigma_bound,
 )
 from dptrain.release.noise import add_noise, calibrate
-from dptrain.release.settings import ReleaseConfig
+from dptrain.settings.release import ReleaseConfig
 
 
 def _ols_and_gradient(s: dict[str, np.ndarray], x0: float | None) -> tuple[np.ndarray, np.ndarray, list]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy.stats import t as student_t
 
 from dptrain.release.api import CellEstimates
 from dptrain.release.cells import Cells, OLSFit, ReleaseError, ols, standard_error
@@ -24,7 +23,7 @@ from dptrain.release.methods.common import (
     result_frame,
 )
 from dptrain.release.report import RunFacts, baseline_json
-from dptrain.release.settings import ReleaseConfig
+from dptrain.settings.release import ReleaseConfig
 
 THRESHOLDS = (5, 10, 20)
 
@@ -48,6 +47,8 @@ def suppression(cells: Cells, *, statistic: str, k: int, rate_outcome: bool = Fa
     Not DP: the privacy loss is uncontrolled (a released cell is exact; differencing works).
     ``ci_low`` / ``ci_high``: the exact OLS t-interval (``INTERVAL``; also exact private values).
     ``fit``: the cells' OLS fit if already computed."""
+    from scipy.stats import t as student_t  # scipy.stats: imported where it is used
+
     check_statistic(statistic)
     k = check_int(k, "release.k")
     n = cells.n

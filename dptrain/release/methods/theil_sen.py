@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from dptrain.neighbours import Neighbours
+from dptrain.core.neighbours import Neighbours
 from dptrain.release.api import CellEstimates
 from dptrain.release.cells import Cells, ReleaseError
 from dptrain.release.methods._ts_interval import KAPPA, IntervalConfig, ts_interval
@@ -59,7 +59,7 @@ from dptrain.release.methods.common import (
     result_frame,
     widths,
 )
-from dptrain.release.settings import ReleaseConfig
+from dptrain.settings.release import ReleaseConfig
 
 #: all-pairs is not run on a cell with more pairs than this (memory: ~10 float64 arrays of this
 #: size); such a cell uses k matchings (variant auto) or is not released (variant all_pairs)

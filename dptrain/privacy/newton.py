@@ -1,0 +1,196 @@
+"""The private Newton release: two Newton steps of a linear model's loss from a start (DP-SGD's
+model), each releasing noisy sums over the rows, and a sandwich covariance.
+
+At the start ``theta`` one Gaussian mechanism releases (noisy gradient / noisy Newton
+M-estimation, Avella-Medina, Bradshaw & Loh, Annals of Statistics 2023):
+
+* ``G = sum_i r_i z_i``, the gradient of the loss (``r_i``: the loss' derivative in the linear
+  predictor, bounded by the objective: :data:`BOUNDS`);
+* ``H = sum_i w_i z_i z_i'``, the Hessian (``w_i``: the second derivative, bounded);
+
+a Newton step is taken, and at the new point G, H and ``S = sum_i r_i^2 z_i z_i'`` (the scores'
+outer products, the "meat" of the sandwich) are released and a second step taken. ``z_i`` is the
+row's design with ``||z||^2 <= R^2`` (PUBLIC: the caller's bound), so adding or removing one row
+changes G by at most ``r_max R``, H by at most ``w_max R^2`` and S by at most ``r_max^2 R^2``
+(Frobenius norms; the noise of a symmetric matrix is drawn on its upper triangle and mirrored).
+The five noisy sums are adaptive Gaussian releases, which compose to ONE Gaussian mechanism
+(:func:`noise_multipliers`), accounted as ``gaussian(sigma)``.
+
+The covariance ``H^-1 (S + var_G I) H^-1`` adds the second gradient's noise to the sampling
+variance (a sandwich, robust to a misspecified variance). H's eigenvalues are floored at its
+noise's sd; a term whose noisy curvature is below ten noise standard deviations carries too
+little information (a declared level with no rows, or too few) and is left where the start put
+it, without a covariance. :meth:`NewtonFit.claim` decides from released numbers whether the
+intervals are claimed valid. Everything after the releases is post-processing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from dptrain.core.errors import DPTrainError
+
+__all__ = ["BOUNDS", "NewtonFit", "noise_multipliers", "private_newton", "sensitivities", "statistics"]
+
+
+#: per objective kind: (the largest |r_i|, the largest w_i) on the model's scale
+BOUNDS = {"binary": (1.0, 0.25), "linear": (1.0, 1.0)}
+
+
+def statistics(z: np.ndarray, y: np.ndarray, eta: np.ndarray, kind: str) -> tuple[np.ndarray, ...]:
+    """(G, H, S) at the linear predictor ``eta`` (module docstring). Binary: r = sigmoid(eta) - y,
+    w = p (1 - p). Linear (target scaled to [0, 1]): r = clip(eta, 0, 1) - y, w = 1."""
+    if kind not in BOUNDS:
+        raise DPTrainError(f"no private Newton interval for objective kind {kind!r}: allowed: {', '.join(BOUNDS)}")
+    eta = np.asarray(eta, dtype=np.float64).reshape(-1)
+    y = np.asarray(y, dtype=np.float64).reshape(-1)
+    if kind == "binary":
+        p = 1.0 / (1.0 + np.exp(-eta))
+        r, w = p - y, p * (1.0 - p)
+    else:
+        r, w = np.clip(eta, 0.0, 1.0) - np.clip(y, 0.0, 1.0), np.ones_like(eta)
+    return z.T @ r, (z * w[:, None]).T @ z, (z * (r * r)[:, None]).T @ z
+
+
+#: the claim's thresholds (:meth:`NewtonFit.claim`), from the coverage study (docs/inference.md)
+MAX_NOISE_TO_SAMPLING = 4.0
+
+
+MAX_HESSIAN_NOISE = 0.6
+
+
+MAX_FIRST_STEP = 10.0
+
+
+#: a term is informative when its noisy curvature is above this many noise sds
+INFORMATIVE = 10.0
+
+
+#: the share of the release's precision (1 / sd^2, in units of each sum's sensitivity) each noisy
+#: sum gets: the second gradient, which sets the estimate's noise, most; the first gradient (its
+#: noise is corrected by the second step to first order), the Hessian and the meat less
+PRECISION = {"gradient_0": 0.25, "hessian_0": 1.0 / 9.0, "gradient_1": 1.0, "hessian_1": 1.0 / 9.0,
+             "meat": 1.0 / 9.0}
+
+
+def noise_multipliers(noise_multiplier: float) -> dict[str, float]:
+    """Each sum's noise multiplier (sd / sensitivity) for the whole release's ``noise_multiplier``:
+    adaptive Gaussian releases compose to ONE Gaussian mechanism with 1 / sigma^2 = sum 1 / sigma_i^2
+    (Dong, Roth and Su 2019, Gaussian differential privacy), accounted as ``gaussian(sigma)``."""
+    total = sum(PRECISION.values())
+    return {k: noise_multiplier * math.sqrt(total / v) for k, v in PRECISION.items()}
+
+
+def sensitivities(kind: str, radius_sq: float) -> dict[str, float]:
+    """Each sum's add/remove-one-row sensitivity (L2 / Frobenius; module docstring)."""
+    r_max, w_max = BOUNDS[kind]
+    g, h = r_max * math.sqrt(radius_sq), w_max * radius_sq
+    return {"gradient_0": g, "hessian_0": h, "gradient_1": g, "hessian_1": h, "meat": r_max**2 * radius_sq}
+
+
+@dataclass(frozen=True)
+class NewtonFit:
+    """The estimate (reduced parameters) after the private Newton steps, its covariance, which
+    terms are informative, and each term's first step in standard errors (how far DP-SGD's model
+    was from the estimate: a diagnostic of its convergence)."""
+
+    estimate: np.ndarray
+    covariance: np.ndarray
+    informative: np.ndarray
+    first_step_in_se: np.ndarray
+    noise_sd: dict[str, float]
+    #: per informative term, the privacy noise's variance over the sampling variance
+    noise_to_sampling: np.ndarray | None = None
+    #: the Hessian noise's spectral norm over the noisy Hessian's smallest eigenvalue
+    hessian_noise: float = math.inf
+
+    def checks(self) -> dict[str, float | None]:
+        """The numbers :meth:`claim` judges (public: functions of the releases)."""
+        if self.noise_to_sampling is None or not np.any(self.informative):
+            return {"noise_to_sampling": None, "hessian_noise": None, "first_step_in_se": None}
+        return {"noise_to_sampling": float(np.max(self.noise_to_sampling)), "hessian_noise": float(self.hessian_noise),
+                "first_step_in_se": float(np.nanmax(self.first_step_in_se))}
+
+    def claim(self) -> tuple[bool, str]:
+        """Whether the intervals are CLAIMED valid, and why: the privacy noise at most
+        :data:`MAX_NOISE_TO_SAMPLING` times the sampling variance in every informative term (so an
+        interval at most twice the non-private one: the normal approximation holds there, the
+        coverage study), the Hessian determined to :data:`MAX_HESSIAN_NOISE`, and DP-SGD's model
+        within :data:`MAX_FIRST_STEP` standard errors of the estimate (two Newton steps converge
+        from there). Computed from released numbers only."""
+        if self.noise_to_sampling is None or not np.any(self.informative):
+            return False, "no term carries information (the noisy curvature is below its noise)"
+        ratio = float(np.max(self.noise_to_sampling))
+        step = float(np.nanmax(self.first_step_in_se))
+        checks = [(ratio <= MAX_NOISE_TO_SAMPLING, f"privacy-noise variance / sampling variance = {ratio:.3g} "
+                   f"(at most {MAX_NOISE_TO_SAMPLING:g})"),
+                  (self.hessian_noise <= MAX_HESSIAN_NOISE, f"Hessian noise / smallest curvature = "
+                   f"{self.hessian_noise:.3g} (at most {MAX_HESSIAN_NOISE:g})"),
+                  (step <= MAX_FIRST_STEP, f"DP-SGD's model {step:.3g} standard errors from the estimate "
+                   f"(at most {MAX_FIRST_STEP:g})")]
+        failed = [why for ok, why in checks if not ok]
+        if failed:
+            return False, "; ".join(failed)
+        return True, "; ".join(why for _, why in checks)
+
+
+def _symmetric(rng: np.random.Generator, p: int, sd: float) -> np.ndarray:
+    upper = np.triu(rng.normal(0.0, sd, size=(p, p)))
+    return upper + np.triu(upper, 1).T
+
+
+def _psd(a: np.ndarray, floor: float) -> np.ndarray:
+    vals, vecs = np.linalg.eigh((a + a.T) / 2.0)
+    return (vecs * np.maximum(vals, floor)) @ vecs.T
+
+
+def _noisy(sums: tuple[np.ndarray, ...], sd: dict[str, float], step: int, rng: np.random.Generator,
+           meat: bool) -> tuple[np.ndarray, ...]:
+    g, h, s = sums
+    p = len(g)
+    g = g + rng.normal(0.0, sd[f"gradient_{step}"], size=p)
+    h = h + _symmetric(rng, p, sd[f"hessian_{step}"])
+    return g, h, (s + _symmetric(rng, p, sd["meat"])) if meat else None
+
+
+def _inverse(h: np.ndarray, idx: np.ndarray, sd: float) -> np.ndarray:
+    """The inverse of the noisy Hessian on the informative terms, its eigenvalues floored at the
+    noise's sd (a floor at the noise's spectral norm, as AdaSSP's ridge, would shrink the
+    variance of the least-determined direction and under-cover)."""
+    return np.linalg.inv(_psd(h[np.ix_(idx, idx)], sd))
+
+
+def private_newton(theta: np.ndarray, sums_at: Callable[[np.ndarray], tuple[np.ndarray, ...]], *, kind: str,
+                   radius_sq: float, noise_multiplier: float, rng: np.random.Generator) -> NewtonFit:
+    """Two Newton steps from DP-SGD's ``theta`` (reduced parameters; ``sums_at(theta)`` gives the
+    exact (G, H, S) there): release a noisy G and H at ``theta`` and step; release a noisy G, H and
+    S at the new point and step again. The second step removes the first gradient's noise and most
+    of DP-SGD's distance from the optimum; the covariance ``H^-1 (S + var_G I) H^-1`` is the second
+    point's. Terms whose noisy curvature (first release) is below INFORMATIVE (10) noise standard deviations
+    are left where DP-SGD put them and get no covariance."""
+    sig, sens = noise_multipliers(noise_multiplier), sensitivities(kind, radius_sq)
+    sd = {k: sig[k] * sens[k] for k in sig}
+    p = len(theta)
+    g0, h0, _ = _noisy(sums_at(theta), sd, 0, rng, meat=False)
+    informative = np.diag(h0) > INFORMATIVE * sd["hessian_0"]
+    idx = np.flatnonzero(informative)
+    est, cov, first = theta.astype(np.float64).copy(), np.full((p, p), np.nan), np.full(p, np.nan)
+    if idx.size == 0:
+        return NewtonFit(est, cov, informative, first, sd)
+    step0 = _inverse(h0, idx, sd["hessian_0"]) @ g0[idx]
+    est[idx] -= step0
+    g1, h1, s1 = _noisy(sums_at(est), sd, 1, rng, meat=True)
+    h_inv = _inverse(h1, idx, sd["hessian_1"])
+    est[idx] -= h_inv @ g1[idx]
+    sampling = h_inv @ _psd(s1[np.ix_(idx, idx)], 0.0) @ h_inv
+    noise = sd["gradient_1"] ** 2 * (h_inv @ h_inv)
+    c = sampling + noise
+    cov[np.ix_(idx, idx)] = (c + c.T) / 2.0
+    first[idx] = np.abs(step0) / np.sqrt(np.diag(c))
+    smallest = float(np.linalg.eigvalsh(_psd(h1[np.ix_(idx, idx)], sd["hessian_1"])).min())
+    ratio = np.diag(noise) / np.maximum(np.diag(sampling), 1e-300)
+    return NewtonFit(est, cov, informative, first, sd, ratio, 2.0 * sd["hessian_1"] * math.sqrt(idx.size) / smallest)

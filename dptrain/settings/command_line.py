@@ -1,0 +1,216 @@
+"""Checks of the composed config as a whole, with the command line that composed it: keys the
+task's schema does not have (however they were added), a sweep preset without ``-m``, an
+optimiser changed while the learning rate stays another optimiser's, privacy settings without
+privacy."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from dptrain.core.validation import (
+    ConfigError,
+    bad,
+    closest,
+)
+from dptrain.settings.data import DATA_SOURCES
+
+
+def _schema_of(hint: Any, value: Any) -> tuple[str, Any]:
+    """How to walk a value of the annotated type: ("dataclass", cls), ("dict", cls) for a mapping
+    of dataclasses, or ("leaf", None). ``Any`` fields (model, optim, data) are free-form unless
+    the composed node carries its own schema (data: the source's dataclass)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
+        hint = args[0]
+    if dataclasses.is_dataclass(hint):
+        return "dataclass", hint
+    if typing.get_origin(hint) is dict and len(typing.get_args(hint)) == 2:
+        inner = typing.get_args(hint)[1]
+        if dataclasses.is_dataclass(inner):
+            return "dict", inner
+    if hint is Any and isinstance(value, DictConfig):
+        node_type = OmegaConf.get_type(value)
+        if dataclasses.is_dataclass(node_type):
+            return "dataclass", node_type
+    return "leaf", None
+
+
+def _walk(node: Any, schema: type, prefix: str, out: list[tuple[str, list[str]]]) -> None:
+    hints = typing.get_type_hints(schema)
+    names = [f.name for f in dataclasses.fields(schema)]
+    for key in list(node.keys()):
+        path = f"{prefix}{key}"
+        if key not in names:
+            out.append((path, [f"{prefix}{n}" for n in names]))
+            continue
+        value = node._get_node(key) if isinstance(node, DictConfig) else node[key]
+        kind, inner = _schema_of(hints[key], value)
+        if not isinstance(value, (Mapping, DictConfig)) or kind == "leaf":
+            continue
+        if kind == "dataclass":
+            _walk(value, inner, f"{path}.", out)
+        else:
+            for item in list(value.keys()):
+                sub = value._get_node(item) if isinstance(value, DictConfig) else value[item]
+                if isinstance(sub, (Mapping, DictConfig)):
+                    _walk(sub, inner, f"{path}.{item}.", out)
+
+
+def unknown_settings(cfg: Any, schema: type) -> list[tuple[str, list[str]]]:
+    """Every key of the composed ``cfg`` (a DictConfig or mapping; its ``hydra`` node is skipped)
+    that ``schema`` (a task's root dataclass) does not have, with the valid keys at that level.
+    ``+key=value`` and ``++key=value`` add keys Hydra does not check; OmegaConf would even set
+    them as attributes of the dataclass objects."""
+    out: list[tuple[str, list[str]]] = []
+    node = cfg
+    if isinstance(cfg, DictConfig) and "hydra" in cfg:
+        node = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])
+    _walk(node, schema, "", out)
+    return out
+
+
+def _all_paths(schema: type, prefix: str = "") -> list[str]:
+    paths = []
+    for f in dataclasses.fields(schema):
+        kind, inner = _schema_of(typing.get_type_hints(schema)[f.name], None)
+        paths.append(f"{prefix}{f.name}")
+        if kind == "dataclass":
+            paths += _all_paths(inner, f"{prefix}{f.name}.")
+    return paths
+
+
+def _suggestion(path: str, siblings: list[str], everywhere: list[str], cfg: Any) -> str:
+    """" (did you mean X?)": the same name in another section, else the closest key at that
+    level, else the closest anywhere; for data, the sources that have the key."""
+    section, _, last = path.rpartition(".")
+    if section == "data":
+        owners = [name for name, schema in DATA_SOURCES.items()
+                  if last in {f.name for f in dataclasses.fields(schema)}]
+        if owners:
+            current = cfg.get("data", {}).get("name") if isinstance(cfg, (Mapping, DictConfig)) else None
+            return (f" (a key of {', '.join(f'data={o}' for o in owners)}, not of data={current}: choose the "
+                    "source with data=NAME)")
+    same = [p for p in everywhere if p.rsplit(".", 1)[-1] == last and p != path]
+    best = same[:1] or closest(path, siblings, n=1) or closest(path, everywhere, n=1)
+    return f" (did you mean {best[0]}?)" if best else ""
+
+
+def check_known_keys(cfg: Any, schemas: Mapping[str, type]) -> None:
+    """Refuse any key of the composed config that its task's schema (``schemas[task]``) does not
+    have (however it was added), naming it and the closest valid key. Runs before anything else."""
+    task = cfg.get("task", "train") if isinstance(cfg, (Mapping, DictConfig)) else getattr(cfg, "task", "train")
+    schema = schemas.get(task)
+    if schema is None:
+        return  # the task registry refuses the task by name
+    unknown = unknown_settings(cfg, schema)
+    if not unknown:
+        return
+    everywhere = _all_paths(schema)
+    parts = [f"{path}{_suggestion(path, siblings, everywhere, cfg)}" for path, siblings in unknown]
+    level = unknown[0][1]
+    raise ConfigError(
+        f"{', '.join(parts)}: not a setting of task={task}, refused (a key added with + or ++ is checked too); "
+        f"allowed at that level: {', '.join(level)}. Every setting is listed in docs/settings.md "
+        "(python -m dptrain --help)")
+
+
+#: privacy settings that do nothing when privacy.enabled=false
+PRIVATE_ONLY = ("noise_multiplier", "target_epsilon", "max_grad_norm", "delta", "accountant", "calibration_rtol",
+                "max_epsilon")
+
+
+def override_keys(overrides: Any) -> dict[str, str]:
+    """``{key: value}`` of command-line overrides (``key=v``, ``+key=v``, ``++key=v``, ``~key``)."""
+    out = {}
+    for item in overrides or []:
+        key, _, value = str(item).lstrip("~+").partition("=")
+        out[key.strip().lstrip("/")] = value.strip()
+    return out
+
+
+def _package_yaml(*parts: str) -> dict:
+    """A file of the shipped conf/ (dptrain.conf), parsed; {} when it is not there."""
+    try:
+        node = importlib.resources.files("dptrain.conf").joinpath(*parts)
+        return yaml.safe_load(node.read_text(encoding="utf-8")) or {}
+    except (FileNotFoundError, OSError, ModuleNotFoundError):
+        return {}
+
+
+def _default_choice(defaults: Any, group: str) -> str | None:
+    for entry in defaults or []:
+        if isinstance(entry, dict):
+            for key, value in entry.items():
+                if key.replace("override ", "").strip().lstrip("/") == group:
+                    return value
+    return None
+
+
+def preset_optimiser(choices: Mapping) -> str | None:
+    """The optim group the preset (experiment=NAME) or else the task's file picks, from the
+    shipped conf/; None when unknown (a preset of the user's own --config-dir)."""
+    preset = choices.get("experiment")
+    if preset:
+        picked = _default_choice(_package_yaml("experiment", f"{preset}.yaml").get("defaults"), "optim")
+        if picked:
+            return picked
+    return _default_choice(_package_yaml("task", f"{choices.get('task') or 'train'}.yaml").get("defaults"), "optim")
+
+
+def check_optimiser_change(cfg: Any, keys: Mapping[str, str], choices: Mapping) -> None:
+    """``experiment=logit optim=adam`` would keep the preset's optim.lr (4.0, tuned for SGD):
+    when the optimiser is changed on the command line (``optim=NAME`` or ``optim._target_=...``)
+    while the learning rate still comes from a preset or another optimiser's file, ask for an
+    explicit ``optim.lr``."""
+    changed = [k for k in ("optim", "optim._target_") if k in keys]
+    lr = cfg.optim.get("lr") if isinstance(cfg.optim, (Mapping, DictConfig)) else None
+    if not changed or "optim.lr" in keys or lr is None:
+        return
+    if changed == ["optim"]:
+        chosen = choices.get("optim")
+        own_lr = _package_yaml("optim", f"{chosen}.yaml").get("lr")
+        if own_lr == lr or chosen == preset_optimiser(choices):
+            return
+        source = f"the preset experiment={choices.get('experiment')}" if choices.get("experiment") else "the preset"
+        what = f"optim={chosen}"
+    else:
+        source = f"conf/optim/{choices.get('optim')}.yaml or the preset"
+        what = f"optim._target_={keys['optim._target_']}"
+    raise ConfigError(
+        f"optim.lr={lr!r} is not allowed implicitly: it comes from {source} and was tuned for another optimiser, "
+        f"but {what} changed the optimiser on the command line; allowed: set the learning rate for this "
+        "optimiser explicitly, e.g. optim.lr=0.01 (conf/optim/adam.yaml's default for Adam)")
+
+
+def check_privacy_off(cfg: Any, keys: Mapping[str, str]) -> None:
+    """Privacy settings given on the command line of a run without privacy do nothing: refused."""
+    if cfg.privacy.get("enabled", True) is not False:
+        return
+    for key, value in keys.items():
+        name = key.partition(".")[2]
+        if key.startswith("privacy.") and name in PRIVATE_ONLY and value.lower() not in ("null", "none", "~", ""):
+            raise ConfigError(f"{key}={value} is not allowed: it has no effect with privacy.enabled=false (this run "
+                              "trains without privacy: no clipping, no noise, no epsilon); allowed: drop it, or train "
+                              "privately (experiment=logit, or privacy=dp / privacy.enabled=true)")
+
+
+def check_command_line(cfg: Any, *, overrides: Any, choices: Mapping, multirun: bool) -> None:
+    """Settings that would silently do nothing or the wrong thing, judged with the command line
+    (Hydra's overrides and its config-group choices): a sweep preset without ``-m``, an optimiser
+    changed while the learning rate stays another optimiser's, privacy settings without privacy."""
+    keys = override_keys(overrides)
+    sweep = choices.get("sweep")
+    if sweep and not multirun:
+        raise bad("sweep", sweep, "a sweep preset lists the runs of a multirun (hydra.sweeper.params); without -m "
+                  f"it would be ONE plain run; allowed: python -m dptrain -m ... sweep={sweep}")
+    if cfg.get("task") in ("train", "audit"):
+        check_optimiser_change(cfg, keys, choices)
+        check_privacy_off(cfg, keys)

@@ -1,0 +1,45 @@
+"""Settings every task's config has (seed, plugins, overwrite, the data group's help) and the
+noise seed file's check."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dptrain.core.validation import (
+    bad,
+    flag,
+    integer,
+)
+from dptrain.settings.data import as_source
+
+
+def check_noise_seed_file(path: Any) -> None:
+    if path is not None and not (isinstance(path, str) and path.strip()):
+        raise bad("privacy.noise_seed_file", path, "must be null or the path of a secret seed file")
+
+
+SEED_HELP = ("seeds the model's initialisation, the train/test split and generated data; NEVER the noise or the "
+             "sampler (fresh from the OS CSPRNG, or privacy.noise_seed_file)")
+
+
+PLUGINS_HELP = "modules imported before the config is checked: they register extensions (docs/extending.md)"
+
+
+OVERWRITE_HELP = ("launch into a run folder that already holds a finished run (privacy.json, release.json or "
+                  "audit.json) and replace it; false: such a launch is refused (use a new folder, or "
+                  "trainer.resume=auto to continue a training run)")
+
+
+DATA_HELP = "the data source, a config group: data=adult | table | synthetic (| atlas for task=release)"
+
+
+def check_common(cfg: Any) -> None:
+    """The settings every task has: ``seed``, ``plugins``, ``overwrite``; a data section given as a
+    mapping becomes its source's dataclass (``data.name``)."""
+    integer("seed", cfg.seed, 0)
+    if not isinstance(cfg.plugins, (list, tuple)) or not all(isinstance(m, str) for m in cfg.plugins):
+        raise bad("plugins", cfg.plugins, "must be a list of module names, e.g. [mypackage.my_objective]")
+    flag("overwrite", getattr(cfg, "overwrite", False))
+    if cfg.task != "predict" and isinstance(getattr(cfg, "data", None), Mapping):
+        cfg.data = as_source(cfg.data)

@@ -1,0 +1,263 @@
+"""The ``data`` section: one schema per source (``data=adult | table | synthetic | atlas``) and
+its checks, before any row is read."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dptrain.core.validation import (
+    bad,
+    flag,
+    one_of,
+    real,
+    setting,
+)
+from dptrain.data import schema_from_config
+from dptrain.data.table import delimiter_char
+
+TEST_PUBLIC_HELP = ("true only when the test rows are PUBLIC data (a published benchmark split, generated data): "
+                    "then test metrics are publishable (metrics.json); otherwise they stay in private/")
+
+
+@dataclass
+class NumericColumn:
+    """A numeric feature with PUBLIC bounds: values are clipped into [lower, upper], then
+    scaled to [0, 1] by those bounds. ``transform: log1p`` applies log(1 + x) after clipping
+    (both bounds transformed too), useful for heavy-tailed money columns. Both bounds are
+    required: there is no default range."""
+
+    lower: float | None = setting(None, help="PUBLIC lower bound (documentation, domain knowledge; never the rows): "
+                                  "smaller values are clipped up to it", allowed="a finite number < upper (required)")
+    upper: float | None = setting(None, help="PUBLIC upper bound: larger values are clipped down to it",
+                                  allowed="a finite number > lower (required)")
+    transform: str = setting("none", help="log1p: log(1 + x) after clipping (bounds too), for heavy tails",
+                             allowed="none | log1p (log1p needs lower > -1)")
+
+
+@dataclass
+class TargetBounds:
+    """The PUBLIC bounds of a continuous target (``data.target_bounds``): values are clipped into
+    [lower, upper] (how many: private/data_diagnostics.json) and scaled to [0, 1] by them for
+    training; metrics and predictions are reported back in the original units. Both null (the
+    default) declares no continuous target."""
+
+    lower: float | None = setting(None, help="PUBLIC lower bound of the target (documentation, domain knowledge; "
+                                  "never the rows)", allowed="a finite number < upper (required with upper)")
+    upper: float | None = setting(None, help="PUBLIC upper bound of the target",
+                                  allowed="a finite number > lower (required with lower)")
+
+
+CLASSES_HELP = ("a multiclass target's PUBLIC class list (objective=multinomial): label i is the i-th class; a row "
+                "whose label is not declared (or is missing) is refused")
+
+
+CLASSES_ALLOWED = "a list of at least 2 distinct labels (strings or numbers) | null"
+
+
+BOUNDS_HELP = ("a continuous target's PUBLIC bounds (objective=linear), e.g. {lower: 1, upper: 99}: the target is "
+               "clipped into them and scaled to [0, 1] for training; metrics and predictions in original units")
+
+
+BOUNDS_ALLOWED = "{lower: L, upper: U} with finite L < U; both null (the default): no continuous target"
+
+
+@dataclass
+class AdultDataConfig:
+    """data=adult: the shipped UCI Adult file (SHA-256 checked) with its public UCI schema."""
+
+    name: str = setting("adult", help="the data source; pick it with data=adult (a config group)", allowed="adult")
+    schema: str = setting("adult", help="the shipped public schema: target income (label 1: >50K), the original "
+                          "UCI split, 5 numeric columns with documented bounds and 8 categorical columns (112 "
+                          "features); the file dptrain/data/adult/schema.yaml", allowed="adult")
+    test_public: bool = setting(True, help=TEST_PUBLIC_HELP + " (the UCI test file is public)",
+                                allowed="true | false")
+    target: str | None = setting(None, help="another column of the Adult file as the target (null: the schema's "
+                                 "income); it is removed from the features. Declare its kind with data.classes, "
+                                 "data.target_bounds or data.positive", allowed="a column of the Adult file | null")
+    positive: str | None = setting(None, help="a binary target's positive label (with data.target; null: the "
+                                   "schema's >50K for income)", allowed="a label of the target column | null")
+    classes: list[Any] | None = setting(None, help=CLASSES_HELP + ", e.g. relationship's six documented categories",
+                                        allowed=CLASSES_ALLOWED)
+    target_bounds: TargetBounds | None = setting(help=BOUNDS_HELP, allowed=BOUNDS_ALLOWED, factory=TargetBounds)
+
+
+@dataclass
+class TableDataConfig:
+    """data=table: your own CSV / Parquet / Stata file and the PUBLIC schema you declare for it."""
+
+    name: str = setting("table", help="the data source; pick it with data=table (a config group)", allowed="table")
+    path: str | None = setting(None, help="the file to read (required)",
+                               allowed="a .csv, .csv.gz/.bz2/.xz, .parquet, .pq or .dta file, or a folder of "
+                               "Parquet files")
+    format: str = setting("auto", help="file format; auto: from the file name's suffix",
+                          allowed="auto | csv | parquet | dta")
+    delimiter: str = setting(",", help="CSV field separator", allowed="one character other than a quote, a line "
+                             "break or a space, e.g. ',' ';' or '\\t' (tab)")
+    target: str = setting("", help="the label column (required)", allowed="a column of the file")
+    positive: str | None = setting(None, help="the label of the positive class: rows whose target equals it get "
+                                   "label 1, all others 0; null: the target column must already be numeric 0/1",
+                                   allowed="a label of the target column (compared as numbers when both are "
+                                   "numeric, else as stripped strings) | null")
+    classes: list[Any] | None = setting(None, help=CLASSES_HELP, allowed=CLASSES_ALLOWED)
+    target_bounds: TargetBounds | None = setting(help=BOUNDS_HELP, allowed=BOUNDS_ALLOWED, factory=TargetBounds)
+    numeric: dict[str, NumericColumn] = setting(
+        help="numeric feature columns with PUBLIC bounds, e.g. {age: {lower: 17, upper: 90}}; values are clipped "
+        "into [lower, upper] (how many were clipped goes to private/data_diagnostics.json) and scaled to [0, 1]",
+        allowed="column: {lower: L, upper: U[, transform: log1p]} (lower and upper required)", factory=dict)
+    categorical: dict[str, list[Any]] = setting(
+        help="categorical feature columns with their PUBLIC labels, one-hot encoded plus an 'other' slot for "
+        "anything else (missing values included), e.g. {sex: [Female, Male]}", allowed="column: [label, ...]; "
+        "integer codes may be written as numbers ([1, 2, 3]) and match a numeric column stored as 1.0, 2.0, ...; "
+        "quote codes with leading zeros (['01', '02']) when the column holds text", factory=dict)
+    nonfinite: str = setting("error", help="NaN / inf / missing values in a numeric column: refuse the file, or "
+                             "drop those rows (each row on its own)", allowed="error | drop")
+    split_column: str | None = setting(None, help="a column holding train / test; null: each row goes to the test "
+                                       "part when a keyed hash of its own content (key from seed) is below "
+                                       "test_fraction", allowed="a column of the file | null")
+    test_fraction: float = setting(0.25, help="share of rows in the test part of the per-row hash split (about, not "
+                                   "exactly)", allowed="a number in (0, 1)")
+    test_public: bool = setting(False, help=TEST_PUBLIC_HELP, allowed="true | false")
+    sharding: str = setting("auto", help="trainer.distributed=true on a partitioned Parquet data set (a folder of "
+                            "Parquet files, or a file with several row groups): each process reads only its own "
+                            "row groups (docs/distributed.md); auto: when the data set has at least 2 row groups; "
+                            "row_groups: always (refused when it cannot); off: every process reads the whole table",
+                            allowed="auto | row_groups | off")
+
+
+@dataclass
+class SyntheticDataConfig:
+    """data=synthetic: seeded generated data (tests, smoke runs): features x0..x{n-1} uniform in
+    [-1, 1], label y ~ Bernoulli(sigmoid(w'x)) with weights w drawn from the same seed."""
+
+    name: str = setting("synthetic", help="the data source; pick it with data=synthetic (a config group)",
+                        allowed="synthetic")
+    n_rows: int = setting(4000, help="rows generated (seeded by the run's seed)", allowed="an integer >= 2")
+    n_features: int = setting(10, help="feature columns x0..x{n_features-1}", allowed="an integer >= 1")
+    numeric: dict[str, NumericColumn] = setting(
+        help="bounds of generated columns; a column not listed gets the generator's range [-1, 1]",
+        allowed="x<i>: {lower: L, upper: U}", factory=dict)
+    test_fraction: float = setting(0.25, help="share of rows in the test part (per-row hash split)",
+                                   allowed="a number in (0, 1)")
+    test_public: bool = setting(True, help=TEST_PUBLIC_HELP + " (generated rows are nobody's data)",
+                                allowed="true | false")
+
+
+@dataclass
+class AtlasDataConfig:
+    """data=atlas (task=release): simulated Opportunity-Atlas-like cells, seeded by the run's seed;
+    x and y are percentile ranks in the public domain [0, 1]."""
+
+    name: str = setting("atlas", help="the data source; pick it with data=atlas (a config group)", allowed="atlas")
+    generator: str = setting("atlas", help="atlas: skewed cell sizes, a cell covariate, 20 states; figure2: the "
+                             "paper's Figure 2 design (3 cells for each N = 20..299)", allowed="atlas | figure2")
+    n_cells: int = setting(2000, help="cells simulated (generator=atlas)", allowed="an integer >= 2")
+
+
+#: data source name -> its schema (conf/data/NAME.yaml extends /schema/data/NAME)
+DATA_SOURCES: dict[str, type] = {"adult": AdultDataConfig, "table": TableDataConfig,
+                                 "synthetic": SyntheticDataConfig, "atlas": AtlasDataConfig}
+
+
+@dataclass
+class DataConfig:
+    """Every data setting in one class, for Python callers (``load_dataset(DataConfig(...))``)
+    and for reading old run folders; a composed run uses its source's own schema above.
+
+    ``name``: ``adult`` (shipped UCI Adult), ``table`` (the user's CSV / Parquet / .dta file),
+    ``synthetic`` (seeded generator for tests) or, for releases, ``atlas`` (simulated cells).
+    ``schema``: a shipped public schema by name (``adult``), used instead of the declarations.
+    Numeric bounds and category lists are public declarations: nothing is fitted on private rows.
+    """
+
+    name: str = "adult"
+    schema: str | None = None
+    path: str | None = None
+    format: str = "auto"  # auto | csv | parquet | dta
+    delimiter: str = ","
+    target: str = "income"
+    positive: str | None = None  # label of the positive class (binary target)
+    classes: list[Any] | None = None  # a multiclass target's declared classes
+    target_bounds: TargetBounds | None = None  # a continuous target's declared bounds
+    numeric: dict[str, NumericColumn] = field(default_factory=dict)
+    categorical: dict[str, list[Any]] = field(default_factory=dict)
+    nonfinite: str = "error"  # error | drop : policy for NaN / inf in numeric columns
+    split_column: str | None = None  # column holding "train"/"test"; else a per-row hash split
+    test_fraction: float = 0.25
+    test_public: bool = False
+    sharding: str = "auto"  # table only: auto | row_groups | off (dptrain.data.shards)
+    n_rows: int = 20000  # synthetic only
+    n_features: int = 10  # synthetic only
+    generator: str = "atlas"  # atlas only: atlas | figure2
+    n_cells: int = 2000  # atlas only
+
+
+TRAIN_DATA = ("adult", "table", "synthetic")
+
+
+def check_source(d: Any, allowed: tuple[str, ...], purpose: str) -> None:
+    """``data.name`` is one of ``allowed`` and matches the source's own schema (data=NAME picks
+    both: ``data.name=table`` on top of ``data=adult`` would read Adult's keys as a table's)."""
+    one_of("data", d.name, allowed)
+    for name, schema in DATA_SOURCES.items():
+        if isinstance(d, schema) and d.name != name:
+            raise bad("data.name", d.name, f"the source is chosen with the config group data={d.name} (this config "
+                      f"was composed from data={name}, whose keys differ); allowed for {purpose}: "
+                      + ", ".join(f"data={a}" for a in allowed))
+
+
+def as_source(d: Any) -> Any:
+    """A data section given as a plain mapping (a data config of the user's own --config-dir
+    without ``defaults: [/schema/data/NAME@_here_]``) as its source's dataclass, so that its keys
+    are checked like a shipped source's; anything else unchanged."""
+    if not isinstance(d, Mapping):
+        return d
+    name = d.get("name")
+    one_of("data.name", name, tuple(DATA_SOURCES))
+    schema = DATA_SOURCES[name]
+    names = [f.name for f in dataclasses.fields(schema)]
+    extra = [k for k in d if k not in names]
+    if extra:
+        raise bad(f"data.{extra[0]}", d[extra[0]], f"not a setting of data={name}; allowed: {', '.join(names)}")
+    values = dict(d)
+    try:
+        if isinstance(values.get("numeric"), Mapping):
+            values["numeric"] = {k: NumericColumn(**v) if isinstance(v, Mapping) else v
+                                 for k, v in values["numeric"].items()}
+        if isinstance(values.get("target_bounds"), Mapping):
+            values["target_bounds"] = TargetBounds(**values["target_bounds"])
+        return schema(**values)
+    except TypeError as err:  # an unknown key of a numeric column
+        raise bad("data.numeric", values.get("numeric"), f"each column takes lower, upper, transform ({err})") from None
+
+
+def check_data(d: Any) -> None:
+    """The data settings of a training run; the schema itself is checked by the data module's
+    own parser (the one place that reads it), before any row is read."""
+    if d.name == "atlas":
+        raise bad("data", d.name, "simulated Atlas cells are for task=release (experiment=mos_atlas)")
+    check_source(d, TRAIN_DATA, "training")
+    path = getattr(d, "path", None)
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise bad("data.path", path, "must be the path of a CSV, Parquet or .dta file (or null)")
+    if d.name == "table" and not path:
+        raise bad("data.path", path, "data=table needs the path of a CSV, Parquet or .dta file")
+    one_of("data.format", getattr(d, "format", "auto"), ("auto", "csv", "parquet", "dta"))
+    check_delimiter(getattr(d, "delimiter", ","))
+    one_of("data.nonfinite", getattr(d, "nonfinite", "error"), ("error", "drop"))
+    real("data.test_fraction", getattr(d, "test_fraction", 0.25), "must be a number in (0, 1)", lo=0, hi=1,
+         lo_open=True, hi_open=True)
+    flag("data.test_public", d.test_public)
+    one_of("data.sharding", getattr(d, "sharding", "auto"), ("auto", "row_groups", "off"))
+    if not isinstance(getattr(d, "numeric", {}), Mapping) or not isinstance(getattr(d, "categorical", {}), Mapping):
+        raise bad("data.numeric/data.categorical", (d.numeric, d.categorical),
+                  "must map column names to {lower: ..., upper: ...} / to lists of category labels")
+    schema_from_config(d)
+
+
+def check_delimiter(delimiter: Any) -> None:
+    """``data.delimiter``: one character that can separate CSV fields (``\\t`` or ``tab``: a tab)."""
+    delimiter_char(delimiter)

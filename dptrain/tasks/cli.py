@@ -1,0 +1,380 @@
+"""Hydra entry point: ``python -m dptrain experiment=NAME [key=value ...]``.
+
+It only dispatches: the composed config's ``task`` names a :class:`~dptrain.tasks.registry.Task`
+in ``TASKS`` whose ``run(cfg, run_dir=...)`` does the work (:mod:`dptrain.tasks.train`,
+:mod:`dptrain.tasks.audit`, :mod:`dptrain.tasks.release`, ...). The modules of a ``plugins=[...]``
+override on the command line are imported BEFORE Hydra composes the config
+(:func:`preload_plugins`), so that what they register is known to the composition (a task's
+schema, ``schema/NAME``, which its ``conf/task/NAME.yaml`` extends) and to every check after it
+(objectives, accountants, engines, release methods, tasks); ``plugins`` set in a config file are
+imported when the job starts, before the task runs (they cannot add a task). Every error a
+user can cause is a :class:`dptrain.core.errors.DPTrainError`: it is printed once (on stderr;
+the run's private log keeps it too) with the setting, the value and what is allowed, and the
+run exits with status 2 before anything is written. When the task returns, every file and
+folder of its run folder gets one time, the run's start (a multirun: the sweep's), so that no
+duration can be read from the folder (:func:`run`, docs/privacy.md).
+
+Before Hydra writes anything into the run folder, :class:`LaunchChecks` (a Hydra callback,
+``hydra.callbacks`` in conf/config.yaml) refuses keys the task's schema does not have (however
+they were added: ``+key``, ``++key``), settings that would silently do nothing or the wrong
+thing (judged with the command line: a sweep preset without ``-m``, an optimiser changed while
+the learning rate stays the preset's, privacy settings without privacy) and a launch into a
+folder that holds a finished run (unless ``overwrite=true`` or ``trainer.resume``).
+
+Importing this module imports every task (and so torch and pandas): there is one import graph,
+with no module imported inside a function (docs/architecture.md).
+``python -m dptrain`` ends with :func:`exit_now`, which skips the interpreter's teardown.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import importlib.util
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from dptrain.core.errors import DPTrainError
+from dptrain.core.registry import load_plugins
+from dptrain.core.validation import ConfigError
+from dptrain.runfolder import runlock, verify
+from dptrain.runfolder.stopping import EXIT_STOPPED, RunStopped, resume_hint
+from dptrain.runfolder.tracking import stamp_times
+from dptrain.settings.command_line import check_command_line
+from dptrain.tasks.registry import TASKS, check_known_keys, register_configs
+from dptrain.training.distributed import env_rank
+
+log = logging.getLogger("dptrain")
+
+register_configs()
+
+
+
+def _fail(err: Exception) -> None:
+    """Print the error once (stderr) and exit 2; the run's private log keeps it too (its console
+    handler skips records marked ``console=False``: conf/hydra/job_logging/dptrain.yaml)."""
+    log.error("%s", err, extra={"console": False})
+    print(f"dptrain: error: {err}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+#: files that mark a folder as holding a finished run
+FINISHED_RUN_FILES = ("privacy.json", "release.json", "audit.json", "predictions.csv", "private/predictions.csv")
+
+
+def _finished_run(folder: Path, depth: int) -> Path | None:
+    """The first file of FINISHED_RUN_FILES in ``folder`` (or, up to ``depth`` levels below it)."""
+    for name in FINISHED_RUN_FILES:
+        if (folder / name).is_file():
+            return folder / name
+    if depth > 0 and folder.is_dir():
+        for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
+            found = _finished_run(sub, depth - 1)
+            if found is not None:
+                return found
+    return None
+
+
+def check_run_folder(config: DictConfig, *, multirun: bool) -> None:
+    """Refuse to launch into a folder that holds a finished run (its report, checkpoint and
+    .hydra/ would be overwritten, TensorBoard event files piled up) unless ``overwrite=true``,
+    or ``trainer.resume`` continues it. Runs before Hydra writes anything."""
+    resume = OmegaConf.select(config, "trainer.resume", default=None)
+    if config.get("overwrite", False) is True or resume is not None:
+        return
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    folder = Path(str(OmegaConf.select(config, key)))
+    found = _finished_run(folder, 2 if multirun else 0)
+    if found is None:
+        return
+    raise ConfigError(
+        f"{key}={str(folder)!r} already holds a finished run ({found.relative_to(folder)}): launching into it "
+        "would overwrite its report, checkpoint and .hydra/ settings; refused, nothing was written. Allowed: a "
+        f"new folder (leave {key} out, or name another), trainer.resume=auto to continue a training run, or "
+        "overwrite=true to replace it")
+
+
+def precheck(config: DictConfig, *, multirun: bool) -> None:
+    """The checks that run after composition and before anything else (:class:`LaunchChecks`):
+    unknown keys, settings judged with the command line, the run folder. ``config`` is the whole
+    composed config, its ``hydra`` node included (overrides and config-group choices)."""
+    check_known_keys(config)
+    hydra_node = config.get("hydra")
+    if hydra_node is not None:
+        choices = dict(OmegaConf.select(config, "hydra.runtime.choices", default={}) or {})
+        overrides = list(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
+        check_command_line(config, overrides=overrides, choices=choices, multirun=multirun)
+        check_run_folder(config, multirun=multirun)
+
+
+class LaunchChecks(Callback):
+    """Hydra callback (conf/config.yaml, ``hydra.callbacks``): :func:`precheck` before a run or
+    a sweep starts, i.e. before Hydra writes .hydra/ or the log into the run folder."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        self._check(config, multirun=False)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self._check(config, multirun=True)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        """Release the sweep folder's lock, then give the folder and multirun.yaml the sweep's
+        start again (removing the lock moved the folder's time)."""
+        folder = OmegaConf.select(config, "hydra.sweep.dir", default=None)
+        if folder is None:
+            return
+        sweep = Path(str(folder))
+        started = sweep_started(sweep)
+        runlock.release_all()
+        if started is not None:
+            for path in (sweep, sweep / SWEEP_FILE):
+                os.utime(path, ns=(started, started))
+
+    @staticmethod
+    def _check(config: DictConfig, *, multirun: bool) -> None:
+        try:
+            precheck(config, multirun=multirun)
+            folder = OmegaConf.select(config, "hydra.sweep.dir" if multirun else "hydra.run.dir", default=None)
+            if folder is not None and _rank() == 0:  # one writer: taken before Hydra writes .hydra/
+                _lock(Path(str(folder)))
+        except DPTrainError as err:
+            print(f"dptrain: error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+
+def run(cfg: DictConfig, *, run_dir: Path, started_ns: int | None = None) -> float:
+    """Run one job of the config's task; returns its objective (what a sweeper optimises).
+
+    The job holds its run folder's exclusive lock (:mod:`dptrain.runfolder.runlock`; the command line took
+    it before Hydra wrote anything) for as long as it writes: a second process into the same
+    folder is refused. A training run stopped by SIGTERM, SIGINT or SIGUSR1 ends at a step
+    boundary with a checkpoint and exit status 75 (:mod:`dptrain.runfolder.stopping`). When the task has
+    ended, every file and folder of ``run_dir`` (.hydra/ and private/ included) gets ONE
+    modification and access time, ``started_ns`` (nanoseconds since the epoch; default: when this
+    call began), so that no duration can be read from the folder: a search's duration grows with
+    its secret number of candidates (docs/privacy.md, "Time")."""
+    started_ns = time.time_ns() if started_ns is None else started_ns
+    lock = None
+    try:
+        check_known_keys(cfg)  # again here for callers that compose without the command line
+        lock = _lock(run_dir)
+        load_plugins(list(cfg.get("plugins") or []))
+        return TASKS.get(cfg.task).run(cfg, run_dir=run_dir)
+    except RunStopped as stop:
+        _stopped(stop, run_dir)
+    except DPTrainError as err:
+        if lock is not None and lock.created:  # refused: leave no folder behind
+            lock.discard()
+        _fail(err)
+    finally:
+        if lock is not None:
+            lock.release()  # before the stamp: removing the lock file moves private/'s time
+            stamp_times(run_dir, started_ns)
+
+
+def _lock(run_dir: Path) -> runlock.RunLock | None:
+    """This job's lock on its run folder (none for the ranks > 0 of a torchrun job: they write
+    no run folder)."""
+    if _rank() > 0:
+        return None
+    lock = runlock.acquire(run_dir)
+    message = runlock.took_over_message(lock)
+    if message:
+        log.warning("%s", message)
+    return lock
+
+
+def _stopped(stop: RunStopped, run_dir: Path) -> NoReturn:
+    """A run stopped by a signal: where, the checkpoint, the command that resumes it; exit 75."""
+    log.warning("%s", stop, extra={"console": False})
+    lines = [f"dptrain: {stop}"]
+    if stop.checkpoint is not None:
+        lines.append(f"dptrain: resume with: {resume_hint(sys.argv[1:], run_dir)}")
+    print("\n".join(lines), file=sys.stderr)
+    raise SystemExit(EXIT_STOPPED)
+
+
+#: the file Hydra writes at the top of a multirun folder when the sweep starts
+SWEEP_FILE = "multirun.yaml"
+
+
+def sweep_started(sweep_dir: Path) -> int | None:
+    """When the sweep in ``sweep_dir`` started (the time Hydra wrote its multirun.yaml, in ns),
+    or None. Every job of a sweep is stamped with it, not with its own start: the jobs run one
+    after another, so each job's start would publish the durations of the jobs before it."""
+    try:
+        return (Path(sweep_dir) / SWEEP_FILE).stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+@hydra.main(version_base="1.3", config_path="pkg://dptrain.conf", config_name="config")
+def _hydra_main(cfg: DictConfig) -> float:
+    hydra_cfg = HydraConfig.get()
+    sweep = Path(hydra_cfg.sweep.dir) if hydra_cfg.mode == RunMode.MULTIRUN else None
+    started = sweep_started(sweep) if sweep is not None else None
+    value = run(cfg, run_dir=Path(hydra_cfg.runtime.output_dir), started_ns=started)
+    if started is not None:  # the sweep folder's own time moves when a job creates its folder
+        for path in (sweep, sweep / SWEEP_FILE):
+            os.utime(path, ns=(started, started))
+    return value
+
+
+#: hydra/launcher=NAME -> (the module its plugin installs, the extra of dptrain that installs it)
+LAUNCHER_EXTRAS = {"slurm": ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+                   "submitit_slurm": ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+                   "submitit_local": ("hydra_plugins.hydra_submitit_launcher", "slurm")}
+
+
+def check_launcher(argv: list[str]) -> None:
+    """``hydra/launcher=slurm`` needs the optional extra: say how to install it (Hydra alone
+    only says it cannot find the config)."""
+    for arg in argv:
+        key, _, name = arg.partition("=")
+        if key.lstrip("+") != "hydra/launcher" or name not in LAUNCHER_EXTRAS:
+            continue
+        module, extra = LAUNCHER_EXTRAS[name]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            print(f"dptrain: error: hydra/launcher={name} is not allowed here: its Hydra plugin is not installed; "
+                  f"allowed: install it with pip install -e \".[{extra}]\" (in the dptrain checkout) or pip install "
+                  f"\"dptrain[{extra}]\", or use hydra/launcher=joblib_1thread (this machine)", file=sys.stderr)
+            raise SystemExit(2)
+
+
+def _rank() -> int:
+    """This process' rank under torchrun (:func:`dptrain.training.distributed.env_rank`); 0 without a RANK
+    in the environment."""
+    return env_rank() if "RANK" in os.environ else 0
+
+
+def command_line_plugins(argv: list[str]) -> list[str]:
+    """The modules named by ``plugins=[...]`` (``+plugins``, ``++plugins``; every value of a sweep
+    ``plugins=[a],[a,b]``) among the command-line arguments ``argv``, in order, each once. A
+    malformed override gives none here: Hydra refuses it by name when it composes."""
+    items = [a for a in argv if not a.startswith("-") and a.lstrip("+").partition("=")[0].strip() == "plugins"]
+    if not items:
+        return []
+    try:
+        parsed = OverridesParser.create().parse_overrides(items)
+    except OverrideParseException:
+        return []
+    modules: list[str] = []
+    for override in parsed:
+        values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+        for value in values:
+            for module in value if isinstance(value, list) else [value]:
+                if isinstance(module, str) and module not in modules:
+                    modules.append(module)
+    return modules
+
+
+def preload_plugins(argv: list[str]) -> None:
+    """Import the command line's ``plugins`` before Hydra composes the config, then register the
+    config schemas again (:func:`dptrain.tasks.registry.register_configs`): a plugin task's
+    ``conf/task/NAME.yaml`` extends ``schema/NAME``, and :class:`LaunchChecks` checks the composed
+    keys against the task's schema. A module that cannot be imported is refused by name (exit 2)."""
+    modules = command_line_plugins(argv)
+    if not modules:
+        return
+    try:
+        load_plugins(modules)
+    except DPTrainError as err:
+        print(f"dptrain: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    register_configs()
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["verify"]:  # dptrain verify RUN: check a run folder's digests (no Hydra)
+        raise SystemExit(verify.main(sys.argv[2:]))
+    check_launcher(sys.argv[1:])
+    preload_plugins(sys.argv[1:])
+    if _rank() > 0:
+        # torchrun starts one process per rank; only rank 0 writes a run folder. The others get
+        # no Hydra output folder and no log file (and so cannot race rank 0 for its files).
+        sys.argv = [a for a in sys.argv if not a.startswith(("hydra.run.dir=", "hydra.output_subdir=",
+                                                              "hydra/job_logging="))]
+        sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout",
+                     f"hydra.run.dir={Path(tempfile.gettempdir()) / 'dptrain-rank-unused'}"]
+    _hydra_main()
+
+
+#: set to 1 to end ``python -m dptrain`` with the interpreter's full teardown instead of :func:`exit_now`
+FULL_EXIT_ENV = "DPTRAIN_FULL_EXIT"
+
+
+def fast_exit_allowed() -> bool:
+    """Whether :func:`exit_now` may skip the interpreter's teardown: not when asked not to
+    (``DPTRAIN_FULL_EXIT=1``), under a profiler or tracer (they write their data after the
+    program ends), or while a thread the interpreter would wait for is still running."""
+    if os.environ.get(FULL_EXIT_ENV, "").strip() not in ("", "0"):
+        return False
+    if sys.gettrace() is not None or sys.getprofile() is not None or not hasattr(atexit, "_run_exitfuncs"):
+        return False
+    main_thread = threading.main_thread()
+    return not any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not main_thread)
+
+
+def exit_now(code: Any = 0) -> NoReturn:
+    """End the process with ``code`` (a SystemExit code) the way the interpreter would, minus its
+    teardown: the threading module's and the atexit handlers run (the log's handlers are flushed
+    and closed, multiprocessing cleaned up), Python's and C's output buffers are flushed, and then
+    the process ends without freeing every object of torch, scipy, sklearn and pandas one by one
+    (1.6-4.9 s of the logit runs measured on a loaded 2-core machine: docs/performance.md). Every
+    file of a run is written, closed and renamed into place before this; an exit that may not be
+    skipped (:func:`fast_exit_allowed`) raises SystemExit as usual."""
+    if not fast_exit_allowed():
+        raise SystemExit(code)
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:  # SystemExit("message"): the interpreter prints the message and exits 1
+        print(code, file=sys.stderr)
+        status = 1
+    shutdown = getattr(threading, "_shutdown", None)  # what the interpreter runs first: the threading
+    if shutdown is not None:  # module's own exit hooks (concurrent.futures'); no thread is left to join
+        shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: as at a normal exit, nothing more to do
+            pass
+    try:
+        ctypes.CDLL(None).fflush(None)  # C libraries' buffered output (what exit() would flush)
+    except (OSError, AttributeError):
+        pass
+    os._exit(status & 0xFF)
+
+
+def main_and_exit() -> NoReturn:
+    """``python -m dptrain``: :func:`main`, then :func:`exit_now` with its exit status."""
+    try:
+        main()
+    except SystemExit as exc:
+        exit_now(exc.code)
+    exit_now(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,297 @@
+"""A release run (task=release): listed cells -> estimates -> the chosen method -> release.csv and
+release.json (publishable), and, for simulated data by default, a private evaluation of every
+method against exact values in ``<run>/private/evaluation/``.
+
+What a run publishes and why (docs/release.md):
+
+* the cells come from a public declaration or a DP selection (:mod:`dptrain.release.cell_domain`),
+  decided before any row is read; rows of unlisted cells are left out one by one;
+* the estimates are the public API's (:func:`dptrain.release.api.estimates_for_listed`): OLS is
+  computed once and every method, the sensitivities and the evaluation share it;
+* ``release.method`` names a method of the registry (:mod:`dptrain.release.methods`); the runner
+  runs it at its comparison epsilon (replace-one methods at 2 epsilon) and writes release.csv and
+  release.json from the method's own output and facts (:mod:`dptrain.release.report`); MOS (NOT
+  differentially private) and suppression (exact values) say so in words;
+* every noise draw comes from the run's :class:`~dptrain.privacy.randomness.Randomness`, one
+  stream per method ("release-<method>"); no output holds a seed;
+* logs and errors name settings, never a private count (rows, rows per cell, released cells).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from dptrain.data import read_table
+from dptrain.data.atlas import design_cells, simulate_atlas, simulate_figure2
+from dptrain.privacy.randomness import Randomness, data_digest, settings_digest
+from dptrain.release import report
+from dptrain.release.api import CellEstimates, estimates_for_listed, release_custom
+from dptrain.release.cell_domain import (
+    CellDomain,
+    chi_group_labels,
+    from_table,
+    from_values,
+    read_keys_file,
+    select_cells,
+)
+from dptrain.release.cells import Domain, ReleaseError
+from dptrain.release.evaluation import write_evaluation
+from dptrain.release.methods import (
+    RELEASE_METHODS,
+    MethodResult,
+    ReleaseMethod,
+    check_release_method,
+    evaluation_methods,
+    run_method,
+)
+from dptrain.release.mos import NOT_DP
+from dptrain.release.prepared import ReleaseRun
+from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json, write_manifest
+from dptrain.settings.release import ReleaseRunConfig, resolved_domain, validate_release_run
+
+log = logging.getLogger(__name__)
+
+EVALUATION_DIR = "evaluation"
+LOG_FILE = {"private/dptrain.log": "the run's log (settings, warnings, timings)"}
+DIAGNOSTICS = "data_diagnostics.json"  # under private/: how many x / y values were clipped (PRIVATE counts)
+
+
+def run_task(cfg: DictConfig, *, run_dir: Path) -> float:
+    """task=release: the composed config -> checks -> randomness -> the release. Bad settings and
+    bad data raise a :class:`~dptrain.core.errors.DPTrainError` naming the setting, before anything is
+    written. Returns the objective: the released method's RMSE in the private evaluation, or NaN."""
+    conf = OmegaConf.to_object(cfg)
+    validate_release_run(conf)
+    check_release_method(conf.release)
+    randomness = build_randomness(cfg, conf=conf, run_dir=run_dir)
+    return run_release(conf, run_dir, randomness=randomness)
+
+
+def build_randomness(cfg: DictConfig, *, conf: ReleaseRunConfig, run_dir: Path) -> Randomness:
+    """The run's secret randomness: fresh from the OS CSPRNG, or, opted in with
+    ``privacy.noise_seed_file=PATH``, derived from that secret file and a digest of this run's
+    settings (no output holds the secret)."""
+    seed_file = conf.privacy.noise_seed_file
+    if seed_file is None:
+        return Randomness.fresh()
+    label = settings_digest(OmegaConf.to_container(cfg, resolve=True))
+    return Randomness.from_seed_file(seed_file, run_label=label, run_dir=run_dir)
+
+
+def private_evaluation_enabled(conf: ReleaseRunConfig) -> bool:
+    """release.private_evaluation: auto (only for simulated data, data=atlas) | true | false."""
+    mode = str(conf.release.private_evaluation).strip().lower()
+    return mode == "true" or (mode == "auto" and conf.data.name == "atlas")
+
+
+def load_rows(conf: ReleaseRunConfig) -> tuple[pd.DataFrame, pd.DataFrame | None, str, pd.DataFrame | None]:
+    """(rows, per-cell truth or None, one-line description of the source, the simulator's PUBLIC
+    cell design or None)."""
+    d = conf.data
+    if d.name == "atlas":
+        if d.generator == "figure2":
+            rows, truth = simulate_figure2(seed=conf.seed)
+        else:
+            rows, truth = simulate_atlas(seed=conf.seed, n_cells=d.n_cells)
+        source = f"simulated Atlas-like cells (generator={d.generator}, seed={conf.seed})"
+        return rows, truth, source, design_cells(truth)
+
+    return (read_table(d.path, fmt=d.format, delimiter=getattr(d, "delimiter", ",")), None, f"table {d.path}",
+            None)
+
+
+def clipped_counts(df: pd.DataFrame, conf: ReleaseRunConfig, domain: Domain) -> dict[str, dict[str, int]]:
+    """How many x / y values lie outside release.domain (clipped into it, or refused with
+    release.clip=false). PRIVATE counts: written to private/data_diagnostics.json only; the log
+    names the columns, never a count."""
+    r = conf.release
+    out = {}
+    for setting, col, lo, hi in (("release.x", r.x, domain.x_lo, domain.x_hi),
+                                 ("release.y", r.y, domain.y_lo, domain.y_hi)):
+        if col not in df.columns:
+            continue  # estimates_for_listed refuses it by name
+        v = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=float, na_value=float("nan"))
+        out[col] = {"setting": setting, "below_lower": int((v < lo).sum()), "above_upper": int((v > hi).sum())}
+    hit = [f"{c} ({n['setting']})" for c, n in out.items() if n["below_lower"] or n["above_upper"]]
+    if hit and r.clip:
+        log.warning("values outside release.domain were clipped into it in column(s) %s (how many: "
+                    "private/%s, PRIVATE); a domain that misses the data releases little or nothing",
+                    ", ".join(hit), DIAGNOSTICS)
+    return out
+
+
+def refuse_if_nothing_estimable(est: CellEstimates, conf: ReleaseRunConfig) -> None:
+    """No listed cell has release.min_n rows (>= 3, the least OLS needs): no method can release a
+    cell, so the run stops here, before any method runs and before anything is written. The
+    message says no count (rows per cell are private)."""
+    r = conf.release
+    if len(est.cells.n) and int((est.cells.n >= r.min_n).sum()) > 0:
+        return
+    smaller = "a smaller release.min_n (at least 3, the least OLS needs), " if r.min_n > 3 else ""
+    raise ReleaseError(
+        f"release.min_n={r.min_n}: no listed cell has at least {r.min_n} rows (rows with finite x and y in a "
+        "listed cell), so no cell can be released; nothing was written. Allowed: coarser cells (fewer "
+        f"release.cells columns than {list(r.cells)}, or coarser cell values), {smaller}or more rows")
+
+
+def declared_cells(conf: ReleaseRunConfig) -> CellDomain | None:
+    """The user's declaration (read before any row), or None (simulator design / private selection)."""
+    r = conf.release
+    cells = list(r.cells)
+    if r.cell_values is not None:
+        return from_values(dict(r.cell_values), cells)
+    if r.cell_keys_file is not None:
+        return from_table(read_keys_file(r.cell_keys_file, cells), cells, origin="declared",
+                          description=f"declared: release.cell_keys_file={r.cell_keys_file!r}",
+                          setting=f"release.cell_keys_file={r.cell_keys_file!r}")
+    return None
+
+
+def list_cells(conf: ReleaseRunConfig, df: pd.DataFrame, design: pd.DataFrame | None,
+               declared: CellDomain | None, randomness: Randomness) -> CellDomain:
+    r = conf.release
+    cells = list(r.cells)
+    if declared is not None:
+        return declared
+    if r.cell_selection == "private":
+        return select_cells(df, cells, epsilon=r.selection_epsilon, delta=r.selection_delta,
+                            rng=randomness.numpy("release-cell-selection"))
+    if design is not None:
+        missing = [c for c in cells if c not in design.columns]
+        if missing:
+            raise ReleaseError(f"release.cells={cells!r}: the simulator declares cells by {list(design.columns)}; "
+                               "allowed: those columns, or declare the cells with release.cell_values")
+        return from_table(design, cells, origin="simulator", setting="release.cells", collapse=True,
+                          description="declared by the simulator's public design (every simulated cell)")
+    raise ReleaseError("release.cell_values / release.cell_keys_file: no cells declared; allowed: declare them, "
+                       "or release.cell_selection=private")
+
+
+def prepare(conf: ReleaseRunConfig, run_dir: Path, randomness: Randomness) -> ReleaseRun:
+    """The declaration (before any row is read), the rows, the listed cells and their estimates."""
+    r = conf.release
+    declared = declared_cells(conf)
+    df, truth, source, design = load_rows(conf)
+    randomness = randomness.for_data(data_digest(df))  # a reused noise key on other rows: independent noise
+    listed = list_cells(conf, df, design, declared, randomness)
+    if listed.n_cells == 0:
+        raise ReleaseError("release.cell_selection=private listed no cell (a DP outcome); allowed: a larger "
+                           "release.selection_epsilon or release.selection_delta, or declare the cells")
+    domain = Domain(*resolved_domain(r, conf.data.name))
+    clipped = clipped_counts(df, conf, domain)
+    est = estimates_for_listed(df, listed, x=r.x, y=r.y, domain=domain,
+                               clip=r.clip, drop_nonfinite=getattr(conf.data, "nonfinite", "error") == "drop")
+    chi_group_labels(listed, list(r.chi_by))  # release.chi_by must name public columns of the cell list
+    refuse_if_nothing_estimable(est, conf)
+    return ReleaseRun(conf=conf, run_dir=run_dir, randomness=randomness, truth=truth, source=source, est=est,
+                      diagnostics={"clipped": clipped})
+
+
+def methods_to_run(conf: ReleaseRunConfig, evaluate: bool) -> list[str]:
+    """The chosen method, then (for the private evaluation) every other evaluated method."""
+    r = conf.release
+    return [r.method] + ([n for n in evaluation_methods(r) if n != r.method] if evaluate else [])
+
+
+def run_release(conf: ReleaseRunConfig, run_dir: Path, *, randomness: Randomness) -> float:
+    """Run one release. Returns the released method's RMSE against the reference (truth, else
+    OLS) when the private evaluation ran, else NaN (nothing exact leaves the evaluation)."""
+    r = conf.release
+    run = prepare(conf, Path(run_dir), randomness)
+    if r.statistic == "custom":
+        return run_custom(run)
+    method = RELEASE_METHODS.get(r.method)
+    log.info("release: method=%s, statistic=%s, epsilon=%g; cells: %s", r.method, r.statistic, r.epsilon,
+             run.est.listed.description)
+    warning = method.warning(r.method, r)
+    if warning:
+        log.warning("%s", warning)
+    evaluate = private_evaluation_enabled(conf)
+    results = {name: run_method(name, run.est, epsilon=r.epsilon, rng=run.randomness.numpy(f"release-{name}"),
+                              config=r)
+               for name in methods_to_run(conf, evaluate)}
+    say_if_nothing_released(results[r.method], r.method)
+    facts = write_release(run, method, results[r.method])
+    private_files, rmse = {**LOG_FILE, **write_diagnostics(run)}, float("nan")
+    if evaluate:
+        eval_dir = private_dir(run.run_dir) / EVALUATION_DIR
+        files, rmse = write_evaluation(eval_dir, run, results)
+        private_files.update({f"private/{EVALUATION_DIR}/{p.name}": why for p, why in files.items()})
+        log.warning("private evaluation (exact values, every method) written to %s: never publish it", eval_dir)
+    write_files_list(run, f"the released cells of method {r.method} (one row per listed cell)",
+                     "the facts of that release: method, neighbours, epsilon, delta, guarantee",
+                     private=private_files, guarantee=report.guarantee_line(facts))
+    log.info("release written: release.csv, release.json (%s)", facts["guarantee"])
+    return rmse
+
+
+def say_if_nothing_released(result: MethodResult, name: str) -> None:
+    """A release in which no cell could be released still finishes (release.csv lists every cell
+    as not released, with its reason); the log says so, with no count."""
+    frame = result.frame
+    if "released" in frame.columns and not frame["released"].astype(bool).any():
+        log.warning("release.method=%s released no cell: every listed cell is marked not released in "
+                    "release.csv (its reason column says why). Check release.domain (rows outside it are "
+                    "clipped onto its edge), release.min_n and release.cells", name)
+
+
+def write_diagnostics(run: ReleaseRun) -> dict[str, str]:
+    """private/data_diagnostics.json (PRIVATE counts); its FILES.txt entry."""
+    if not run.diagnostics:
+        return {}
+    write_json(private_dir(run.run_dir) / DIAGNOSTICS, run.diagnostics)
+    return {f"private/{DIAGNOSTICS}": "counts about the private rows (x / y values outside release.domain)"}
+
+
+def write_release(run: ReleaseRun, method: ReleaseMethod, result: MethodResult) -> dict:
+    """release.csv and release.json of the chosen method (its own output and facts)."""
+    name = run.conf.release.method
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    facts = method.release_json(name, result, facts=run.facts())
+    atomic_write_text(run.run_dir / "release.csv", method.published(run.est, result).to_csv(index=False))
+    write_json(run.run_dir / "release.json", facts)
+    return facts
+
+
+def write_files_list(run: ReleaseRun, csv_note: str, json_note: str, *, private: dict, guarantee: str) -> None:
+    """FILES.txt: the publishable files at the top of the run folder, and the private ones."""
+    publishable = {"release.csv": csv_note, "release.json": json_note, "FILES.txt": "this list"}
+    if (run.run_dir / ".hydra").is_dir():
+        publishable[".hydra/"] = "the run's settings (no data values; check file paths before publishing)"
+    write_manifest(run.run_dir, publishable=publishable, private=private, guarantee=guarantee, report="release.json")
+
+
+def load_stat_fn(spec: str) -> Callable:
+    """Import ``package.module:function`` (the user's module: the one import by name here)."""
+    module, _, name = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ReleaseError(f"release.stat_fn={spec!r} cannot be imported ({err}); allowed: "
+                           "'package.module:function' importable from the working directory") from None
+
+
+def run_custom(run: ReleaseRun) -> float:
+    """MOS for a user statistic by brute-force refits (no closed form, so no baselines)."""
+    r = run.conf.release
+    if r.chi_by:
+        raise ReleaseError("release.chi_by is not supported with release.statistic=custom; allowed: []")
+    if r.method != "mos":
+        raise ReleaseError(f"release.method={r.method!r} is not allowed with release.statistic=custom: mos")
+    log.warning("release.statistic=custom (MOS): %s", NOT_DP)
+    rel = release_custom(run.est.cells, load_stat_fn(r.stat_fn), epsilon=r.epsilon, neighbors=r.neighbors,
+                         rng=run.randomness.numpy("release-mos-custom"))
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run.run_dir / "release.csv", rel.to_frame().to_csv(index=False))
+    facts = report.custom_json(rel, stat_fn=r.stat_fn, facts=run.facts())
+    write_json(run.run_dir / "release.json", facts)
+    write_files_list(run, "the released cells (MOS, custom statistic)", "its facts",
+                     private={**LOG_FILE, **write_diagnostics(run)}, guarantee=NOT_DP)
+    log.info("release written: release.csv, release.json (MOS, custom statistic %s)", r.stat_fn)
+    return float("nan")
