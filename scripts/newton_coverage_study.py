@@ -30,10 +30,13 @@ from hydra import compose, initialize_config_module  # noqa: E402
 from dptrain.tasks import cli  # noqa: E402
 
 
-def _table(rng: np.random.Generator, n: int, slope: float, region: bool) -> pd.DataFrame:
-    educ = rng.integers(1, 17, size=n)
+def _table(rng: np.random.Generator, n: int, slope: float, region: bool, continuous: bool = False) -> pd.DataFrame:
+    educ = rng.uniform(1, 16, size=n) if continuous else rng.integers(1, 17, size=n)
     eta = -1.2 + slope * educ
     df = pd.DataFrame({"educ": educ})
+    if continuous:  # a second continuous covariate: age, 18..80, 0.02 per year (centred at 49)
+        df["age"] = rng.uniform(18, 80, size=n)
+        eta = eta + 0.02 * (df["age"].to_numpy() - 49.0)
     if region:
         df["region"] = rng.choice(list("abcd"), size=n, p=[0.4, 0.3, 0.2, 0.1])
         eta = eta + df["region"].map({"a": 0.0, "b": 0.3, "c": -0.2, "d": 0.1}).to_numpy()
@@ -51,7 +54,7 @@ def _glm(df: pd.DataFrame) -> tuple[float, float]:
 
 def one(rep: int, args: argparse.Namespace, work: Path) -> dict:
     rng = np.random.default_rng(10_000 * int(args.rows) + rep)
-    df = _table(rng, args.rows, args.slope, args.region)
+    df = _table(rng, args.rows, args.slope, args.region, args.continuous)
     path = work / f"t{rep}.csv"
     df.to_csv(path, index=False)
     overrides = ["experiment=logit", "data=table", f"data.path={path}", "data.target=married",
@@ -60,6 +63,8 @@ def one(rep: int, args: argparse.Namespace, work: Path) -> dict:
                  f"estimator.interval_share={args.share}"]
     if args.region:
         overrides.append("++data.categorical={region: [a, b, c, d]}")
+    if args.continuous:
+        overrides[5] = "++data.numeric={educ: {lower: 1, upper: 16}, age: {lower: 18, upper: 80}}"
     with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     run = work / f"run{rep}"
@@ -85,11 +90,13 @@ def main() -> None:
     ap.add_argument("--share", type=float, default=0.25)
     ap.add_argument("--slope", type=float, default=0.14)
     ap.add_argument("--region", action="store_true")
+    ap.add_argument("--continuous", action="store_true", help="continuous education and a continuous age")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    name = f"rows{args.rows}_eps{args.epsilon:g}_share{args.share:g}" + ("_region" if args.region else "")
+    name = (f"rows{args.rows}_eps{args.epsilon:g}_share{args.share:g}" + ("_region" if args.region else "")
+            + ("_continuous" if args.continuous else ""))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps):

@@ -15,7 +15,8 @@ import numpy as np
 from dptrain.inference.coefficients import CoefficientEncoder, coefficient_map, coefficient_offset
 from dptrain.privacy.newton import NewtonFit
 
-__all__ = ["embed", "radius2", "reduce", "reduced_design", "reduced_to_terms", "term_intervals"]
+__all__ = ["embed", "layer_weights", "linear_predictor", "model_parameters", "radius2", "reduce", "reduced_design",
+           "reduced_to_terms", "term_intervals"]
 
 
 def _blocks(enc: CoefficientEncoder) -> list[tuple[int, int]]:
@@ -76,9 +77,12 @@ def reduced_to_terms(enc: CoefficientEncoder) -> tuple[np.ndarray, np.ndarray]:
 
 
 def term_intervals(fit: NewtonFit, enc: CoefficientEncoder, *, level: float) -> tuple[np.ndarray, ...]:
-    """(estimate, std_error, lower, upper, informative) of the coefficient table's terms (one output):
-    a term built from an uninformative parameter gets no standard error or interval."""
+    """(estimate, std_error, lower, upper, informative) of the coefficient table's terms, in the
+    order of :func:`dptrain.inference.coefficients.table_terms` (multinomial: class-major, each
+    class against the first): a term built from an uninformative parameter gets no interval."""
     a, b = reduced_to_terms(enc)
+    blocks = len(fit.estimate) // a.shape[1]  # K - 1 for a multinomial model, else 1
+    a, b = np.kron(np.eye(blocks), a), np.tile(b, blocks)
     used = np.abs(a) > 0
     ok = ~np.any(used & ~fit.informative[None, :], axis=1)
     cov = np.where(np.isfinite(fit.covariance), fit.covariance, 0.0)
@@ -86,3 +90,31 @@ def term_intervals(fit: NewtonFit, enc: CoefficientEncoder, *, level: float) -> 
     se = np.where(ok, np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", a, cov, a), 0.0)), np.nan)
     z = NormalDist().inv_cdf(0.5 + level / 2.0)
     return est, se, est - z * se, est + z * se, ok
+
+
+def model_parameters(weight: np.ndarray, bias: np.ndarray, enc: CoefficientEncoder) -> np.ndarray:
+    """The reduced parameters of a linear layer (``weight`` (K, d), ``bias`` (K,)): one output's
+    :func:`reduce`; a multinomial model's classes 1..K-1 against class 0, class-major."""
+    rows = [reduce(float(bias[k]), weight[k], enc) for k in range(weight.shape[0])]
+    if enc.kind != "multinomial":
+        return rows[0]
+    return np.concatenate([r - rows[0] for r in rows[1:]])
+
+
+def layer_weights(theta: np.ndarray, enc: CoefficientEncoder, outputs: int) -> tuple[np.ndarray, np.ndarray]:
+    """(bias (K,), weight (K, d)) of a linear layer with the reduced parameters ``theta``
+    (multinomial: class 0's scores 0)."""
+    p = len(theta) // max(outputs - 1, 1) if enc.kind == "multinomial" else len(theta)
+    blocks = [np.zeros(p)] + [theta[k * p:(k + 1) * p] for k in range(outputs - 1)] if enc.kind == "multinomial" \
+        else [theta]
+    pairs = [embed(th, enc) for th in blocks]
+    return np.array([b for b, _ in pairs]), np.stack([w for _, w in pairs])
+
+
+def linear_predictor(z: np.ndarray, theta: np.ndarray, kind: str) -> np.ndarray:
+    """``eta`` for :func:`dptrain.privacy.newton.statistics`: z @ theta, or a multinomial model's
+    (n, K) class scores (class 0's 0)."""
+    if kind != "multinomial":
+        return z @ theta
+    scores = z @ theta.reshape(-1, z.shape[1]).T
+    return np.concatenate([np.zeros((len(z), 1)), scores], axis=1)

@@ -33,7 +33,14 @@ from dptrain.inference.coefficients import (
     table_terms,
 )
 from dptrain.inference.intervals import Interval, aggregate_parts, coefficient_frame, format_table
-from dptrain.inference.newton import embed, radius2, reduce, reduced_design, term_intervals
+from dptrain.inference.newton import (
+    layer_weights,
+    linear_predictor,
+    model_parameters,
+    radius2,
+    reduced_design,
+    term_intervals,
+)
 from dptrain.inference.ssp import ssp_config_check
 from dptrain.inference.ssp_run import run_ssp
 from dptrain.inference.subsample import fit_parts, part_mechanism
@@ -229,7 +236,7 @@ def check_estimator_size(cfg: Any, n: int) -> None:
 
 
 class DPSGD:
-    """``dpsgd``: DP-SGD on all rows. With a linear model (objective=binary or linear) and
+    """``dpsgd``: DP-SGD on all rows. With a linear model (objective=binary, multinomial or linear) and
     ``estimator.interval_share`` > 0, two private Newton steps at DP-SGD's model give the table's
     estimates and sandwich intervals (:mod:`dptrain.inference.newton`); otherwise estimates only."""
 
@@ -273,7 +280,8 @@ class DPSGD:
                                             f"CLAIMED ({why})")
         est, se, lo, hi, ok = term_intervals(newton, enc, level=conf.estimator.level)
         iv = Interval(est, se, lo, hi, conf.estimator.level)
-        return coefficient_frame(table_terms(enc), est, iv, method=NEWTON_METHOD, claimed=ok)
+        return coefficient_frame(table_terms(enc, linear_layer(result.model).out_features), est, iv,
+                                 method=NEWTON_METHOD, claimed=ok)
 
     def report(self, conf: Any, result: Any, *, eps: Any, delta: Any, accountant: str, guarantee: str) -> dict:
         inference = result.inference or {}
@@ -294,7 +302,8 @@ class DPSGD:
                "validity_check": {"claimed": claimed, "why": why, **newton.checks()},
                "newton_fit": {"note": "the two-step estimate and its standard error per term (functions of the "
                               "releases), shown whether or not the run claims them; when NOT CLAIMED the table and "
-                              "the model do not use them", "term": table_terms(enc),
+                              "the model do not use them",
+                              "term": table_terms(enc, linear_layer(result.model).out_features),
                               "estimate": [float(v) for v in est],
                               "std_error": [float(v) if ok_ else None for v, ok_ in zip(se, ok)]}}
         if eps is None or not math.isfinite(eps):
@@ -327,7 +336,7 @@ def newton_reason(conf: Any) -> str | None:
         return "estimator.interval_share=0"
     kind = objective_kind(conf.objective.name)
     if kind not in BOUNDS:
-        return f"no private Newton interval for objective={conf.objective.name} (binary and linear only)"
+        return f"no private Newton interval for objective={conf.objective.name} (binary, multinomial, linear only)"
     if conf.privacy.enabled and conf.privacy.max_epsilon is not None:
         return "privacy.max_epsilon stops DP-SGD at a budget the interval's release would exceed"
     if conf.trainer.distributed:
@@ -346,10 +355,11 @@ def newton_refit(conf: Any, data: Any, result: Any, *, launch: Any) -> Any:
     layer = linear_layer(result.model)
     z = reduced_design(data.x_train.double().numpy(), enc)
     y = data.y_train.double().numpy()
-    theta = reduce(float(layer.bias.detach()[0]), layer.weight.detach().double().numpy()[0], enc)
+    theta = model_parameters(layer.weight.detach().double().numpy(), layer.bias.detach().double().numpy(), enc)
     sigma = newton_noise(conf, result)
     randomness = bound_to_rows(launch.randomness if launch.randomness is not None else Randomness.fresh(), data)
-    fit_ = private_newton(theta, lambda th: statistics(z, y, z @ th, kind), kind=kind, radius_sq=radius2(enc),
+    fit_ = private_newton(theta, lambda th: statistics(z, y, linear_predictor(z, th, kind), kind), kind=kind,
+                          radius_sq=radius2(enc),
                           noise_multiplier=sigma, rng=randomness.numpy("newton-interval"))
     if conf.privacy.enabled:
         result.accountant.record(gaussian_event(sigma))
@@ -357,11 +367,11 @@ def newton_refit(conf: Any, data: Any, result: Any, *, launch: Any) -> Any:
             result.privacy["target_epsilon"] = conf.privacy.target_epsilon
     claimed, why = fit_.claim()
     if claimed:  # the model becomes the two-step estimate (a function of the releases)
-        bias, weight = embed(fit_.estimate, enc)
+        bias, weight = layer_weights(fit_.estimate, enc, layer.out_features)
         objective = build_objective(conf.objective)
         objective.check_data(data.spec)
         with torch.no_grad():
-            layer.bias.fill_(bias)
+            layer.bias.copy_(torch.as_tensor(bias, dtype=layer.bias.dtype).reshape(layer.bias.shape))
             layer.weight.copy_(torch.as_tensor(weight, dtype=layer.weight.dtype).reshape(layer.weight.shape))
             test = objective.metrics(result.model(data.x_test), data.y_test)
         result.metrics.update({f"test/{k}": v for k, v in test.items()})

@@ -38,14 +38,19 @@ __all__ = ["BOUNDS", "NewtonFit", "noise_multipliers", "private_newton", "sensit
 
 
 #: per objective kind: (the largest |r_i|, the largest w_i) on the model's scale
-BOUNDS = {"binary": (1.0, 0.25), "linear": (1.0, 1.0)}
+BOUNDS = {"binary": (1.0, 0.25), "linear": (1.0, 1.0), "multinomial": (math.sqrt(2.0), 1.0)}
 
 
 def statistics(z: np.ndarray, y: np.ndarray, eta: np.ndarray, kind: str) -> tuple[np.ndarray, ...]:
     """(G, H, S) at the linear predictor ``eta`` (module docstring). Binary: r = sigmoid(eta) - y,
-    w = p (1 - p). Linear (target scaled to [0, 1]): r = clip(eta, 0, 1) - y, w = 1."""
+    w = p (1 - p). Linear (target scaled to [0, 1]): r = clip(eta, 0, 1) - y, w = 1. Multinomial
+    (``eta``: (n, K) class scores, ``y``: class indices; the parameters are classes 1..K-1 against
+    class 0, class-major): r = p_k - [y = k] for k >= 1 (||r|| <= sqrt 2), W = diag(p) - p p' over
+    classes 1..K-1 (||W||_F <= trace W <= 1); G = sum r (x) z, H = sum W (x) z z', S = sum r r' (x) z z'."""
     if kind not in BOUNDS:
         raise DPTrainError(f"no private Newton interval for objective kind {kind!r}: allowed: {', '.join(BOUNDS)}")
+    if kind == "multinomial":
+        return _multinomial(z, np.asarray(y).reshape(-1).astype(np.int64), np.asarray(eta, dtype=np.float64))
     eta = np.asarray(eta, dtype=np.float64).reshape(-1)
     y = np.asarray(y, dtype=np.float64).reshape(-1)
     if kind == "binary":
@@ -54,6 +59,27 @@ def statistics(z: np.ndarray, y: np.ndarray, eta: np.ndarray, kind: str) -> tupl
     else:
         r, w = np.clip(eta, 0.0, 1.0) - np.clip(y, 0.0, 1.0), np.ones_like(eta)
     return z.T @ r, (z * w[:, None]).T @ z, (z * (r * r)[:, None]).T @ z
+
+
+def _multinomial(z: np.ndarray, y: np.ndarray, eta: np.ndarray) -> tuple[np.ndarray, ...]:
+    e = np.exp(eta - eta.max(axis=1, keepdims=True))
+    p = (e / e.sum(axis=1, keepdims=True))[:, 1:]
+    onehot = np.zeros_like(p)
+    rows = np.flatnonzero(y > 0)
+    onehot[rows, y[rows] - 1] = 1.0
+    r = p - onehot
+    k, d = p.shape[1], z.shape[1]
+    g = (r.T @ z).reshape(-1)
+    h, s = np.zeros((k * d, k * d)), np.zeros((k * d, k * d))
+    for a in range(k):
+        for c in range(a, k):
+            w = (p[:, a] * (a == c)) - p[:, a] * p[:, c]
+            h[a * d:(a + 1) * d, c * d:(c + 1) * d] = (z * w[:, None]).T @ z
+            s[a * d:(a + 1) * d, c * d:(c + 1) * d] = (z * (r[:, a] * r[:, c])[:, None]).T @ z
+            if c != a:
+                h[c * d:(c + 1) * d, a * d:(a + 1) * d] = h[a * d:(a + 1) * d, c * d:(c + 1) * d].T
+                s[c * d:(c + 1) * d, a * d:(a + 1) * d] = s[a * d:(a + 1) * d, c * d:(c + 1) * d].T
+    return g, h, s
 
 
 #: the claim's thresholds (:meth:`NewtonFit.claim`), from the coverage study (docs/inference.md)

@@ -32,10 +32,10 @@ class EstimatorConfig:
                                  "coverage study: 200 rows per part under-cover, 2,000 cover)",
                                  allowed="an integer >= 10")
     level: float = setting(0.95, help="the confidence level of the intervals", allowed="a number in (0.5, 1)")
-    interval_share: float = setting(0.25, help="dpsgd with a linear model (objective=binary or linear): the share "
-                                    "of the run's epsilon spent on two private Newton steps at DP-SGD's model, "
-                                    "which give the coefficient table its estimates and sandwich intervals "
-                                    "(privacy noise included); 0: estimates without intervals",
+    interval_share: float = setting(0.25, help="dpsgd with a linear model (objective=binary, multinomial or "
+                                    "linear): the share of the run's epsilon spent on two private Newton steps at "
+                                    "DP-SGD's model, which give the coefficient table its estimates and sandwich "
+                                    "intervals (privacy noise included); 0: estimates without intervals",
                                     allowed="a number in [0, 0.9]")
     bootstrap: int = setting(1000, help="ssp: parametric-bootstrap draws for the interval (no privacy cost: "
                              "they use the released noisy statistics only)", allowed="an integer in [100, 100000]")

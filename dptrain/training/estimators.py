@@ -740,9 +740,9 @@ class DPMultinomialLogisticRegression(_DPClassifier):
         return self.classes_[self.decision_function(X).argmax(1)]
 
     def conf_int(self, alpha: float = 0.05) -> pd.DataFrame:
-        raise DPTrainError(f"{type(self).__name__}.conf_int: no intervals for a multinomial model: intervals are "
-                           "available for binary and linear models only (DPLogisticRegression, DPLinearRegression: "
-                           "the two-step private Newton release supports those kinds); summary() shows the estimates")
+        raise DPTrainError(f"{type(self).__name__}.conf_int: this estimator computes no intervals; allowed: "
+                           "DPLogisticRegression or DPLinearRegression in Python, or the command line's "
+                           "objective=multinomial (its coefficient table has them); summary() shows the estimates")
 
     def summary(self, alpha: float = 0.05) -> str:
         """The estimates per class and term (no intervals), and the guarantee."""
