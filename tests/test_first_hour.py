@@ -392,3 +392,28 @@ def test_item9_hparams_trials_let_tensorboard_compare_the_runs(tmp_path):
         tags = set(acc.PluginTagToContent("hparams"))
         # no experiment summary: TensorBoard would take one run's as the whole sweep's (differs: false)
         assert tags == {"_hparams_/session_start_info", "_hparams_/session_end_info"}
+
+
+@pytest.mark.parametrize("preset,target,needle", [
+    ("linreg", "income", "objective=linear is not allowed for a 'binary' target: it needs a continuous target with "
+                         "PUBLIC bounds (data.target_bounds"),
+    ("multiclass", "relationship", "objective=multinomial is not allowed for a 'binary' target: it needs a multiclass "
+                                   "target with its PUBLIC class list (data.classes"),
+])
+def test_round2_item1_a_presets_target_settings_do_not_carry_over_onto_a_table(preset, target, needle, tmp_path):
+    """Issue 32, item 1: `experiment=linreg data=table ... data.target=income` ran with the preset's
+    target_bounds [1, 99] (meant for hours_per_week) and clipped incomes to 99; multiclass failed on
+    the preset's target. The target's settings now live with the preset's data source
+    (data=adult_hours, data=adult_relationship), which data=table replaces: the table's linear
+    target without declared bounds is refused by name, before any row is read."""
+    rng = np.random.default_rng(0)
+    pd.DataFrame({"age": rng.integers(18, 80, 500), "income": rng.integers(0, 200_000, 500),
+                  "relationship": rng.choice(["a", "b", "c"], 500)}).to_csv(tmp_path / "people.csv", index=False)
+    res = subprocess.run([sys.executable, "-m", "dptrain", f"experiment={preset}", "data=table",
+                          f"data.path={tmp_path / 'people.csv'}", f"data.target={target}",
+                          "++data.numeric={age: {lower: 18, upper: 80}}", f"hydra.run.dir={tmp_path / 'run'}"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert needle in res.stderr
+    assert not (tmp_path / "run" / "privacy.json").exists()
