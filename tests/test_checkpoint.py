@@ -368,3 +368,19 @@ def test_bad_budget_and_checkpoint_settings_are_refused(tmp_path, capsys):
             _run_inprocess(tmp_path / name, [*SMALL, override])
         assert name in capsys.readouterr().err
         assert not (tmp_path / name / "privacy.json").exists()
+
+
+def test_resuming_a_finished_run_does_not_draw_its_interval_release_again(tmp_path):
+    """A run with the default coefficient intervals (two private Newton steps after DP-SGD) that
+    is resumed after it finished makes no second, unaccounted release: the resumed run takes no
+    step, draws no interval noise, and its report says why there is no interval."""
+    run_dir = tmp_path / "done"
+    small = [o for o in SMALL if not o.startswith("estimator.interval_share")]
+    _run_inprocess(run_dir, [*small, "privacy.noise_multiplier=1.0"])
+    first = json.loads((run_dir / "privacy.json").read_text())
+    assert first["estimator"]["intervals"].startswith("dpsgd + two private Newton steps")
+    _run_inprocess(run_dir, [*small, "privacy.noise_multiplier=1.0", "trainer.resume=auto"])
+    again = json.loads((run_dir / "privacy.json").read_text())
+    assert again["steps"] == first["steps"] and again["resumed_from_step"] == first["steps"]
+    assert again["estimator"]["intervals"].startswith("none computed (trainer.resume of a run that had finished")
+    assert again["epsilon"] < first["epsilon"]  # DP-SGD's steps only: no second Gaussian release recorded

@@ -253,6 +253,11 @@ class DPSGD:
         result = fit(trained, data, mechanism=mechanism, tracker=tracker, launch=launch)
         if reason is None and conf.privacy.enabled and not mechanism.private:
             reason = "the run adds no noise (no finite epsilon to share)"
+        if reason is None and result.privacy.get("resumed_from_step", 0) >= max(result.privacy.get("steps", 0), 1):
+            # a resume of a run that had finished its steps: its interval release, if it was made and
+            # published, is not drawn again (a second draw would be a second, unaccounted release)
+            reason = ("trainer.resume of a run that had finished its steps: the interval release is not repeated; "
+                      "allowed: a new run folder for intervals")
         if reason is not None:
             result.inference = {"newton": None, "reason": reason}
             return result
