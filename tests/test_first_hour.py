@@ -417,3 +417,25 @@ def test_round2_item1_a_presets_target_settings_do_not_carry_over_onto_a_table(p
     assert res.returncode == 2, res.stderr[-2000:]
     assert needle in res.stderr
     assert not (tmp_path / "run" / "privacy.json").exists()
+
+
+def test_round2_item10_a_preset_on_a_small_table_warns_of_its_epsilon_before_training(tmp_path, caplog):
+    """Issue 32, item 10: experiment=logit on 3,000 rows gave epsilon ~4.5 (q = 0.46) against the
+    preset's advertised ~1, silently. The run now says so before training, with the planned
+    epsilon and the setting that calibrates the noise to the table."""
+    caplog.set_level(logging.INFO, logger="dptrain")
+    with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["experiment=logit", "data=synthetic", "data.n_rows=3000",
+                                                         "trainer.progress=false"])
+    cli.run(cfg, run_dir=tmp_path / "run")
+    warning = [r.getMessage() for r in caplog.records if "epsilon will be about" in r.getMessage()]
+    assert len(warning) == 1 and "privacy.target_epsilon=1" in warning[0] and "N = 2" in warning[0]
+    planned = float(re.search(r"about ([0-9.]+)", warning[0]).group(1))
+    report = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    assert 2.0 < planned <= report["epsilon"]
+    caplog.clear()
+    with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["experiment=logit", "data=synthetic", "data.n_rows=3000",
+                                                         "trainer.progress=false", "privacy.target_epsilon=1"])
+    cli.run(cfg, run_dir=tmp_path / "calibrated")
+    assert not any("epsilon will be about" in r.getMessage() for r in caplog.records)

@@ -250,6 +250,7 @@ class DPSGD:
             trained = dataclasses.replace(conf, privacy=dataclasses.replace(
                 conf.privacy, target_epsilon=conf.privacy.target_epsilon * (1.0 - share)))
         mechanism = mechanism_for(trained, dataset_size=data.n_train, delta=delta)
+        warn_large_epsilon(conf, mechanism)
         result = fit(trained, data, mechanism=mechanism, tracker=tracker, launch=launch)
         if reason is None and conf.privacy.enabled and not mechanism.private:
             reason = "the run adds no noise (no finite epsilon to share)"
@@ -332,6 +333,26 @@ NEWTON_VALIDITY = ("the normal approximation of the two-step estimator: DP-SGD's
                    "under its noise (checked), the privacy noise not dominating the sampling variance (checked), "
                    "and a correctly bounded design (public bounds). The coverage study (docs/inference.md) finds "
                    "93-97% where all three checks pass")
+
+
+#: a fixed noise multiplier whose planned epsilon exceeds this gets a warning before training
+LARGE_EPSILON = 2.0
+
+
+def warn_large_epsilon(conf: Any, mechanism: Any) -> None:
+    """Before training: a noise multiplier fixed by a preset or the command line gives a small
+    table a far larger epsilon than the preset's (q = B / N grows as N shrinks): say so, with the
+    planned epsilon (public: it depends on the settings and N only) and the setting that fixes it."""
+    if not conf.privacy.enabled or mechanism.noise_multiplier_source != "config" or not mechanism.private:
+        return
+    planned = history_epsilon(mechanism.history_between(0, mechanism.planned_steps), delta=mechanism.delta,
+                              accountant=conf.privacy.accountant)
+    if planned > LARGE_EPSILON:
+        log.warning("privacy: this run's epsilon will be about %.3g before the coefficient table's release (noise "
+                    "multiplier %g fixed by the preset or the command line, q = B/N = %.3g with N = %d training "
+                    "rows, %d steps); for a chosen budget set privacy.target_epsilon=E (e.g. "
+                    "privacy.target_epsilon=1: the noise is calibrated to this table)", planned,
+                    mechanism.noise_multiplier, mechanism.sample_rate, mechanism.dataset_size, mechanism.planned_steps)
 
 
 def newton_reason(conf: Any) -> str | None:
