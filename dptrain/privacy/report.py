@@ -50,8 +50,8 @@ def files_section(*, test_public: bool, coefficients: bool = False,
         "metrics.json": "publishable metrics only: steps, epochs, epsilon"
         + (", and test/* (the test rows are declared public)" if test_public else
            " (test metrics are private here: data.test_public=false)"),
-        **({"coefficients.csv": "the coefficient table on the original scale (estimates; standard errors and "
-            "intervals with estimator=subsample_aggregate or ssp): a function of the released model(s) or noisy "
+        **({"coefficients.csv": "the coefficient table on the original scale (estimates; standard errors, "
+            "intervals and whether the run claims them): a function of the released model(s) or noisy "
             "statistics only (covered by the guarantee)"} if coefficients else {}),
         "FILES.txt": "this list",
         ".hydra/": "the configuration (the command line; holds no secret and no private value)",
