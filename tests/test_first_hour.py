@@ -248,12 +248,13 @@ def test_item6_a_finished_run_folder_is_not_overwritten(tmp_path):
 # ------------------------------------------------------------------------------ 7. errors that help
 
 
-def test_item7_an_error_is_printed_once_and_kept_in_the_private_log(tmp_path):
+def test_item7_an_error_is_printed_once_and_leaves_no_run_folder(tmp_path):
     res = _cli([*SMALL, "privacy.noise_multiplier=-1", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert res.returncode == 2
     out = res.stdout + res.stderr
     assert out.count("privacy.noise_multiplier=-1.0 is not allowed") == 1, out[-3000:]
-    assert "privacy.noise_multiplier=-1" in (tmp_path / "run" / "private" / "dptrain.log").read_text()
+    # the folder this launch created is removed with the refusal (issue 32, item 9): no log is left
+    assert not (tmp_path / "run").exists()
 
 
 def test_item7_no_cell_with_three_rows_is_refused_first_by_setting(tmp_path):
@@ -439,3 +440,22 @@ def test_round2_item10_a_preset_on_a_small_table_warns_of_its_epsilon_before_tra
                                                          "trainer.progress=false", "privacy.target_epsilon=1"])
     cli.run(cfg, run_dir=tmp_path / "calibrated")
     assert not any("epsilon will be about" in r.getMessage() for r in caplog.records)
+
+
+def test_round2_item9_a_refused_run_leaves_no_run_folder(tmp_path):
+    """Issue 32, item 9: a run refused by a value check (after Hydra wrote .hydra/ and the log)
+    left a run folder behind. A folder this launch created is removed whole when the run is
+    refused; a folder that existed before keeps what it held."""
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    new = tmp_path / "new"
+    res = subprocess.run([sys.executable, "-m", "dptrain", "experiment=logit", "trainer.epochs=-1",
+                          f"hydra.run.dir={new}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "trainer.epochs=-1.0 is not allowed" in res.stderr, res.stderr[-2000:]
+    assert not new.exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's own file\n")
+    res = subprocess.run([sys.executable, "-m", "dptrain", "experiment=logit", "trainer.epochs=-1",
+                          f"hydra.run.dir={mine}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2
+    assert (mine / "notes.txt").read_text() == "the user's own file\n"

@@ -24,6 +24,7 @@ import atexit
 import errno
 import fcntl
 import os
+import shutil
 import socket
 from pathlib import Path
 
@@ -49,10 +50,15 @@ class RunLock:
         return self.folder / LOCK_NAME
 
     def discard(self) -> None:
-        """Release the lock and remove what taking it created: private/ and the folder if they
-        are left empty (a run refused before it wrote anything)."""
+        """Release the lock and remove what taking it created (a refused run leaves no folder
+        behind). A folder this lock created did not exist before this launch, so everything in it
+        (Hydra's .hydra/, the run's private log) was written by the refused run: it is removed
+        whole. Otherwise only private/ if this lock made it and it is left empty."""
         self.release()
-        for path in (self.path.parent, self.folder):
+        if self.created:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            return
+        for path in (self.path.parent,) if self.made_private else ():
             try:
                 path.rmdir()
             except FileNotFoundError:  # already removed with the lock

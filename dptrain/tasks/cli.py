@@ -8,9 +8,9 @@ override on the command line are imported BEFORE Hydra composes the config
 schema, ``schema/NAME``, which its ``conf/task/NAME.yaml`` extends) and to every check after it
 (objectives, accountants, engines, release methods, tasks); ``plugins`` set in a config file are
 imported when the job starts, before the task runs (they cannot add a task). Every error a
-user can cause is a :class:`dptrain.core.errors.DPTrainError`: it is printed once (on stderr;
-the run's private log keeps it too) with the setting, the value and what is allowed, and the
-run exits with status 2 before anything is written. When the task returns, every file and
+user can cause is a :class:`dptrain.core.errors.DPTrainError`: it is printed once (on stderr)
+with the setting, the value and what is allowed, and the run exits with status 2 before anything
+is written; a run folder the refused launch created is removed. When the task returns, every file and
 folder of its run folder gets one time, the run's start (a multirun: the sweep's), so that no
 duration can be read from the folder (:func:`run`, docs/privacy.md).
 
@@ -65,8 +65,9 @@ register_configs()
 
 
 def _fail(err: Exception) -> None:
-    """Print the error once (stderr) and exit 2; the run's private log keeps it too (its console
-    handler skips records marked ``console=False``: conf/hydra/job_logging/dptrain.yaml)."""
+    """Print the error once (stderr) and exit 2; the run's private log keeps it too when the run
+    folder existed before (its console handler skips records marked ``console=False``:
+    conf/hydra/job_logging/dptrain.yaml); a folder this launch created is removed with the refusal."""
     log.error("%s", err, extra={"console": False})
     print(f"dptrain: error: {err}", file=sys.stderr)
     raise SystemExit(2)
