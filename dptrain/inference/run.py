@@ -45,10 +45,9 @@ from dptrain.inference.ssp import ssp_config_check
 from dptrain.inference.ssp_run import run_ssp
 from dptrain.inference.subsample import fit_parts, part_mechanism
 from dptrain.models.objectives import build_objective
-from dptrain.privacy.accounting import SIGMA_RANGE, history_epsilon
-from dptrain.privacy.calibration import smallest_noise
+from dptrain.privacy.accounting import history_epsilon
 from dptrain.privacy.events import gaussian_event
-from dptrain.privacy.newton import BOUNDS, private_newton, statistics
+from dptrain.privacy.newton import BOUNDS, private_newton, release_noise_multiplier, statistics
 from dptrain.privacy.randomness import Randomness
 from dptrain.settings.inference import MAX_PARTS
 from dptrain.training.fit import TrainResult, bound_to_rows, build_model, data_spec_from_config, fit, mechanism_for
@@ -415,16 +414,9 @@ def newton_noise(conf: Any, result: Any) -> float:
     p = conf.privacy
     if not p.enabled:
         return 0.0
-    delta = result.mechanism.delta
-    history = result.accountant.totals
-    target = p.target_epsilon if p.target_epsilon is not None else (
-        result.accountant.get_epsilon(delta=delta, accountant=p.accountant) / (1.0 - conf.estimator.interval_share))
-
-    def epsilon_of(sigma: float) -> float:
-        return history_epsilon((*history, (gaussian_event(sigma), 1)), delta=delta, accountant=p.accountant)
-
-    return smallest_noise(epsilon_of, target=target, rtol=p.calibration_rtol, lower=SIGMA_RANGE[0],
-                          upper=SIGMA_RANGE[1])
+    return release_noise_multiplier(result.accountant, delta=result.mechanism.delta, accountant_name=p.accountant,
+                                    rtol=p.calibration_rtol, share=conf.estimator.interval_share,
+                                    target=p.target_epsilon)
 
 
 class SubsampleAggregate(DPSGD):

@@ -33,8 +33,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from dptrain.core.errors import DPTrainError
+from dptrain.privacy.accounting import SIGMA_RANGE, PrivacyAccountant, history_epsilon
+from dptrain.privacy.calibration import smallest_noise
+from dptrain.privacy.events import gaussian_event
 
-__all__ = ["BOUNDS", "NewtonFit", "noise_multipliers", "private_newton", "sensitivities", "statistics"]
+__all__ = ["BOUNDS", "NewtonFit", "noise_multipliers", "private_newton", "release_noise_multiplier", "sensitivities",
+           "statistics"]
 
 
 #: per objective kind: (the largest |r_i|, the largest w_i) on the model's scale
@@ -220,3 +224,19 @@ def private_newton(theta: np.ndarray, sums_at: Callable[[np.ndarray], tuple[np.n
     smallest = float(np.linalg.eigvalsh(_psd(h1[np.ix_(idx, idx)], sd["hessian_1"])).min())
     ratio = np.diag(noise) / np.maximum(np.diag(sampling), 1e-300)
     return NewtonFit(est, cov, informative, first, sd, ratio, 2.0 * sd["hessian_1"] * math.sqrt(idx.size) / smallest)
+
+
+def release_noise_multiplier(accountant: PrivacyAccountant, *, delta: float, accountant_name: str, rtol: float,
+                             share: float, target: float | None = None) -> float:
+    """The release's noise multiplier: the smallest (the one calibration routine) whose
+    ``gaussian`` event, composed with the history ``accountant`` holds (DP-SGD's steps), keeps the
+    run's epsilon within ``target`` (DP-SGD was calibrated to (1 - share) of it) or, without a
+    target (a given noise multiplier), within DP-SGD's epsilon / (1 - share)."""
+    history = accountant.totals
+    if target is None:
+        target = accountant.get_epsilon(delta=delta, accountant=accountant_name) / (1.0 - share)
+
+    def epsilon_of(sigma: float) -> float:
+        return history_epsilon((*history, (gaussian_event(sigma), 1)), delta=delta, accountant=accountant_name)
+
+    return smallest_noise(epsilon_of, target=float(target), rtol=rtol, lower=SIGMA_RANGE[0], upper=SIGMA_RANGE[1])

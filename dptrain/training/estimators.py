@@ -68,8 +68,6 @@ from dptrain.core.validation import ConfigError, bad, integer, is_finite, is_rea
 from dptrain.models.networks import logit, mlp
 from dptrain.models.optimizers import eager_class
 from dptrain.privacy import newton
-from dptrain.privacy.accounting import SIGMA_RANGE, history_epsilon
-from dptrain.privacy.calibration import smallest_noise
 from dptrain.privacy.events import gaussian_event
 from dptrain.settings.train import MAX_TARGET_EPSILON
 from dptrain.training.private import DPConfig, PrivateTraining, training_report
@@ -293,22 +291,6 @@ def _target_bounds(value: Any) -> tuple[float, float]:
     return float(value[0]), float(value[1])
 
 
-def _newton_noise(run: PrivateTraining, share: float, target: float | None) -> float:
-    """The Newton release's noise multiplier: the smallest whose Gaussian event, composed with
-    DP-SGD's steps, keeps epsilon within ``target`` (DP-SGD had (1 - share) of it) or, with no
-    target (a given noise multiplier), within DP-SGD's epsilon / (1 - share)."""
-    delta, accountant = run.mechanism.delta, run.config.accountant
-    history = run.accountant.totals
-    if target is None:
-        target = run.accountant.get_epsilon(delta=delta, accountant=accountant) / (1.0 - share)
-
-    def epsilon_of(sigma: float) -> float:
-        return history_epsilon((*history, (gaussian_event(sigma), 1)), delta=delta, accountant=accountant)
-
-    return smallest_noise(epsilon_of, target=float(target), rtol=run.config.calibration_rtol, lower=SIGMA_RANGE[0],
-                          upper=SIGMA_RANGE[1])
-
-
 def _summary(title: str, rows: list[tuple], notes: list[str], alpha: float = 0.05) -> str:
     """A statsmodels-like text table: (term, coef, std err, lower, upper, claimed) per row
     (NaN: not computed), then ``notes``."""
@@ -529,7 +511,10 @@ class _NewtonIntervals:
         if share > 0:
             z = np.column_stack([np.ones(len(x01)), x01])
             y, kind = target.astype(np.float64), self._kind
-            sigma = _newton_noise(run, share, float(self.epsilon) if self.noise_multiplier is None else None)
+            sigma = newton.release_noise_multiplier(
+                run.accountant, delta=run.mechanism.delta, accountant_name=run.config.accountant,
+                rtol=run.config.calibration_rtol, share=share,
+                target=float(self.epsilon) if self.noise_multiplier is None else None)
             fit = newton.private_newton(theta, lambda th: newton.statistics(z, y, z @ th, kind), kind=kind,
                                         radius_sq=float(z.shape[1]), noise_multiplier=sigma,
                                         rng=run.randomness.numpy("newton-interval"))
