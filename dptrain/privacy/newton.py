@@ -16,8 +16,11 @@ changes G by at most ``r_max R``, H by at most ``w_max R^2`` and S by at most ``
 The five noisy sums are adaptive Gaussian releases, which compose to ONE Gaussian mechanism
 (:func:`noise_multipliers`), accounted as ``gaussian(sigma)``.
 
-The covariance ``H^-1 (S + var_G I) H^-1`` adds the second gradient's noise to the sampling
-variance (a sandwich, robust to a misspecified variance). H's eigenvalues are floored at its
+The covariance ``H^-1 (S + var_G I + var_H (E|d|^2 I + E dd')) H^-1`` adds to the sampling
+variance (a sandwich, robust to a misspecified variance) the second gradient's noise and the
+second Hessian's noise acting on the first step's miss ``d`` (:func:`_first_step_error`; without
+it the intervals under-covered where the first step misses by a few SEs: N 5,000-10,000 at
+epsilon 1). H's eigenvalues are floored at its
 noise's sd; a term whose noisy curvature is below ten noise standard deviations carries too
 little information (a declared level with no rows, or too few) and is left where the start put
 it, without a covariance. :meth:`NewtonFit.claim` decides from released numbers whether the
@@ -137,6 +140,10 @@ class NewtonFit:
     noise_to_sampling: np.ndarray | None = None
     #: the Hessian noise's spectral norm over the noisy Hessian's smallest eigenvalue
     hessian_noise: float = math.inf
+    #: the privacy noise's part of ``covariance`` (the estimate's spread around the non-private
+    #: optimum on these rows): the second gradient's noise and the second Hessian's noise times the
+    #: first step's miss
+    noise_covariance: np.ndarray | None = None
 
     def checks(self) -> dict[str, float | None]:
         """The numbers :meth:`claim` judges (public: functions of the releases)."""
@@ -194,6 +201,21 @@ def _inverse(h: np.ndarray, idx: np.ndarray, sd: float) -> np.ndarray:
     return np.linalg.inv(_psd(h[np.ix_(idx, idx)], sd))
 
 
+def _first_step_error(h0_inv: np.ndarray, step: np.ndarray, sd: dict[str, float]) -> np.ndarray:
+    """E[delta delta'] for the first step's miss ``delta`` (the first point minus the non-private
+    optimum). To first order ``delta = H0^-1 (E0 u - n0)``: ``u`` the start's distance from the
+    optimum, ``n0`` the first gradient's noise, ``E0`` the first Hessian's (symmetric, iid sd on and
+    above the diagonal, so Cov(E0 u) = sd^2 (|u|^2 I + u u')). |u|^2 is estimated from the released
+    step, less its expected noise: |step|^2 - sd_g0^2 tr(H0^-2). The second Hessian's noise E1
+    carries delta into the estimate as ``H1^-1 E1 delta``, of covariance
+    ``sd1^2 H1^-1 (E|delta|^2 I + E delta delta') H1^-1`` (:func:`private_newton`)."""
+    h2 = h0_inv @ h0_inv
+    size = float(step @ step)
+    dist = max(size - sd["gradient_0"] ** 2 * float(np.trace(h2)), 0.0)
+    u = h0_inv @ step * math.sqrt(dist / size) if size > 0 else np.zeros_like(step)
+    return (sd["gradient_0"] ** 2 + sd["hessian_0"] ** 2 * dist) * h2 + sd["hessian_0"] ** 2 * np.outer(u, u)
+
+
 def private_newton(theta: np.ndarray, sums_at: Callable[[np.ndarray], tuple[np.ndarray, ...]], *, kind: str,
                    radius_sq: float, noise_multiplier: float, rng: np.random.Generator) -> NewtonFit:
     """Two Newton steps from DP-SGD's ``theta`` (reduced parameters; ``sums_at(theta)`` gives the
@@ -211,19 +233,25 @@ def private_newton(theta: np.ndarray, sums_at: Callable[[np.ndarray], tuple[np.n
     est, cov, first = theta.astype(np.float64).copy(), np.full((p, p), np.nan), np.full(p, np.nan)
     if idx.size == 0:
         return NewtonFit(est, cov, informative, first, sd)
-    step0 = _inverse(h0, idx, sd["hessian_0"]) @ g0[idx]
+    h0_inv = _inverse(h0, idx, sd["hessian_0"])
+    step0 = h0_inv @ g0[idx]
     est[idx] -= step0
     g1, h1, s1 = _noisy(sums_at(est), sd, 1, rng, meat=True)
     h_inv = _inverse(h1, idx, sd["hessian_1"])
     est[idx] -= h_inv @ g1[idx]
     sampling = h_inv @ _psd(s1[np.ix_(idx, idx)], 0.0) @ h_inv
-    noise = sd["gradient_1"] ** 2 * (h_inv @ h_inv)
+    miss = _first_step_error(h0_inv, step0, sd)
+    noise = h_inv @ (sd["gradient_1"] ** 2 * np.eye(idx.size)
+                     + sd["hessian_1"] ** 2 * (np.trace(miss) * np.eye(idx.size) + miss)) @ h_inv
     c = sampling + noise
     cov[np.ix_(idx, idx)] = (c + c.T) / 2.0
     first[idx] = np.abs(step0) / np.sqrt(np.diag(c))
     smallest = float(np.linalg.eigvalsh(_psd(h1[np.ix_(idx, idx)], sd["hessian_1"])).min())
     ratio = np.diag(noise) / np.maximum(np.diag(sampling), 1e-300)
-    return NewtonFit(est, cov, informative, first, sd, ratio, 2.0 * sd["hessian_1"] * math.sqrt(idx.size) / smallest)
+    noise_cov = np.full((p, p), np.nan)
+    noise_cov[np.ix_(idx, idx)] = (noise + noise.T) / 2.0
+    return NewtonFit(est, cov, informative, first, sd, ratio, 2.0 * sd["hessian_1"] * math.sqrt(idx.size) / smallest,
+                     noise_cov)
 
 
 def release_noise_multiplier(accountant: PrivacyAccountant, *, delta: float, accountant_name: str, rtol: float,
