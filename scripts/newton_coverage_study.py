@@ -6,7 +6,9 @@ with slope ``--slope`` per year, intercept -1.2; optionally a 4-level region), 2
 split column, runs ``experiment=logit`` with ``privacy.target_epsilon`` on it (the command line's
 own code, in process), and reads coefficients.csv. Writes one CSV row per replication and prints,
 per cell, the coverage of the true slope, the median width against the GLM's (same train rows),
-and the share of runs that CLAIM their intervals.
+and the share of runs that CLAIM their intervals. ``--multinomial``: three classes (low, mid,
+high; mid and high against low with slopes 0.1 and 0.2 per year), ``experiment=multiclass``,
+coverage of both slopes against statsmodels' MNLogit.
 
     python scripts/newton_coverage_study.py --rows 25000 --epsilon 1 --reps 200 --out experiments/inference/newton
 """
@@ -28,6 +30,54 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hydra import compose, initialize_config_module  # noqa: E402
 
 from dptrain.tasks import cli  # noqa: E402
+
+#: --multinomial: per class against "low", (intercept, slope per year of education)
+CLASSES = {"mid": (-0.5, 0.1), "high": (-2.5, 0.2)}
+
+
+def _multinomial_table(rng: np.random.Generator, n: int) -> pd.DataFrame:
+    educ = rng.integers(1, 17, size=n)
+    scores = np.stack([np.zeros(n)] + [a + b * educ for a, b in CLASSES.values()], axis=1)
+    p = np.exp(scores - scores.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    pick = (rng.uniform(size=(n, 1)) > np.cumsum(p, axis=1)).sum(axis=1)
+    df = pd.DataFrame({"educ": educ, "outcome": np.array(["low", *CLASSES])[np.minimum(pick, 2)]})
+    df["split"] = np.where(rng.uniform(size=n) < 0.2, "test", "train")
+    return df
+
+
+def _mnlogit(df: pd.DataFrame) -> dict[str, tuple[float, float]]:
+    tr = df[df.split == "train"]
+    codes = tr.outcome.map({"low": 0, "mid": 1, "high": 2}).to_numpy()
+    fit = sm.MNLogit(codes, sm.add_constant(tr[["educ"]].astype(float))).fit(disp=0)
+    params, bse = np.asarray(fit.params), np.asarray(fit.bse)  # (terms, classes 1..2)
+    return {c: (float(params[1, k]), float(bse[1, k])) for k, c in enumerate(CLASSES)}
+
+
+def _multinomial_one(rep: int, args: argparse.Namespace, work: Path) -> list[dict]:
+    rng = np.random.default_rng(20_000 * int(args.rows) + rep)
+    df = _multinomial_table(rng, args.rows)
+    path = work / f"t{rep}.csv"
+    df.to_csv(path, index=False)
+    overrides = ["experiment=multiclass", "data=table", f"data.path={path}", "data.target=outcome",
+                 "++data.classes=[low, mid, high]", "data.split_column=split",
+                 "++data.numeric={educ: {lower: 1, upper: 16}}", f"privacy.target_epsilon={args.epsilon}",
+                 "trainer.progress=false", "trainer.dp_curves=false", f"estimator.interval_share={args.share}"]
+    with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    run = work / f"run{rep}"
+    cli.run(cfg, run_dir=run)
+    table = pd.read_csv(run / "coefficients.csv").set_index("term")
+    glm = _mnlogit(df)
+    check = json.loads((run / "privacy.json").read_text())["estimator"].get("validity_check") or {}
+    out = []
+    for c, (_, slope) in CLASSES.items():
+        row = table.loc[f"{c} vs low: educ"]
+        out.append({**{k: check.get(k) for k in ("noise_to_sampling", "hessian_noise", "first_step_in_se")},
+                    "rep": rep, "rows": args.rows, "epsilon": args.epsilon, "share": args.share, "term": c,
+                    "truth": slope, "estimate": row.estimate, "std_error": row.std_error, "ci_lower": row.ci_lower,
+                    "ci_upper": row.ci_upper, "claimed": bool(row.claimed), "glm": glm[c][0], "glm_se": glm[c][1]})
+    return out
 
 
 def _table(rng: np.random.Generator, n: int, slope: float, region: bool, continuous: bool = False) -> pd.DataFrame:
@@ -80,7 +130,7 @@ def one(rep: int, args: argparse.Namespace, work: Path) -> dict:
             "estimate": row.estimate, "std_error": row.std_error, "ci_lower": row.ci_lower,
             "ci_upper": row.ci_upper, "claimed": bool(row.claimed), "glm": glm, "glm_se": glm_se,
             "newton_estimate": fit["estimate"][at] if fit else None,
-            "newton_std_error": fit["std_error"][at] if fit else None}
+            "newton_std_error": fit["std_error"][at] if fit else None, "truth": args.slope}
 
 
 def main() -> None:
@@ -91,21 +141,25 @@ def main() -> None:
     ap.add_argument("--slope", type=float, default=0.14)
     ap.add_argument("--region", action="store_true")
     ap.add_argument("--continuous", action="store_true", help="continuous education and a continuous age")
+    ap.add_argument("--multinomial", action="store_true", help="three classes, experiment=multiclass")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     name = (f"rows{args.rows}_eps{args.epsilon:g}_share{args.share:g}" + ("_region" if args.region else "")
-            + ("_continuous" if args.continuous else ""))
+            + ("_continuous" if args.continuous else "") + ("_multinomial" if args.multinomial else ""))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps):
-            rows.append(one(rep, args, Path(tmp)))
+            if args.multinomial:
+                rows.extend(_multinomial_one(rep, args, Path(tmp)))
+            else:
+                rows.append(one(rep, args, Path(tmp)))
     df = pd.DataFrame(rows)
     df.to_csv(args.out / f"{name}.csv", index=False)
-    covered = (df.ci_lower <= args.slope) & (args.slope <= df.ci_upper)
+    covered = (df.ci_lower <= df.truth) & (df.truth <= df.ci_upper)
     claimed = df.claimed
-    print(f"{name}: {len(df)} runs (load {os.getloadavg()[0]:.2f}); claimed {claimed.mean():.3f}; "
+    print(f"{name}: {len(df)} intervals (load {os.getloadavg()[0]:.2f}); claimed {claimed.mean():.3f}; "
           f"coverage (claimed runs) {covered[claimed].mean():.3f}; median width / GLM "
           f"{(df.std_error / df.glm_se)[claimed].median():.2f}; median |estimate - GLM| / GLM se "
           f"{((df.estimate - df.glm).abs() / df.glm_se).median():.2f}")
