@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import statsmodels.api as sm
+from scipy import stats
 from sklearn.base import clone
 from sklearn.model_selection import cross_val_score
 from sklearn.pipeline import make_pipeline
@@ -80,9 +81,12 @@ def test_logistic_intervals_match_statsmodels_robust_standard_errors():
     assert clf.intervals_claimed_ and clf.interval_check_.startswith("privacy-noise variance")
     # coef_ / intercept_ are the Newton estimate, in the units of X: what the model predicts
     assert np.allclose(clf.decision_function(x), x.to_numpy() @ clf.coef_[0] + clf.intercept_[0], atol=1e-4)
-    z = 1.959963984540054
-    assert np.allclose(ci["upper"] - ci["lower"], 2 * z * clf.bse_) and np.allclose(
-        clf.conf_int(alpha=0.1)["upper"] - estimate, 1.6448536269514722 * clf.bse_)
+    # Student's t with the noisy variance's degrees of freedom: many at epsilon 20 (nearly normal)
+    dof = clf.interval_dof_
+    assert (dof > 100).all() and list(dof.index) == terms, dof
+    assert np.allclose(ci["upper"] - ci["lower"], 2 * stats.t.ppf(0.975, dof) * clf.bse_) and np.allclose(
+        clf.conf_int(alpha=0.1)["upper"] - estimate, stats.t.ppf(0.95, dof) * clf.bse_)
+    assert ((ci["upper"] - ci["lower"]) / (2 * clf.bse_) < 1.98).all()
     text = clf.summary()
     for needle in ("intercept", "age", "hours", "std err", "[0.025", "0.975]", "CLAIMED", "(20, ", "rdp accountant"):
         assert needle in text, text

@@ -8,8 +8,6 @@ weights and the reduced parameters, and the table's terms with their intervals.
 
 from __future__ import annotations
 
-from statistics import NormalDist
-
 import numpy as np
 
 from dptrain.inference.coefficients import CoefficientEncoder, coefficient_map, coefficient_offset
@@ -79,7 +77,10 @@ def reduced_to_terms(enc: CoefficientEncoder) -> tuple[np.ndarray, np.ndarray]:
 def term_intervals(fit: NewtonFit, enc: CoefficientEncoder, *, level: float) -> tuple[np.ndarray, ...]:
     """(estimate, std_error, lower, upper, informative) of the coefficient table's terms, in the
     order of :func:`dptrain.inference.coefficients.table_terms` (multinomial: class-major, each
-    class against the first): a term built from an uninformative parameter gets no interval."""
+    class against the first): a term built from an uninformative parameter gets no interval. The
+    interval is Student's t with the degrees of freedom of the term's noisy variance
+    (:meth:`NewtonFit.degrees_of_freedom`; about 45 at N = 10,000 and epsilon 1, 130 at N = 25,000:
+    the normal interval under-covered by about a point where the meat's noise is large)."""
     a, b = reduced_to_terms(enc)
     blocks = len(fit.estimate) // a.shape[1]  # K - 1 for a multinomial model, else 1
     a, b = np.kron(np.eye(blocks), a), np.tile(b, blocks)
@@ -88,8 +89,10 @@ def term_intervals(fit: NewtonFit, enc: CoefficientEncoder, *, level: float) -> 
     cov = np.where(np.isfinite(fit.covariance), fit.covariance, 0.0)
     est = a @ fit.estimate + b
     se = np.where(ok, np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", a, cov, a), 0.0)), np.nan)
-    z = NormalDist().inv_cdf(0.5 + level / 2.0)
-    return est, se, est - z * se, est + z * se, ok
+    from scipy import stats  # here, not at the top: a run without intervals never imports scipy.stats
+
+    q = stats.t.ppf(0.5 + level / 2.0, fit.degrees_of_freedom(a))  # the noisy meat's df (Satterthwaite)
+    return est, se, est - q * se, est + q * se, ok
 
 
 def model_parameters(weight: np.ndarray, bias: np.ndarray, enc: CoefficientEncoder) -> np.ndarray:

@@ -144,6 +144,26 @@ class NewtonFit:
     #: optimum on these rows): the second gradient's noise and the second Hessian's noise times the
     #: first step's miss
     noise_covariance: np.ndarray | None = None
+    #: the inverse noisy Hessian of the second point (NaN outside the informative terms)
+    bread: np.ndarray | None = None
+
+    def degrees_of_freedom(self, a: np.ndarray) -> np.ndarray:
+        """Per row ``a_k`` of ``a`` (a term as a combination of the parameters), the degrees of
+        freedom of its noisy variance ``V = a' C a`` (Satterthwaite: ``df = 2 V^2 / Var V``), for
+        Student's t interval. C = H^-1 M H^-1 is noisy through the meat (``v' E_S v``, ``v = H^-1
+        a``) and the second Hessian (to first order ``-2 v' E_H w``, ``w = C a``); for a symmetric
+        noise matrix with iid sd on and above the diagonal, ``Var(u' E w) = sd^2 sum_{i<=j} c_ij^2``
+        with ``c_ij = u_i w_j + u_j w_i`` (i < j) and ``c_ii = u_i w_i``. Infinite without noise."""
+        a = np.atleast_2d(np.asarray(a, dtype=np.float64))
+        if self.bread is None:
+            return np.full(a.shape[0], np.inf)
+        bread = np.where(np.isfinite(self.bread), self.bread, 0.0)
+        cov = np.where(np.isfinite(self.covariance), self.covariance, 0.0)
+        v = a @ bread
+        var = self.noise_sd.get("meat", 0.0) ** 2 * _bilinear_var(v, v)
+        se2 = np.einsum("ij,jk,ik->i", a, cov, a)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(var > 0, 2.0 * se2**2 / var, np.inf)
 
     def checks(self) -> dict[str, float | None]:
         """The numbers :meth:`claim` judges (public: functions of the releases)."""
@@ -173,6 +193,14 @@ class NewtonFit:
         if failed:
             return False, "; ".join(failed)
         return True, "; ".join(why for _, why in checks)
+
+
+def _bilinear_var(u: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Per row, ``Var(u' E w) / sd^2`` for E symmetric with iid entries on and above the diagonal."""
+    c = u[:, :, None] * w[:, None, :]
+    c = c + np.swapaxes(c, 1, 2)
+    upper = np.triu(np.ones(c.shape[1:], dtype=bool), 1)
+    return np.sum(c[:, upper] ** 2, axis=1) + np.sum((u * w) ** 2, axis=1)
 
 
 def _symmetric(rng: np.random.Generator, p: int, sd: float) -> np.ndarray:
@@ -248,10 +276,11 @@ def private_newton(theta: np.ndarray, sums_at: Callable[[np.ndarray], tuple[np.n
     first[idx] = np.abs(step0) / np.sqrt(np.diag(c))
     smallest = float(np.linalg.eigvalsh(_psd(h1[np.ix_(idx, idx)], sd["hessian_1"])).min())
     ratio = np.diag(noise) / np.maximum(np.diag(sampling), 1e-300)
-    noise_cov = np.full((p, p), np.nan)
+    noise_cov, bread = np.full((p, p), np.nan), np.full((p, p), np.nan)
     noise_cov[np.ix_(idx, idx)] = (noise + noise.T) / 2.0
+    bread[np.ix_(idx, idx)] = (h_inv + h_inv.T) / 2.0
     return NewtonFit(est, cov, informative, first, sd, ratio, 2.0 * sd["hessian_1"] * math.sqrt(idx.size) / smallest,
-                     noise_cov)
+                     noise_cov, bread)
 
 
 def release_noise_multiplier(accountant: PrivacyAccountant, *, delta: float, accountant_name: str, rtol: float,

@@ -54,7 +54,6 @@ import difflib
 import inspect
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -537,11 +536,13 @@ class _NewtonIntervals:
         from a parameter whose noisy curvature carried no information gets no standard error."""
         fit = self.newton_fit_
         if fit is None:
-            self.bse_, self.intervals_claimed_ = None, False
+            self.bse_, self.intervals_claimed_, self.interval_dof_ = None, False, None
             self.interval_check_ = "no intervals: interval_share=0 (DP-SGD's estimate only)"
             self._term_ok = np.zeros(a.shape[0], dtype=bool)
             return
         self._term_ok = ~np.any((np.abs(a) > 0) & ~fit.informative[None, :], axis=1)
+        #: per term, the degrees of freedom of its noisy variance (the t interval's; conf_int)
+        self.interval_dof_ = pd.Series(fit.degrees_of_freedom(a), index=self._term_names(), name="dof")
         cov = np.where(np.isfinite(fit.covariance), fit.covariance, 0.0)
         se = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", a, cov, a), 0.0))
         self.bse_ = pd.Series(np.where(self._term_ok, se, np.nan), index=self._term_names(), name="std err")
@@ -573,9 +574,10 @@ class _NewtonIntervals:
 
     # ------------------------------------------------------------------ the intervals
     def conf_int(self, alpha: float = 0.05) -> pd.DataFrame:
-        """The (1 - alpha) normal intervals of the intercept and the coefficients, in the units of
-        X (and y): a DataFrame with columns ``lower``, ``upper`` (NaN for a term without
-        information), like statsmodels' ``conf_int``. Check ``intervals_claimed_`` before using them."""
+        """The (1 - alpha) intervals of the intercept and the coefficients, in the units of X (and
+        y): Student's t with the noisy variance's degrees of freedom; a DataFrame with columns
+        ``lower``, ``upper`` (NaN for a term without information), like statsmodels' ``conf_int``.
+        Check ``intervals_claimed_`` before using them."""
         check_is_fitted(self, "model_")
         alpha = real("alpha", alpha, "must be a number in (0, 1)", lo=0, hi=1, lo_open=True, hi_open=True)
         if self.newton_fit_ is not None and not self.intervals_claimed_:
@@ -587,9 +589,11 @@ class _NewtonIntervals:
             raise DPTrainError(f"{type(self).__name__}.conf_int: no intervals were computed: interval_share="
                                f"{self.interval_share!r}; allowed: fit with interval_share in (0, 0.9] (e.g. 0.25, "
                                "the default: that share of epsilon pays for the intervals)")
-        z = NormalDist().inv_cdf(1.0 - alpha / 2.0)
+        from scipy import stats  # here, not at the top: only intervals need scipy.stats
+
+        q = stats.t.ppf(1.0 - alpha / 2.0, self.interval_dof_.to_numpy())
         est = self._terms()
-        return pd.DataFrame({"lower": est - z * self.bse_.to_numpy(), "upper": est + z * self.bse_.to_numpy()},
+        return pd.DataFrame({"lower": est - q * self.bse_.to_numpy(), "upper": est + q * self.bse_.to_numpy()},
                             index=self._term_names())
 
     def _terms(self) -> np.ndarray:
