@@ -325,21 +325,33 @@ def _sweep_data(run: Path) -> tuple:
     from dptrain.data import load_dataset, schema_from_config
     from dptrain.settings.data import as_source
 
-    config = yaml.safe_load(_config_file(run).read_text()) or {}
     try:
+        config = yaml.safe_load(_config_file(run).read_text()) or {}
         data_cfg = as_source(config.get("data") or {})
         data = load_dataset(data_cfg, seed=int(config.get("seed", 0)))
         schema = schema_from_config(data_cfg)  # the explicit declaration (Adult's ships as a package file)
     except DPTrainError as err:
-        raise SystemExit(f"summarize_sweep.py: cannot load the data of {run} for the diffprivlib comparison ({err}); "
-                         "rerun with --no-diffprivlib to skip it") from None
+        raise SystemExit(_no_comparison(run, str(err))) from None
+    except Exception as err:  # any other failure to read the run's data is one line too
+        raise SystemExit(_no_comparison(run, f"{type(err).__name__}: {err}")) from None
     return data, float(np.sqrt(len(schema.numeric) + len(schema.categorical)))
+
+
+def _no_comparison(run: Path, cause: str) -> str:
+    """The one line that says why the diffprivlib comparison cannot be made, and the way out."""
+    cause = " ".join(cause.split())  # an exception's own line breaks (OmegaConf's, pandas') stay out of it
+    return (f"summarize_sweep.py: cannot load the data of {run} for the diffprivlib comparison ({cause}); "
+            "rerun with --no-diffprivlib to skip it")
 
 
 def diffprivlib_rows(sweep: Path, table: pd.DataFrame, runs: list[dict]) -> pd.DataFrame:
     """diffprivlib's LogisticRegression at each epsilon of the sweep's private settings, one fit
     per seed of the sweep, on the data of the sweep's first run (same features and split)."""
-    from diffprivlib.models import LogisticRegression
+    try:
+        from diffprivlib.models import LogisticRegression
+    except ImportError as err:  # not installed, or broken by another scikit-learn (pyproject pins both)
+        raise SystemExit(f"summarize_sweep.py: diffprivlib cannot be imported for the comparison ({err}); install "
+                         "the versions pyproject.toml pins or rerun with --no-diffprivlib to skip it") from None
 
     data, norm = _sweep_data(sweep / runs[0]["run"])
     seeds = sorted({int(r["seed"]) for r in runs if r["seed"] is not None}) or [0]
@@ -425,6 +437,15 @@ def write_public(out: Path, runs: list[dict], sweep: Path, *, metric: str) -> pd
     return table
 
 
+def counts(runs: list[dict], table: pd.DataFrame) -> str:
+    """How many runs, settings (rows of the DP-SGD table, diffprivlib's rows not among them) and seeds
+    per setting: ``"8 runs, 4 settings, 2 seeds each"``."""
+    per = sorted({int(n) for n in table["n_seeds"]}) if len(table) else [0]
+    seeds = f"{per[0]}" if len(per) == 1 else f"{per[0]}-{per[-1]}"
+    return (f"{len(runs)} run{'s' * (len(runs) != 1)}, {len(table)} setting{'s' * (len(table) != 1)}, "
+            f"{seeds} seed{'s' * (per[-1] != 1)} each")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("multirun_dir", type=Path)
@@ -447,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     private = write_private(out, runs, sweep, metric=args.metric, diffprivlib=not args.no_diffprivlib)
     public = write_public(out, runs, sweep, metric=args.metric)
     extra = " and diffprivlib's fits" if private.attrs.get("diffprivlib") else ""
-    print(f"{len(runs)} runs, {len(public)} settings: publishable summary and {MANIFEST} in {out}; "
+    print(f"{counts(runs, public)}: publishable summary and {MANIFEST} in {out}; "
           f"the summary computed from private rows{extra} in {out / PRIVATE_DIR} (keep with the data)")
     print(CAVEAT)
     return 0

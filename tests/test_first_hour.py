@@ -459,3 +459,25 @@ def test_round2_item9_a_refused_run_leaves_no_run_folder(tmp_path):
                           f"hydra.run.dir={mine}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 2
     assert (mine / "notes.txt").read_text() == "the user's own file\n"
+
+
+@pytest.mark.parametrize("preset", ["logit", "multiclass"])
+def test_round2_item5_the_console_shows_a_short_summary_and_the_table_goes_to_its_files(preset, tmp_path):
+    """experiment=logit printed 122 lines (109 of them the coefficient table), multiclass 509:
+    now at most 12, without a module or clock prefix on INFO lines; the table is in
+    coefficients.csv, privacy.txt and the private log."""
+    run = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "dptrain", f"experiment={preset}", f"hydra.run.dir={run}"],
+                         cwd=tmp_path, capture_output=True, timeout=300,
+                         env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    # bytes, as a terminal shows them: a progress bar's updates (carriage returns) are one line
+    lines = (out.stdout + out.stderr).decode().strip("\n").split("\n")
+    assert len(lines) <= 12, "\n".join(lines)
+    terms = len(pd.read_csv(run / "coefficients.csv"))
+    text = "\n".join(lines)
+    for needle in ("test accuracy:", "privacy: epsilon = ", f"coefficients: {terms} terms", f"outputs in {run}"):
+        assert needle in text, needle
+    assert not any(line.startswith("[INFO]") or re.match(r"\[\d{4}-", line) for line in lines)
+    assert terms > 12 and "coefficients on the original scale" in (run / "private" / "dptrain.log").read_text()
+    assert "coefficients on the original scale" in (run / "privacy.txt").read_text()

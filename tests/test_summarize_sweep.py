@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -243,7 +244,8 @@ def test_readme_sweep_does_not_crash(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(diffprivlib.models, "LogisticRegression", _QuickDPLogit)
     monkeypatch.setattr(_QuickDPLogit, "calls", [])
     assert _load_module().main([str(sweep)]) == 0
-    assert capsys.readouterr().out.startswith("4 runs, 4 settings: ")  # not "4 runs -> 8 settings" (issue 32, 14)
+    # not "4 runs -> 8 settings" (issue 32, 14)
+    assert capsys.readouterr().out.startswith("4 runs, 4 settings, 1 seed each: ")
     calls = _QuickDPLogit.calls
     assert [c["epsilon"] for c in calls] == [1, 2, 4, 8]  # one fit per epsilon of the sweep, one seed
     assert [c["data_norm"] for c in calls] == [pytest.approx(math.sqrt(5 + 8))] * 4  # Adult: 5 numeric, 8 categorical
@@ -283,3 +285,87 @@ def test_unloadable_data_is_one_line(tmp_path):
     message = str(err.value.code)
     assert "\n" not in message and str(run) in message
     assert "data.path=None is not allowed" in message and message.endswith("rerun with --no-diffprivlib to skip it")
+
+
+def test_unloadable_data_other_causes_are_one_line(tmp_path, monkeypatch):
+    """Failures other than dptrain's own refusals (a malformed saved config, diffprivlib that does not
+    import) are one line naming the run or diffprivlib, the cause and --no-diffprivlib, too."""
+    sweep = tmp_path / "multirun"
+    run = _write_run(sweep, target_eps=1, seed=0, eps=1.0, acc=0.8, loss=0.4, auc=0.9)
+    (run / ".hydra" / "config.yaml").write_text("seed: abc\ndata:\n  name: synthetic\n")
+    with pytest.raises(SystemExit) as err:
+        _load_module().main([str(sweep)])
+    message = str(err.value.code)
+    assert "\n" not in message and str(run) in message and "ValueError: invalid literal for int()" in message
+    assert message.endswith("rerun with --no-diffprivlib to skip it")
+
+    monkeypatch.setitem(sys.modules, "diffprivlib.models", None)  # its import now raises ImportError
+    with pytest.raises(SystemExit) as err:
+        _load_module().main([str(sweep)])
+    message = str(err.value.code)
+    assert "\n" not in message and "diffprivlib cannot be imported" in message and "--no-diffprivlib" in message
+
+
+def test_counts_runs_settings_and_seeds(tmp_path, monkeypatch, capsys):
+    """issue 32, item 14: the summary said "2 runs -> 4 settings" for two runs, counting diffprivlib's
+    rows as settings. It counts runs, settings (the DP-SGD table's rows) and seeds per setting."""
+    import diffprivlib.models
+
+    monkeypatch.setattr(diffprivlib.models, "LogisticRegression", _QuickDPLogit)
+    monkeypatch.setattr(_QuickDPLogit, "calls", [])
+    sweep = tmp_path / "multirun"
+    _write_run(sweep, target_eps=0.5, seed=0, eps=0.49, acc=0.70, loss=0.60, auc=0.80)
+    _write_run(sweep, target_eps=2, seed=0, eps=1.98, acc=0.80, loss=0.40, auc=0.90)
+    mod = _load_module()
+    assert mod.main([str(sweep)]) == 0
+    assert capsys.readouterr().out.startswith("2 runs, 2 settings, 1 seed each: ")
+    assert len(_QuickDPLogit.calls) == 2 and len(pd.read_csv(sweep / "private" / "summary.csv")) == 4
+
+    _write_run(sweep, target_eps=0.5, seed=1, eps=0.51, acc=0.74, loss=0.50, auc=0.84)
+    _write_run(sweep, target_eps=2, seed=1, eps=2.00, acc=0.84, loss=0.44, auc=0.86)
+    assert mod.main([str(sweep), "--no-diffprivlib"]) == 0
+    assert capsys.readouterr().out.startswith("4 runs, 2 settings, 2 seeds each: ")
+    _write_run(sweep, target_eps=2, seed=2, eps=2.01, acc=0.83, loss=0.45, auc=0.87)
+    assert mod.main([str(sweep), "--no-diffprivlib"]) == 0
+    assert capsys.readouterr().out.startswith("5 runs, 2 settings, 2-3 seeds each: ")
+
+
+README_SWEEP = ["-m", "experiment=logit", "privacy.noise_multiplier=0.5,1,2,4"]  # the README's sweep, as written
+
+
+def test_readme_sweep_as_written(tmp_path):
+    """issue 32, item 3: the README's sweep (`python -m dptrain -m experiment=logit
+    privacy.noise_multiplier=0.5,1,2,4`, from a fresh folder), then the README's summary command on its
+    multirun/<date>/<time> folder: exit 0 (the old script stopped with a 40-line OmegaConf traceback on
+    Adult's data.target: null), one row per sigma with epsilon increasing as sigma decreases, and
+    diffprivlib's rows at the same epsilons in private/ only (15-20 s on 2 cores)."""
+    try:
+        import diffprivlib.models  # noqa: F401
+        dpl_args = []
+    except ImportError:  # a dependency of the package; without it the comparison is left out by hand
+        dpl_args = ["--no-diffprivlib"]
+    run = subprocess.run([sys.executable, "-m", "dptrain", *README_SWEEP], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    (sweep,) = (tmp_path / "multirun").glob("*/*")
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(sweep.relative_to(tmp_path)), *dpl_args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout.startswith("4 runs, 4 settings, 1 seed each: ")  # diffprivlib's rows are no settings
+
+    for folder in (sweep, sweep / "private"):
+        table = pd.read_csv(folder / "summary.csv")
+        dpsgd = table[table.model == "logit"].sort_values("noise_multiplier", ascending=False)
+        assert len(dpsgd) == 4 and dpsgd["privacy.noise_multiplier"].tolist() == [4, 2, 1, 0.5]
+        assert dpsgd["noise_multiplier"].tolist() == [4, 2, 1, 0.5] and dpsgd["n_seeds"].tolist() == [1] * 4
+        assert dpsgd["epsilon"].is_monotonic_increasing and dpsgd["epsilon"].nunique() == 4
+        assert dpsgd["test/acc_mean"].between(0.75, 1).all()  # Adult's test file is public: also at the top
+    assert "diffprivlib" not in " ".join(pd.read_csv(sweep / "summary.csv").model)
+    dpl = table[table.model == "diffprivlib LogisticRegression"]
+    if dpl_args:
+        assert dpl.empty
+    else:
+        assert sorted(dpl["epsilon"]) == pytest.approx(sorted(dpsgd["epsilon"]), rel=1e-5)
+        assert dpl["test/acc_mean"].between(0.5, 1).all() and (dpl["n_seeds"] == 1).all()
+        assert "diffprivlib" in (sweep / "private" / "FILES.txt").read_text()

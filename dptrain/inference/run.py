@@ -179,7 +179,7 @@ def estimator_report(conf: Any, result: Any, report: dict[str, Any], section: di
     out.update(ESTIMATORS.get(est.name).report(conf, result, eps=eps, delta=delta, accountant=acc,
                                                guarantee=report["guarantee"]))
     if not out.get("validity_check", {"claimed": True})["claimed"]:
-        log.warning("estimator=%s: %s", est.name, out["validity_check"]["why"])
+        log.warning("intervals NOT CLAIMED (estimator=%s): %s", est.name, out["validity_check"]["why"])
     if section is not None:
         out["table"] = section["text"]
     return out
@@ -402,7 +402,8 @@ def newton_refit(conf: Any, data: Any, result: Any, *, launch: Any) -> Any:
         result.metrics.update({f"test/{k}": v for k, v in test.items()})
     result.inference = {"newton": fit_, "noise_multiplier": sigma, "kind": kind, "radius_sq": radius2(enc)}
     log.info("dpsgd: two private Newton steps (interval share %g, noise multiplier %.6g): intervals %s: %s",
-             conf.estimator.interval_share, sigma, "CLAIMED" if claimed else "NOT CLAIMED", why)
+             conf.estimator.interval_share, sigma, "CLAIMED" if claimed else "NOT CLAIMED", why,
+             extra={"console": False})  # the console's warning or summary line says it once
     return result
 
 

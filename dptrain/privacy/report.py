@@ -320,8 +320,36 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: a coefficient table of at most this many terms is shown on the console; a longer one is in
+#: coefficients.csv, privacy.txt and the private log only
+CONSOLE_TERMS = 4
+
+
+def coefficient_lines(estimator: dict[str, Any], run_dir: Any) -> list[str]:
+    """The console's view of the coefficient table: one line saying where it is, how many terms
+    and whether its intervals are claimed, then each term when there are at most
+    :data:`CONSOLE_TERMS` (the whole table is in coefficients.csv and privacy.txt)."""
+    table = estimator.get("coefficients_table")
+    if not table:
+        return []
+    terms = list(table["term"])
+    claimed = any(bool(c) for c in table.get("claimed", []))
+    intervals = "intervals CLAIMED" if claimed else (
+        "estimates only: intervals NOT CLAIMED" if estimator.get("validity_check") else "no intervals")
+    lines = [f"coefficients: {len(terms)} terms, {intervals} -> {run_dir}/coefficients.csv"]
+    if len(terms) > CONSOLE_TERMS:
+        return lines
+    width = max(len(t) for t in terms)
+    for k, term in enumerate(terms):
+        lo, hi = table["ci_lower"][k], table["ci_upper"][k]
+        interval = f"   [{lo:.4g}, {hi:.4g}]" if lo is not None and hi is not None and lo == lo else ""
+        lines.append(f"  {term:<{width}}  {table['estimate'][k]:.4g}{interval}")
+    return lines
+
+
 def summary_lines(result: Any, report: dict[str, Any], *, dist_ctx: Any, run_dir: Any) -> list[str]:
-    """What a finished training run prints."""
+    """What a finished training run prints (the console: a short summary; the coefficient table
+    in full goes to the private log, privacy.txt and coefficients.csv)."""
     m = result.metrics
     lines = ["   ".join(f"test {k.split('/', 1)[1] if k != 'test/acc' else 'accuracy'}: {v:.4f}"
                         .replace("test auc", "test AUC") for k, v in m.items() if k.startswith("test/"))]
@@ -347,8 +375,7 @@ def summary_lines(result: Any, report: dict[str, Any], *, dist_ctx: Any, run_dir
     if dist_ctx is not None:
         lines.append(f"distributed: {dist_ctx.world_size} processes ({dist_ctx.backend}); noise added once per "
                      "step on rank 0; only rank 0 wrote these outputs")
-    if report.get("estimator", {}).get("table"):
-        lines += report["estimator"]["table"].splitlines()
+    lines += coefficient_lines(report.get("estimator", {}), run_dir)
     lines.append(f"train loop: {m['time/train_seconds']:.1f} s for {m['train/steps']} steps; outputs in {run_dir} "
                  "(FILES.txt says which files may be published)")
     return lines

@@ -66,6 +66,16 @@ def private_log_handler(filename: str, mode: str = "a", encoding: str = "utf-8")
     return logging.FileHandler(filename, mode=mode, encoding=encoding)
 
 
+class ConsoleFormatter(logging.Formatter):
+    """The console's format (conf/hydra/job_logging/dptrain.yaml): an INFO line is its message;
+    a warning or an error is prefixed by its level. No clock (a search's first and last lines
+    would publish its duration) and no module name."""
+
+    def format(self, record) -> str:
+        text = super().format(record)
+        return text if record.levelno == logging.INFO else f"[{record.levelname}] {text}"
+
+
 class ConsoleFilter:
     """Logging filter of the console handler (conf/hydra/job_logging/dptrain.yaml): records
     logged with ``extra={"console": False}`` go to the private log file only (an error the

@@ -245,7 +245,7 @@ def _curve(privacy: Any, curves: CurveConfig | None, *, sigma: float, q: float, 
                                                                     end=steps, log_every=curves.log_every))
     k = releases_between(0, steps, curves.log_every)
     log.info("dp/ curve: sigma_c=%.6g, L=%g (%s), %d planned releases, budget share %g", sigma_c,
-             curves.loss_bound, curves.loss_bound_source, k, curves.budget_share)
+             curves.loss_bound, curves.loss_bound_source, k, curves.budget_share, extra={"console": False})
     return CurveMechanism(noise_multiplier=sigma_c, loss_bound=curves.loss_bound, log_every=curves.log_every,
                           budget_share=curves.budget_share, loss_bound_source=curves.loss_bound_source,
                           planned_releases=k)
