@@ -2,14 +2,16 @@
 
     python scripts/tb_screenshot.py LOGDIR --out PATH.png [--tags REGEX] [--runs REGEX]
         [--view scalars|timeseries] [--port N] [--width W --height H] [--smoothing S]
+        [--retries N] [--min-hues N]
 
 Starts ``tensorboard --logdir LOGDIR --host 127.0.0.1 --port N`` (N: a free port unless given),
 waits until it answers HTTP and lists runs, checks that some run has a scalar tag matching
 --tags (and a name matching --runs), runs ``chromium --headless --screenshot`` on the dashboard
 and stops TensorBoard again whatever happens. The PNG is then decoded and refused (exit status
-1, the file left in place to look at) if it is blank or holds too few colours to contain any
-chart lines; before giving up the shot is retaken --retries times (default 1) with twice the
-virtual-time budget.
+1, the file left in place to look at) if it is blank or shows lines in fewer than --min-hues
+colours (default 2; 1 for a single run) across the page (see check_png); before giving up the
+shot is retaken --retries times (default 1) in a fresh browser, with twice the virtual-time
+budget each time (at most one virtual hour: virtual time costs little wall time).
 
 Views:
 
@@ -19,8 +21,11 @@ Views:
   colour legend.
 * ``timeseries``: the TIME SERIES tab, with ``forceSVG=true``. By default that tab draws its
   line charts with WebGL, which comes out as empty chart cards in headless Chromium; the SVG
-  renderer draws them. Its cards are laid out lazily and, once in our tries (with a run
-  filter), still came out empty; hence ``scalars`` is the default.
+  renderer draws them. Its cards are made lazily, when an IntersectionObserver reports them
+  on screen, and in headless Chromium 150 that report never came in 21 shots of 53 here,
+  whatever the budget: the card stays empty (the run table's colour dots drawn, no lines). The
+  check refuses such a shot, so give this view a few --retries; hence ``scalars`` (drawn in
+  every try here) is the default.
 
 Both are driven by URL parameters only (no DevTools protocol): smoothing, tag filter, run
 filter, light mode. Chromium is found on PATH (chromium, chromium-browser, google-chrome) or
@@ -48,6 +53,8 @@ from urllib.parse import quote
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 VIEWS = ("scalars", "timeseries")
 HEADER_CSS_PX = 64  # TensorBoard's orange top bar, excluded from the colour check
+LINE_SPAN_PX = 100  # columns a colour must cover to count as a chart line (see check_png)
+MAX_BUDGET_MS = 3_600_000  # the retries' doubling of --budget-ms stops at one virtual hour
 
 
 class ScreenshotError(RuntimeError):
@@ -79,14 +86,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--retries", type=int, default=1,
-        help="shots to retake (with twice the budget) when the check finds no charts",
+        help="shots to retake (with twice the budget) when the check finds no chart lines",
     )
     p.add_argument(
         "--chromium-timeout", type=float, default=120.0, help="wall-clock limit for Chromium"
     )
+    p.add_argument(
+        "--min-hues", type=int, default=2,
+        help="colours of chart lines the shot must show (1 for a single run)",
+    )
     args = p.parse_args(argv)
-    if args.retries < 0 or args.budget_ms <= 0:
-        p.error("--retries must be >= 0 and --budget-ms > 0")
+    if args.retries < 0 or args.budget_ms <= 0 or args.min_hues < 1:
+        p.error("--retries must be >= 0, --budget-ms > 0 and --min-hues >= 1")
     if not 0 <= args.port <= 65535:
         p.error(f"--port must be 0..65535, got {args.port}")
     if args.width < 200 or args.height < 200:
@@ -157,6 +168,8 @@ def chromium_command(chromium: str, url: str, out: Path, width: int, height: int
         "--headless",
         "--no-sandbox",
         "--disable-gpu",
+        # Shared memory in the profile's folder, not /dev/shm (64 MB in a default container).
+        "--disable-dev-shm-usage",
         "--disable-background-networking",
         "--disable-extensions",
         "--disable-sync",
@@ -239,17 +252,21 @@ def matching_scalars(tags_by_run: dict, tags: str, runs: str) -> dict[str, list[
 
 
 def check_png(path: Path, *, min_content_fraction: float = 0.01, min_hues: int = 2,
-              header_px: int = HEADER_CSS_PX) -> dict:
-    """Decode the PNG and refuse a blank one or one without chart colours.
+              header_px: int = HEADER_CSS_PX, min_span_px: int = LINE_SPAN_PX) -> dict:
+    """Decode the PNG and refuse a blank one or one without chart lines.
 
     Blank: fewer than ``min_content_fraction`` of the pixels differ from the most common
-    (background) colour. Chart colours: below the top ``header_px`` rows, saturated pixels
-    (HSV saturation > 0.35, value > 0.25) must fall into at least ``min_hues`` of 24 hue bins
-    (15 degrees each) with 0.02 % of the pixels each; a page that shows only text, grey chart
-    frames and the orange theme has one. A heuristic: it catches blank, error and no-data pages
-    and empty charts with no run colours on screen, but not empty charts next to a coloured
-    run legend (the SCALARS tab colours its run check boxes, the TIME SERIES run table shows
-    colour dots when it is wide enough). Returns the measured numbers."""
+    (background) colour. Chart lines: below the top ``header_px`` rows, saturated pixels
+    (HSV saturation > 0.35, value > 0.25) are sorted into 24 hue bins (15 degrees each); a bin
+    counts as a line colour when it holds 0.02 % of the pixels and they cover at least
+    ``min_span_px`` columns (at most half the width), and ``min_hues`` bins must count. A run's
+    line crosses the plot (a few hundred columns); its legend dot, check box or table dot, the
+    orange check boxes and slider knobs cover a few dozen, so an empty chart card next to a
+    coloured run legend (the TIME SERIES tab's empty cards) is refused. A heuristic: it catches
+    blank, error and no-data pages and undrawn charts; it cannot tell one run's line from a
+    smoothing slider dragged far right (orange track), so one run needs ``min_hues=1`` and the
+    slider can stand in for one line colour. Returns the measured numbers ("hues": the line
+    colours counted)."""
     import numpy as np
     from matplotlib import image as mpimg
     from matplotlib.colors import rgb_to_hsv
@@ -282,21 +299,24 @@ def check_png(path: Path, *, min_content_fraction: float = 0.01, min_hues: int =
             f"{path} looks blank: {content_fraction:.2%} of its pixels differ from the "
             f"background colour {stats['background']} (need {min_content_fraction:.0%})"
         )
-    body = rgb[min(header_px, h - 1):].reshape(-1, 3) / 255.0
-    hsv = rgb_to_hsv(body)
-    colourful = hsv[(hsv[:, 1] > 0.35) & (hsv[:, 2] > 0.25)]
+    hsv = rgb_to_hsv(rgb[min(header_px, h - 1):] / 255.0)
+    colourful = (hsv[..., 1] > 0.35) & (hsv[..., 2] > 0.25)
     # 24 bins of 15 degrees, shifted so that TensorBoard's theme orange (#f57c00, 30.4 deg)
     # sits in the middle of one bin instead of on an edge.
-    hue_deg = colourful[:, 0] * 360.0 + 7.5
-    hue_bins = np.bincount((hue_deg // 15).astype(np.int64) % 24, minlength=24)
-    min_pixels = max(1, int(0.0002 * body.shape[0]))
-    hues = int(np.sum(hue_bins >= min_pixels))
+    hue_bin = ((hsv[..., 0] * 360.0 + 7.5) // 15).astype(np.int64) % 24
+    min_pixels = max(1, int(0.0002 * colourful.size))
+    min_span = max(1, min(min_span_px, w // 2))
+    hues = 0
+    for b in np.unique(hue_bin[colourful]):
+        in_bin = colourful & (hue_bin == b)
+        if in_bin.sum() >= min_pixels and np.count_nonzero(in_bin.any(axis=0)) >= min_span:
+            hues += 1
     stats["hues"] = hues
     if hues < min_hues:
         raise ScreenshotError(
-            f"{path} shows no chart lines: its coloured pixels fall into {hues} hue bin(s) "
-            f"(need {min_hues}); the charts were probably not drawn (try a longer --budget-ms, "
-            "another --view, or check --tags/--runs)"
+            f"{path} shows no chart lines: {hues} colour(s) cover {min_span} columns or more "
+            f"(need {min_hues}); the charts were probably not drawn (try more --retries, "
+            "--view scalars, or check --tags/--runs; one run: --min-hues 1)"
         )
     return stats
 
@@ -372,12 +392,12 @@ def take_screenshot(args: argparse.Namespace) -> dict:
                                                budget, str(Path(tmp) / f"profile{attempt}")),
                               out, args.chromium_timeout)
                 try:
-                    stats = check_png(out)
+                    stats = check_png(out, min_hues=args.min_hues)
                     break
                 except ScreenshotError as err:
                     if attempt == args.retries:
                         raise
-                    budget *= 2
+                    budget = min(2 * budget, max(budget, MAX_BUDGET_MS))
                     print(f"tb_screenshot: {err}; retrying with --virtual-time-budget={budget}",
                           file=sys.stderr)
         finally:
@@ -396,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"wrote {args.out} ({stats['width']}x{stats['height']}, "
         f"{args.out.stat().st_size / 1024:.0f} KB): {stats['runs']} runs x tags "
-        f"{', '.join(stats['tags'])}; {stats['hues']} hue bins, "
+        f"{', '.join(stats['tags'])}; lines in {stats['hues']} colours, "
         f"{stats['content_fraction']:.0%} non-background pixels\nURL: {stats['url']}"
     )
     return 0

@@ -1,7 +1,13 @@
 """scripts/tb_screenshot.py: argument parsing, URL building, run/tag matching and the PNG check.
 
 The end-to-end test (TensorBoard + headless Chromium) is marked slow and skipped without
-Chromium on PATH."""
+Chromium on PATH (.ci/run installs Debian's chromium). It keeps the pictures it took in
+.ci/artifacts/tensorboard_{scalars,timeseries}.png (ignored by git, left behind by CI).
+docs/img/tensorboard_scalars.png, linked from the README, is a copy of the first; to retake it:
+
+    python -m pytest -m slow tests/test_tb_screenshot.py -k end_to_end
+    cp .ci/artifacts/tensorboard_scalars.png docs/img/
+"""
 
 from __future__ import annotations
 
@@ -17,6 +23,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "tb_screenshot.py"
+ARTIFACTS = ROOT / ".ci" / "artifacts"
+DOCS_IMG = ROOT / "docs" / "img" / "tensorboard_scalars.png"
+SHOT_SIZE = (1000, 700)  # width, height of the end-to-end shots and the docs picture
 
 
 def _load_module():
@@ -36,15 +45,18 @@ def _save_png(path: Path, rgb: np.ndarray) -> Path:
     return path
 
 
-def _chart_like(h: int = 300, w: int = 400) -> np.ndarray:
-    """White page, grey text-ish block and axis, and four coloured polylines."""
+LINE_COLOURS = ((31, 119, 180), (220, 40, 40), (40, 160, 60), (150, 60, 200))
+
+
+def _chart_like(h: int = 300, w: int = 400, colours=LINE_COLOURS) -> np.ndarray:
+    """White page, grey text-ish block and axis, and a coloured polyline per colour."""
     img = np.full((h, w, 3), 255, dtype=np.uint8)
     img[:64] = (245, 124, 0)  # orange header, ignored by the colour check
     img[80:90, 20:200] = (60, 60, 60)
     img[100:280, 50] = (120, 120, 120)
     img[279, 50:380] = (120, 120, 120)
     xs = np.arange(60, 380)
-    for k, colour in enumerate([(31, 119, 180), (220, 40, 40), (40, 160, 60), (150, 60, 200)]):
+    for k, colour in enumerate(colours):
         ys = (200 - 60 * np.sin(xs / 40 + k) - 10 * k).astype(int)
         for dy in range(3):
             img[ys + dy, xs] = colour
@@ -56,6 +68,7 @@ def test_parse_args_defaults_and_options(tmp_path):
     assert args.logdir == tmp_path and args.out == tmp_path / "s.png"
     assert (args.view, args.port, args.width, args.height) == ("scalars", 0, 1400, 900)
     assert (args.tags, args.runs, args.smoothing, args.retries) == ("", "", 0.0, 1)
+    assert args.min_hues == 2
     args = tbs.parse_args(
         ["logs", "--out", "a.png", "--tags", "^test/acc$", "--runs", "seed=0", "--port", "6111",
          "--width", "1000", "--height", "700", "--view", "timeseries", "--smoothing", "0.5"]
@@ -76,6 +89,7 @@ def test_parse_args_defaults_and_options(tmp_path):
         ["--out", "a.png", "--width", "10"],
         ["--out", "a.png", "--smoothing", "1.5"],
         ["--out", "a.png", "--view", "images"],
+        ["--out", "a.png", "--min-hues", "0"],
     ],
 )
 def test_parse_args_refuses_bad_values(extra, capsys):
@@ -132,7 +146,8 @@ def test_matching_scalars_filters_runs_and_tags():
 def test_chromium_command_has_headless_screenshot_flags(tmp_path):
     cmd = tbs.chromium_command("/usr/bin/chromium", "http://x/", tmp_path / "o.png", 800, 600,
                                5000, str(tmp_path / "p"))
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking",
                  "--window-size=800,600", "--virtual-time-budget=5000",
                  f"--screenshot={tmp_path / 'o.png'}"):
         assert flag in cmd
@@ -163,6 +178,26 @@ def test_check_png_refuses_page_without_chart_lines(tmp_path):
         tbs.check_png(_save_png(tmp_path / "empty_chart.png", img))
 
 
+def test_check_png_refuses_empty_chart_next_to_coloured_legend(tmp_path):
+    """The TIME SERIES tab's undrawn card: grey frame, run table with colour dots, no lines."""
+    img = np.full((300, 400, 3), 255, dtype=np.uint8)
+    img[:64] = (245, 124, 0)
+    img[100:280, 150] = img[279, 150:380] = (120, 120, 120)  # empty axes
+    for k, colour in enumerate([(66, 80, 102), (18, 181, 203), (229, 37, 146), (124, 179, 66)]):
+        img[100 + 30 * k:112 + 30 * k, 20:32] = colour  # a dot per run in the legend ...
+        img[100 + 30 * k:108 + 30 * k, 60:68] = colour  # ... and in the card's data table
+    img[95:110, 10:15] = img[150:160, 300:340] = (245, 124, 0)  # check box, slider knob
+    with pytest.raises(tbs.ScreenshotError, match="no chart lines"):
+        tbs.check_png(_save_png(tmp_path / "legend_only.png", img))
+
+
+def test_check_png_min_hues_one_accepts_a_single_run(tmp_path):
+    path = _save_png(tmp_path / "one.png", _chart_like(colours=LINE_COLOURS[:1]))
+    with pytest.raises(tbs.ScreenshotError, match="no chart lines"):
+        tbs.check_png(path)
+    assert tbs.check_png(path, min_hues=1)["hues"] == 1
+
+
 def test_check_png_refuses_missing_and_corrupt(tmp_path):
     with pytest.raises(tbs.ScreenshotError, match="no screenshot"):
         tbs.check_png(tmp_path / "missing.png")
@@ -188,20 +223,50 @@ def _write_events(logdir: Path) -> None:
         w.close()
 
 
+def _assert_tensorboard_chart(path: Path) -> dict:
+    """A light-mode TensorBoard page of SHOT_SIZE with chart lines in 2 colours or more."""
+    stats = tbs.check_png(path, min_hues=2)
+    assert (stats["width"], stats["height"]) == SHOT_SIZE
+    assert stats["background"] == "#ffffff"  # darkMode=false
+    assert 0.05 < stats["content_fraction"] < 0.9 and stats["colours"] > 100
+    from matplotlib import image as mpimg
+
+    top = np.round(mpimg.imread(str(path))[:56, :, :3] * 255).astype(int)
+    orange = np.all(top == (0xF5, 0x7C, 0x00), axis=-1).mean()
+    assert orange > 0.6, f"top bar is {orange:.0%} TensorBoard orange"
+    return stats
+
+
+def test_docs_image_is_a_tensorboard_chart():
+    """The README's picture (a copy of the end-to-end test's scalars shot) shows chart lines."""
+    _assert_tensorboard_chart(DOCS_IMG)
+    assert DOCS_IMG.stat().st_size < 200_000
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
-    not any(shutil.which(n) for n in tbs.CHROMIUM_NAMES), reason="no Chromium on PATH"
+    not any(shutil.which(n) for n in tbs.CHROMIUM_NAMES),
+    reason=f"no Chromium on PATH ({', '.join(tbs.CHROMIUM_NAMES)}); Debian: apt-get install "
+    "chromium (.ci/run does when apt-get works)",
 )
 @pytest.mark.parametrize("view", ["scalars", "timeseries"])
 def test_end_to_end_screenshot(tmp_path, view):
+    """Real TensorBoard and headless Chromium; the shot is kept in .ci/artifacts/.
+
+    3 runs, filter ^test/acc$; lines in 2 colours at least (the SCALARS palette puts two of
+    its three run colours in one hue bin). No wall-clock waits: the script polls TensorBoard
+    (up to 300 s) and retakes a shot without chart lines in a fresh browser, 9 times (TIME
+    SERIES left its card empty in 21 shots of 53 here: 0.4^10 = 1e-4 to fail)."""
     _write_events(tmp_path / "logs")
-    out = tmp_path / "shot.png"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    out = ARTIFACTS / f"tensorboard_{view}.png"
     res = subprocess.run(
-        [sys.executable, str(SCRIPT), str(tmp_path / "logs"), "--out", str(out),
-         "--tags", "^test/acc$", "--view", view, "--width", "1000", "--height", "700"],
-        capture_output=True, text=True, timeout=300, check=False,
+        # a relative log folder (cwd tmp_path): the SCALARS tab prints it under the run list
+        [sys.executable, str(SCRIPT), "logs", "--out", str(out), "--tags", "^test/acc$",
+         "--view", view, "--width", str(SHOT_SIZE[0]), "--height", str(SHOT_SIZE[1]),
+         "--retries", "9", "--startup-timeout", "300", "--chromium-timeout", "300"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=3600, check=False,
     )
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 0, res.stdout + res.stderr
     assert "3 runs x tags test/acc" in res.stdout
-    stats = tbs.check_png(out)
-    assert (stats["width"], stats["height"]) == (1000, 700)
+    _assert_tensorboard_chart(out)
