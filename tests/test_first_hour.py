@@ -481,3 +481,32 @@ def test_round2_item5_the_console_shows_a_short_summary_and_the_table_goes_to_it
     assert not any(line.startswith("[INFO]") or re.match(r"\[\d{4}-", line) for line in lines)
     assert terms > 12 and "coefficients on the original scale" in (run / "private" / "dptrain.log").read_text()
     assert "coefficients on the original scale" in (run / "privacy.txt").read_text()
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["trainer.epoch=2"], ["trainer.epoch (did you mean trainer.epochs?)", "not a setting of task=train"]),
+    (["privcy.delta=1e-6"], ["privcy (did you mean privacy?)"]),
+    (["data.path=people.csv"], ["data.path (a key of data=table, not of data=adult"]),
+    (["task=release", "trainer.epochs=3"], ["trainer: not a setting of task=release"]),
+    (["trainer.epochs=three"], ["trainer.epochs=three: 'three' is not a number"]),
+    (["data=tabel"], ["data=tabel (did you mean data=table?)", "allowed: adult,"]),
+    (["-m", "privacy.noise_multiplier=1,2", "trainer.epoch=3"], ["did you mean trainer.epochs?"]),
+])
+def test_round2_item6_a_plain_misspelt_key_gets_dptrains_error_not_hydras(argv, needles, capsys):
+    """Written key=value (no +), these got Hydra's raw 'Could not override ... use +trainer.epoch=2
+    ... HYDRA_FULL_ERROR=1', which suggests the wrong fix; now dptrain's one style, exit 2."""
+    with pytest.raises(SystemExit) as stop:
+        cli.check_composition(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith("dptrain: error: ") and err.count("\n") == 1, err
+    for needle in needles:
+        assert needle in err, err
+    for hydra_words in ("To append to your config", "HYDRA_FULL_ERROR", "full_key", "object_type"):
+        assert hydra_words not in err
+
+
+def test_round2_item6_a_good_command_line_and_hydras_own_flags_pass_the_composition_check(capsys):
+    for argv in (["experiment=logit", "trainer.epochs=2"], ["-m", "privacy.noise_multiplier=0.5,1,2,4"],
+                 ["--cfg", "job", "trainer.epoch=2"], ["hydra.run.dir=/tmp/x", "data=table", "data.path=a.csv"]):
+        cli.check_composition(argv)  # returns: Hydra composes (and, for --cfg, reports) as before
+    assert capsys.readouterr().err == ""
