@@ -510,3 +510,31 @@ def test_round2_item6_a_good_command_line_and_hydras_own_flags_pass_the_composit
                  ["--cfg", "job", "trainer.epoch=2"], ["hydra.run.dir=/tmp/x", "data=table", "data.path=a.csv"]):
         cli.check_composition(argv)  # returns: Hydra composes (and, for --cfg, reports) as before
     assert capsys.readouterr().err == ""
+
+
+def test_round2_item7_a_fixed_sigma_beyond_the_epsilon_limit_is_refused_before_training(tmp_path):
+    """Issue 32, item 7: privacy.noise_multiplier=0.05 trained, then spent 144 s silently in the PLD
+    pass at epsilon ~1,000, while privacy.target_epsilon=1000 is refused as protecting nothing. A
+    fixed sigma whose planned epsilon (DP-SGD and the interval release) passes the same limit is
+    refused the same way, in seconds, and leaves no run folder."""
+    for sigma, total in (("0.05", None), ("0.3", 121.5)):
+        run = tmp_path / f"run{sigma}"
+        out = _cli([f"privacy.noise_multiplier={sigma}", f"hydra.run.dir={run}"], cwd=tmp_path)
+        assert out.returncode == 2, out.stdout[-2000:]
+        assert f"dptrain: error: privacy.noise_multiplier={sigma} is not allowed" in out.stderr
+        assert "above 100, which protects nothing" in out.stderr and "privacy.target_epsilon=E" in out.stderr
+        assert "train loop" not in out.stdout and not run.exists()
+        if total is not None:  # DP-SGD alone is under 100 (91.2): the interval release's share counts
+            planned = float(re.search(r"would be about ([0-9.]+) \(([0-9.]+) for DP-SGD", out.stderr).group(1))
+            assert abs(planned - total) < 1.0
+
+
+def test_round2_item7_a_slow_pld_pass_is_announced(tmp_path, caplog):
+    """At a large epsilon the report's PLD pass takes seconds to a minute: a line says so first."""
+    caplog.set_level(logging.INFO, logger="dptrain")
+    with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*SMALL, "privacy.noise_multiplier=0.6", "trainer.epochs=2"])
+    cli.run(cfg, run_dir=tmp_path / "run")
+    report = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    said = [r.getMessage() for r in caplog.records if "PLD accountant's pass" in r.getMessage()]
+    assert report["epsilons"]["rdp"] > 10 and len(said) == 1, (report["epsilons"], said)

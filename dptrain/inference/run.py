@@ -50,6 +50,7 @@ from dptrain.privacy.events import gaussian_event
 from dptrain.privacy.newton import BOUNDS, private_newton, release_noise_multiplier, statistics
 from dptrain.privacy.randomness import Randomness
 from dptrain.settings.inference import MAX_PARTS
+from dptrain.settings.train import MAX_TARGET_EPSILON
 from dptrain.training.fit import TrainResult, bound_to_rows, build_model, data_spec_from_config, fit, mechanism_for
 
 __all__ = ["ESTIMATORS", "check_estimator", "check_estimator_size", "coefficient_section", "model_is_linear",
@@ -249,7 +250,7 @@ class DPSGD:
             trained = dataclasses.replace(conf, privacy=dataclasses.replace(
                 conf.privacy, target_epsilon=conf.privacy.target_epsilon * (1.0 - share)))
         mechanism = mechanism_for(trained, dataset_size=data.n_train, delta=delta)
-        warn_large_epsilon(conf, mechanism)
+        warn_large_epsilon(conf, mechanism, share=share if reason is None else 0.0)
         result = fit(trained, data, mechanism=mechanism, tracker=tracker, launch=launch)
         if reason is None and conf.privacy.enabled and not mechanism.private:
             reason = "the run adds no noise (no finite epsilon to share)"
@@ -338,14 +339,29 @@ NEWTON_VALIDITY = ("the normal approximation of the two-step estimator: DP-SGD's
 LARGE_EPSILON = 2.0
 
 
-def warn_large_epsilon(conf: Any, mechanism: Any) -> None:
+def warn_large_epsilon(conf: Any, mechanism: Any, *, share: float = 0.0) -> None:
     """Before training: a noise multiplier fixed by a preset or the command line gives a small
     table a far larger epsilon than the preset's (q = B / N grows as N shrinks): say so, with the
-    planned epsilon (public: it depends on the settings and N only) and the setting that fixes it."""
+    planned epsilon (public: it depends on the settings and N only) and the setting that fixes it.
+    A planned epsilon above privacy.target_epsilon's limit (100: it protects nothing) is refused,
+    as that target is: before training, before the slow accounting of a huge epsilon. ``share``:
+    the interval release's share of the run's epsilon (0 without one)."""
     if not conf.privacy.enabled or mechanism.noise_multiplier_source != "config" or not mechanism.private:
         return
-    planned = history_epsilon(mechanism.history_between(0, mechanism.planned_steps), delta=mechanism.delta,
-                              accountant=conf.privacy.accountant)
+    history = mechanism.history_between(0, mechanism.planned_steps)
+    planned = history_epsilon(history, delta=mechanism.delta, accountant="rdp")  # fast; PLD is at most this
+    if planned / (1.0 - share) > MAX_TARGET_EPSILON and conf.privacy.accountant != "rdp":
+        planned = history_epsilon(history, delta=mechanism.delta, accountant=conf.privacy.accountant)
+    whole = planned / (1.0 - share)  # the interval release (a share of the run's epsilon) comes after training
+    if whole > MAX_TARGET_EPSILON:  # as privacy.target_epsilon above the limit: refused before training
+        raise bad("privacy.noise_multiplier", mechanism.noise_multiplier,
+                  f"this run's epsilon would be about {whole:.4g}" + (
+                      f" ({planned:.4g} for DP-SGD, the rest for the coefficient table's intervals)" if share else "")
+                  + f" (q = B/N = {mechanism.sample_rate:.3g} with N = "
+                  f"{mechanism.dataset_size} training rows, {mechanism.planned_steps} steps), above "
+                  f"{MAX_TARGET_EPSILON:g}, which protects nothing (the limit of privacy.target_epsilon); allowed: a "
+                  "larger noise multiplier, privacy.target_epsilon=E (at most "
+                  f"{MAX_TARGET_EPSILON:g}) or privacy.enabled=false (no privacy, said so)")
     if planned > LARGE_EPSILON:
         log.warning("privacy: this run's epsilon will be about %.3g before the coefficient table's release (noise "
                     "multiplier %g fixed by the preset or the command line, q = B/N = %.3g with N = %d training "
