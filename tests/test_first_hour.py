@@ -538,3 +538,23 @@ def test_round2_item7_a_slow_pld_pass_is_announced(tmp_path, caplog):
     report = json.loads((tmp_path / "run" / "privacy.json").read_text())
     said = [r.getMessage() for r in caplog.records if "PLD accountant's pass" in r.getMessage()]
     assert report["epsilons"]["rdp"] > 10 and len(said) == 1, (report["epsilons"], said)
+
+
+def test_round2_item9_overwrite_replaces_the_old_runs_events_and_log(tmp_path):
+    """Issue 32, item 9: overwrite=true kept the old run's TensorBoard events (two runs' curves in
+    one folder) and appended to its log. Now the finished run's files are removed first; a file
+    the run did not write stays."""
+    run = tmp_path / "run"
+    args = [*SMALL, f"hydra.run.dir={run}", "trainer.progress=false"]
+    assert _cli(args, tmp_path).returncode == 0
+    (run / "my_notes.txt").write_text("mine\n")
+    first_events = sorted((run / "private" / "tb").rglob("events.out.tfevents*"))
+    assert len(first_events) >= 1
+    out = _cli([*args, "overwrite=true", "seed=3"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    events = sorted((run / "private" / "tb").rglob("events.out.tfevents*"))
+    assert len(events) == len(first_events), (first_events, events)  # the old run's events are gone
+    log = (run / "private" / "dptrain.log").read_text()
+    assert log.count("engine=") == 1, log  # one run's log, not two
+    assert (run / "my_notes.txt").read_text() == "mine\n"
+    assert "seed: 3" in (run / ".hydra" / "config.yaml").read_text()

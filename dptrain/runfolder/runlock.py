@@ -29,6 +29,7 @@ import socket
 from pathlib import Path
 
 from dptrain.core.errors import DPTrainError
+from dptrain.runfolder.verify import MANIFEST, read_manifest_digests
 
 LOCK_NAME = "private/run.lock"  # under private/: the top holds publishable files only
 
@@ -158,3 +159,24 @@ def took_over_message(lock: RunLock) -> str | None:
         return None
     return (f"run folder {lock.folder}: took over the lock left by {lock.took_over}, which is no longer running "
             "(a crashed or killed run); files it wrote may be incomplete")
+
+
+def clear_finished_run(folder: str | os.PathLike) -> list[str]:
+    """``overwrite=true``: remove what the finished run in ``folder`` wrote, before the new run
+    writes anything (its TensorBoard events and log would otherwise pile up under the new run's):
+    the files FILES.txt vouches for, FILES.txt, ``.hydra/`` and everything under ``private/``
+    except this launch's lock. Files the run did not write (not in FILES.txt, outside
+    ``private/``) stay. Returns what was removed, relative to the folder."""
+    folder = Path(folder)
+    removed = []
+    for name in [*read_manifest_digests(folder), MANIFEST, ".hydra", *(
+            f"private/{p.name}" for p in sorted((folder / "private").glob("*")) if f"private/{p.name}" != LOCK_NAME)]:
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    return removed

@@ -156,6 +156,8 @@ class LaunchChecks(Callback):
             folder = OmegaConf.select(config, "hydra.sweep.dir" if multirun else "hydra.run.dir", default=None)
             if folder is not None and _rank() == 0:  # one writer: taken before Hydra writes .hydra/
                 _lock(Path(str(folder)))
+                if config.get("overwrite", False) is True:
+                    _clear_old_runs(Path(str(folder)), depth=2 if multirun else 0)
         except DPTrainError as err:
             print(f"dptrain: error: {err}", file=sys.stderr)
             raise SystemExit(2) from None
@@ -189,6 +191,18 @@ def run(cfg: DictConfig, *, run_dir: Path, started_ns: int | None = None) -> flo
         if lock is not None:
             lock.release()  # before the stamp: removing the lock file moves private/'s time
             stamp_times(run_dir, started_ns)
+
+
+def _clear_old_runs(folder: Path, *, depth: int) -> None:
+    """``overwrite=true``: the finished run(s) in ``folder`` (a sweep's job folders below it) are
+    removed before Hydra writes the new run's .hydra/ and log (:func:`runlock.clear_finished_run`)."""
+    while (found := _finished_run(folder, depth)) is not None:
+        old = found.parent.parent if found.parent.name == "private" else found.parent
+        removed = runlock.clear_finished_run(old)
+        if not removed or _finished_run(old, 0) is not None:  # nothing left to remove: do not loop
+            break
+        log.info("overwrite=true: removed the finished run in %s (%d entries)", old, len(removed),
+                 extra={"console": False})
 
 
 def _lock(run_dir: Path) -> runlock.RunLock | None:
