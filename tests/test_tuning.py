@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import re
 
 import dp_accounting
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_module
@@ -186,7 +188,7 @@ def test_refusals_name_the_setting_before_any_row_is_read(extra, needle, tmp_pat
     assert not (tmp_path / "privacy.json").exists()
 
 
-def test_readme_tune_command_runs_as_written(tmp_path, monkeypatch):
+def test_readme_tune_command_runs_as_written(tmp_path, monkeypatch, caplog):
     """The README's task=tune command, as written (Adult logit, lr x C, total epsilon 1): one
     report within the target, and a selected model that beats the majority class by far.
 
@@ -198,6 +200,7 @@ def test_readme_tune_command_runs_as_written(tmp_path, monkeypatch):
     from pathlib import Path
 
     monkeypatch.setattr(CandidateLaw, "sample", lambda self, rng: 10)
+    caplog.set_level(logging.INFO, logger="dptrain")
 
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = text[text.index("## Private hyperparameter search (`task=tune`)"):]
@@ -211,6 +214,13 @@ def test_readme_tune_command_runs_as_written(tmp_path, monkeypatch):
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert 0.99 <= report["epsilon"] <= 1.0 and report["delta"] == 1e-5
     assert metrics["test/acc"] > 0.82  # majority class 0.76; the untuned preset ~0.847
+    # issue 32, item 12: the console shows the selected model's test metrics, and a logit's
+    # coefficient table is written (estimates only: the whole budget paid for the search)
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("test accuracy: ") for m in said) and any(m.startswith("coefficients: ") for m in said)
+    table = pd.read_csv(tmp_path / "coefficients.csv")
+    assert len(table) > 100 and table["std_error"].isna().all() and table["method"].str.startswith("task=tune").all()
+    assert "coefficients.csv" in (tmp_path / "FILES.txt").read_text()
 
 
 def test_diverged_candidate_is_not_released_over_a_finite_one(tmp_path, monkeypatch):

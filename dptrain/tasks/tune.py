@@ -54,13 +54,21 @@ from omegaconf import OmegaConf, open_dict
 from dptrain.core.errors import DPTrainError
 from dptrain.core.validation import bad
 from dptrain.data import load_dataset
+from dptrain.inference.run import coefficient_section
 from dptrain.inference.subsample import row_uniform
 from dptrain.models.objectives import build_objective
 from dptrain.privacy.accounting import history_epsilon
 from dptrain.privacy.calibration import Unreachable, smallest_noise
 from dptrain.privacy.dpsgd.mechanism import DPSGDMechanism, planned_steps
 from dptrain.privacy.events import private_search
-from dptrain.privacy.report import NOT_COVERED, build_report, files_section, format_report, noise_sampler_section
+from dptrain.privacy.report import (
+    NOT_COVERED,
+    build_report,
+    files_section,
+    format_report,
+    noise_sampler_section,
+    summary_lines,
+)
 from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json, write_manifest
 from dptrain.settings.command_line import check_known_keys
 from dptrain.settings.train import validate_against_size
@@ -463,6 +471,11 @@ def _guarantee(search: Search, delta_total: float | None = None) -> str:
             "(RDP accountant, dp-accounting RepeatAndSelectDpEvent)")
 
 
+#: coefficients.csv's method column for task=tune (the budget pays for the search, none is left for intervals)
+TUNE_COEFFICIENTS = ("task=tune: the selected model's estimates only (the whole epsilon pays for the search; "
+                     "for intervals, train the selected settings with task=train)")
+
+
 def _write(conf: Any, cfg: Any, *, run_dir: Path, data: Any, best: dict | None, records: list[dict],
            search: Search) -> float:
     """One run folder: the selected model and ONE report covering the search (module docstring)."""
@@ -475,6 +488,13 @@ def _write(conf: Any, cfg: Any, *, run_dir: Path, data: Any, best: dict | None, 
         atomic_write_text(run_dir / "privacy.txt", json.dumps(report, indent=2) + "\n")
         return float("nan")
     report = _report(conf, data, search, best)
+    table = coefficient_section(conf, best["result"], report)  # a linear model: its estimates (no interval)
+    if table is not None:
+        table["frame"]["method"] = TUNE_COEFFICIENTS
+        atomic_write_text(run_dir / "coefficients.csv", table["frame"].to_csv(index=False, float_format="%.10g"))
+        report["files"]["publishable"]["coefficients.csv"] = (
+            "the selected model's coefficients on the original scale (estimates only): a function of the "
+            "released model (covered by the guarantee)")
     m = best["result"].metrics
     public = publishable_metrics(conf, {k: v for k, v in m.items() if not k.startswith(("time/", "baseline/"))},
                                  report)
@@ -491,6 +511,13 @@ def _write(conf: Any, cfg: Any, *, run_dir: Path, data: Any, best: dict | None, 
     files = report["files"]
     write_manifest(run_dir, publishable=files["publishable"], private=files["private"], guarantee=report["guarantee"],
                    report="privacy.json")
-    log.info("tune: selected %s (noisy validation score %.4f); epsilon %.6g for the whole search; outputs in %s",
-             best["settings"], best["score"], search.epsilon, run_dir)
+    log.info("tune: selected %s (noisy validation score %.4f); epsilon %.6g for the whole search",
+             best["settings"], best["score"], search.epsilon)
+    lines = summary_lines(best["result"], {**report, "estimator": {} if table is None else {
+        "coefficients_table": table["frame"].astype(object).where(table["frame"].notna(), None).to_dict(
+            orient="list")}}, dist_ctx=None, run_dir=run_dir)
+    for line in lines:  # the selected model's test metrics, the privacy line, the coefficients, where
+        if not line.startswith(("train loop:", "privacy:")):
+            log.info("%s", line)
+    log.info("outputs in %s (FILES.txt says which files may be published)", run_dir)
     return float(best["score"])
