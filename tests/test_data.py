@@ -654,3 +654,29 @@ def test_labels_stay_aligned_with_features_under_a_random_split(tmp_path, positi
     d = load_dataset(cfg, seed=3)
     for x, y in ((d.x_train, d.y_train), (d.x_test, d.y_test)):
         assert torch.equal((x[:, 0] > 0.5).float(), y)
+
+
+def test_the_hash_split_does_not_change_with_the_feature_set(tmp_path):
+    """Issue 32, item 13: the split was keyed on the declared columns, so a model with 4 features
+    trained on 2,234 rows and one with 2 of them on 2,126: compared on different rows. It is now
+    keyed on the whole raw row (or data.split_key): the same rows whatever the features."""
+    rng = np.random.default_rng(13)
+    n = 3000
+    df = pd.DataFrame({"person_id": np.arange(n), "age": rng.integers(18, 90, n),
+                       "money": rng.integers(0, 10000, n).astype(float), "color": rng.choice(["red", "green"], n),
+                       "label": rng.choice(["yes", "no"], n)})
+    path = write(df, tmp_path / "t.csv")
+    few = {"numeric": {"age": {"lower": 18, "upper": 90}}, "categorical": {}}
+
+    def rows(**over):
+        ds = load_dataset(table_cfg(path, split_column=None, **over), seed=0)
+        return ds.y_train.numel(), sorted(ds.x_train[:, 0].tolist())  # age (scaled), the first feature of both
+
+    wide, narrow = rows(), rows(**few)
+    assert wide == narrow and 0.7 * n < wide[0] < 0.8 * n
+    by_id = rows(split_key=["person_id"]), rows(split_key=["person_id"], **few)
+    assert by_id[0] == by_id[1] and by_id[0] != wide  # another key, another (equally sized) split
+    with pytest.raises(ConfigError, match="data.split_key"):
+        load_dataset(table_cfg(path, split_key=["person_id"]), seed=0)  # with split_column: one of them
+    with pytest.raises(DataError, match="data.split_key"):
+        load_dataset(table_cfg(path, split_column=None, split_key=["nobody"]), seed=0)

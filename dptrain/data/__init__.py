@@ -148,7 +148,7 @@ def _get(obj: Any, name: str, default: Any = None) -> Any:
 
 
 DECLARATION_KEYS = ("target", "positive", "classes", "target_bounds", "numeric", "categorical", "split_column",
-                    "nonfinite", "test_fraction")
+                    "nonfinite", "test_fraction", "split_key")
 
 
 def shipped_schema(key: Any) -> dict[str, Any]:
@@ -168,7 +168,7 @@ def _shipped_declaration(cfg: Any, key: Any) -> dict[str, Any]:
         if _get(cfg, own):
             raise ConfigError(f"data.{own} is not allowed with data.schema={key!r} (the shipped schema "
                               "declares the columns); use data=table to declare your own")
-    out = {"nonfinite": "error", "test_fraction": 0.25, "positive": None, "split_column": None,
+    out = {"nonfinite": "error", "test_fraction": 0.25, "positive": None, "split_column": None, "split_key": None,
            "classes": None, "target_bounds": None, **shipped_schema(key)}
     target, positive = _get(cfg, "target"), _get(cfg, "positive")
     bounds = _get(cfg, "target_bounds")
@@ -192,7 +192,7 @@ def _shipped_declaration(cfg: Any, key: Any) -> dict[str, Any]:
 def declaration(cfg: Any) -> dict[str, Any]:
     """The explicit PUBLIC schema declaration of any data config (a source's dataclass, the
     general ``DataConfig``, a DictConfig or a mapping): target, positive, classes,
-    target_bounds, numeric, categorical, split_column, nonfinite, test_fraction. ``data.schema``
+    target_bounds, numeric, categorical, split_column, nonfinite, test_fraction, split_key. ``data.schema``
     names a shipped schema (Adult's), whose target a run may replace (:func:`_shipped_declaration`);
     synthetic data declares its target ``y`` and each generated column's range."""
     key = _get(cfg, "schema")
@@ -230,7 +230,7 @@ def load_dataset(cfg: Any, *, seed: int) -> Dataset:
         schema = schema_from_config(cfg)
         if _get(cfg, "path"):
             log.warning("data.path is ignored for data.name=adult (the shipped file is used)")
-        df = load_adult_frame(columns=schema.columns)
+        df = load_adult_frame(columns=schema.read_columns)
         return build_dataset(df, schema, seed=seed, source=ADULT_SOURCE, origin="the shipped Adult file")
     if name == "table":
         path = _get(cfg, "path")
@@ -242,7 +242,7 @@ def load_dataset(cfg: Any, *, seed: int) -> Dataset:
         if Path(path).is_dir():  # a partitioned Parquet data set, read whole (dptrain.data.parquet)
             df, kind = read_folder(path, schema, fmt), "parquet"
         else:
-            df = read_table(path, fmt=fmt, columns=schema.columns,  # checks existence first
+            df = read_table(path, fmt=fmt, columns=schema.read_columns,  # checks existence first
                             delimiter=_get(cfg, "delimiter", ",") or ",")
             kind = detect_format(path, fmt)
         source = f"user table {str(path)!r} ({kind}); attribution/licence: as given by the data owner"

@@ -119,11 +119,12 @@ def open_parquet_set(path: str | Path, fmt: str = "auto") -> ParquetSet:
 
 
 def read_rows(pset: ParquetSet, file: int, row_groups: list[int] | None, schema: Schema) -> pd.DataFrame:
-    """The declared columns of ``row_groups`` (None: all) of one file, names stripped."""
+    """The columns :attr:`Schema.read_columns` names (all of them when the hash split is keyed on
+    the whole row) of ``row_groups`` (None: all) of one file, names stripped."""
     import pyarrow.parquet as pq
 
-    wanted = set(schema.columns)
-    cols = [n for n in pset.names[file] if n.strip() in wanted]
+    wanted = None if schema.read_columns is None else set(schema.read_columns)  # None: the whole row keys the split
+    cols = [n for n in pset.names[file] if wanted is None or n.strip() in wanted]
     try:
         pf = pq.ParquetFile(pset.files[file])
         table = pf.read(columns=cols) if row_groups is None else pf.read_row_groups(row_groups, columns=cols)

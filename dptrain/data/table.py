@@ -17,10 +17,10 @@ Nothing here is fitted on the rows (docs/privacy.md):
 The hash split (neighbour invariance: adding or removing one row changes nothing else). Each
 kept row gets ``u = H_salt(row) in [0, 1)`` and goes to the test part iff
 ``u < data.test_fraction``. ``H`` is a
-keyed 64-bit hash of the row's content in the columns the schema reads (the target and the
-feature columns, in schema order): a numeric column contributes its parsed float64 value (before
-clipping; ``-0.0`` as ``0.0``), a label column (target, categorical) the stripped string it is
-compared with (``1``, ``1.0`` and ``"1"`` alike; missing values as one marker). The salt is
+keyed 64-bit hash of the row's content in the split's key columns: ``data.split_key`` (e.g. an
+id column) or, by default, every column of the file (the whole raw row, read even where the model
+uses fewer columns), so models with different feature sets are compared on the same rows; each
+cell as its stripped string (missing values as one marker). The salt is
 derived from the run's ``seed`` (public: the same seed gives the same split, another seed another
 split). A row's side depends on that row alone, so adding or removing a row (anywhere in the
 file, or through ``data.nonfinite=drop``) moves no other row; identical rows share a side. The
@@ -178,6 +178,8 @@ class Schema:
     test_fraction: float = 0.25
     classes: tuple[str, ...] | None = None  # a multiclass target's PUBLIC class list (data.classes)
     target_bounds: tuple[float, float] | None = None  # a continuous target's PUBLIC bounds (data.target_bounds)
+    #: the hash split's key columns (data.split_key); None: every column of the file (the raw row)
+    split_key: tuple[str, ...] | None = None
 
     @property
     def target_kind(self) -> str:
@@ -197,6 +199,14 @@ class Schema:
     def columns(self) -> list[str]:
         cols = [self.target] + self.feature_columns
         return cols + ([self.split_column] if self.split_column else [])
+
+    @property
+    def read_columns(self) -> list[str] | None:
+        """The columns a reader must load: the declared ones and the split's key (None: every
+        column, the hash split keyed on the whole raw row)."""
+        if self.split_column is None and self.split_key is None:
+            return None
+        return list(dict.fromkeys(self.columns + list(self.split_key or ())))
 
     @property
     def feature_names(self) -> tuple[str, ...]:
@@ -274,7 +284,17 @@ def schema_from_config(cfg: Any, *, numeric: Mapping[str, Any] | None = None) ->
     if split is None and not (isinstance(frac, (int, float)) and 0 < frac < 1):
         raise ConfigError(f"data.test_fraction={frac!r} is not allowed: must be in (0, 1)")
     classes, bounds = _target_declaration(cfg, positive)
-    return Schema(target, positive, tuple(nums), tuple(cats), split, nonfinite, float(frac), classes, bounds)
+    key = _get(cfg, "split_key")
+    if key is not None:
+        if isinstance(key, (str, bytes)) or not hasattr(key, "__iter__") or not list(key) or not all(
+                isinstance(c, str) and c.strip() for c in key):
+            raise ConfigError(f"data.split_key={key!r} is not allowed: must be a non-empty list of column names "
+                              "(e.g. [person_id]) or null (every column of the file)")
+        if split is not None:
+            raise ConfigError(f"data.split_key={list(key)!r} is not allowed with data.split_column={split!r}: the "
+                              "split column decides the split; allowed: one of them")
+        key = tuple(dict.fromkeys(str(c).strip() for c in key))
+    return Schema(target, positive, tuple(nums), tuple(cats), split, nonfinite, float(frac), classes, bounds, key)
 
 
 def _label_list(setting: str, lst: Any, *, what: str = "category", null_hint: str = "missing values go to the "
@@ -729,25 +749,22 @@ def _label_words(col: pd.Series, rows: np.ndarray, salt: bytes) -> np.ndarray:
     return lookup[codes[rows]]
 
 
-def split_scores(df: pd.DataFrame, schema: Schema, *, seed: int, rows: np.ndarray | None = None,
-                 numeric: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
+def split_scores(df: pd.DataFrame, schema: Schema, *, seed: int, rows: np.ndarray | None = None) -> np.ndarray:
     """``u`` in [0, 1) for each of ``rows`` (default all): a keyed hash of the row's content in the
-    target and feature columns (module docstring); a row is a test row iff ``u < test_fraction``.
+    split's key columns (``data.split_key``; by default every column of the file, in name order:
+    the whole raw row, so the split does not change with the declared feature set); a row is a
+    test row iff ``u < test_fraction``.
 
     ``u`` depends on the row's own cells and the seed only, never on the other rows, their number
-    or their order. Numeric cells enter as their parsed float64 value (``numeric`` may pass the
-    columns parsed already; they must be finite on ``rows``), label cells (target, categorical) as
-    their stripped string. The columns' words are combined in schema order with SplitMix64 rounds
-    keyed by :func:`split_salt`, in numpy uint64 arithmetic (no dependence on pandas' hashing)."""
+    or their order. Each cell enters as its stripped string (``1``, ``1.0`` read as a float and
+    ``"1"`` alike; missing values as one marker). The columns' words are combined with SplitMix64
+    rounds keyed by :func:`split_salt`, in numpy uint64 arithmetic (no dependence on pandas'
+    hashing)."""
     if rows is None:
         rows = np.arange(len(df))
     salt = split_salt(seed)
-    numeric = numeric or {}
-    words: list[np.ndarray] = [_label_words(df[schema.target], rows, salt)]
-    for spec in schema.numeric:
-        v = numeric[spec.name] if spec.name in numeric else numeric_values(df[spec.name], f"data.numeric.{spec.name}")
-        words.append((v[rows] + 0.0).view(np.uint64))  # + 0.0: -0.0 -> 0.0
-    words += [_label_words(df[col], rows, salt) for col, _ in schema.categorical]
+    key = schema.split_key if schema.split_key is not None else sorted(df.columns)
+    words = [_label_words(df[col], rows, salt) for col in key]
     def keyed(x: np.ndarray, name: bytes) -> np.ndarray:  # two keyed SplitMix64 rounds
         return _mix(_mix(x ^ np.uint64(_word(salt, name + b"/1"))) ^ np.uint64(_word(salt, name + b"/2")))
 
@@ -758,8 +775,7 @@ def split_scores(df: pd.DataFrame, schema: Schema, *, seed: int, rows: np.ndarra
     return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
-def _split(df: pd.DataFrame, schema: Schema, idx: np.ndarray, seed: int,
-           numeric: Mapping[str, np.ndarray]) -> np.ndarray:
+def _split(df: pd.DataFrame, schema: Schema, idx: np.ndarray, seed: int) -> np.ndarray:
     """For the kept rows ``idx`` (into df): True where the row is a test row."""
     if schema.split_column is not None:
         col = schema.split_column
@@ -770,7 +786,7 @@ def _split(df: pd.DataFrame, schema: Schema, idx: np.ndarray, seed: int,
                 "(or are missing); allowed: train / test in every row"
             )
         return codes == 1
-    return split_scores(df, schema, seed=seed, rows=idx, numeric=numeric) < schema.test_fraction
+    return split_scores(df, schema, seed=seed, rows=idx) < schema.test_fraction
 
 
 def _check_sides(any_train: bool, any_test: bool, schema: Schema) -> None:
@@ -878,6 +894,7 @@ def missing_columns(schema: Schema, names: Collection[str]) -> list[tuple[str, s
         + [(f"data.numeric.{s.name}", s.name) for s in schema.numeric]
         + [(f"data.categorical.{c}", c) for c, _ in schema.categorical]
         + ([("data.split_column", schema.split_column)] if schema.split_column else [])
+        + [("data.split_key", c) for c in schema.split_key or ()]
         if col not in names
     ]
 
@@ -891,7 +908,7 @@ def encode_rows(df: pd.DataFrame, schema: Schema, *, seed: int) -> EncodedRows:
     nums, idx, dropped_in = _numeric_columns(df, schema)
     y = _target(df[schema.target], schema, idx, nums)
     x = encode_features(df, schema, idx, nums)
-    is_test = _split(df, schema, idx, seed, nums)
+    is_test = _split(df, schema, idx, seed)
     y_train = y[~is_test]
     facts = {"kept": len(idx) > 0, "dropped_in": dropped_in,
              "positive_seen": bool(y.any()) if schema.positive is not None else None,

@@ -120,6 +120,10 @@ class TableDataConfig:
                                        "test_fraction", allowed="a column of the file | null")
     test_fraction: float = setting(0.25, help="share of rows in the test part of the per-row hash split (about, not "
                                    "exactly)", allowed="a number in (0, 1)")
+    split_key: list[str] | None = setting(None, help="the columns whose content keys the per-row hash split (e.g. "
+                                          "[person_id]); null: every column of the file (the whole raw row), so "
+                                          "models with different feature sets split the rows alike",
+                                          allowed="a list of columns of the file | null")
     test_public: bool = setting(False, help=TEST_PUBLIC_HELP, allowed="true | false")
     sharding: str = setting("auto", help="trainer.distributed=true on a partitioned Parquet data set (a folder of "
                             "Parquet files, or a file with several row groups): each process reads only its own "
@@ -187,6 +191,7 @@ class DataConfig:
     nonfinite: str = "error"  # error | drop : policy for NaN / inf in numeric columns
     split_column: str | None = None  # column holding "train"/"test"; else a per-row hash split
     test_fraction: float = 0.25
+    split_key: list[str] | None = None  # the hash split's key columns; None: every column of the file
     test_public: bool = False
     sharding: str = "auto"  # table only: auto | row_groups | off (dptrain.data.shards)
     n_rows: int = 20000  # synthetic only
