@@ -304,8 +304,8 @@ def test_joblib_launched_sweep_preset(tmp_path):
     assert "no single run's epsilon covers that choice" in (tmp_path / "report" / "summary.md").read_text()
 
 
-def _readme_section(title: str) -> str:
-    text = (REPO / "README.md").read_text()
+def _doc_section(page: str, title: str) -> str:
+    text = (REPO / page).read_text()
     start = text.index(title)
     end = text.find("\n## ", start)
     return text[start:end if end > 0 else None]
@@ -313,7 +313,7 @@ def _readme_section(title: str) -> str:
 
 @pytest.mark.slow  # four whole runs in subprocesses (16 s); test_readme_own_data_example stays fast
 def test_readme_first_own_data_walkthrough_runs_as_written(tmp_path):
-    """The README's step-by-step walk-through (issue 14): its bash blocks, run as written in one
+    """The step-by-step walk-through (issue 14; docs/quickstart.md): its bash blocks, run as written in one
     shell, train on a user CSV with a declared schema, report epsilon <= 1, list the files, and
     score new rows; the command line's predictions equal the Python API's."""
     import re
@@ -322,7 +322,7 @@ def test_readme_first_own_data_walkthrough_runs_as_written(tmp_path):
 
     from dptrain.tasks.predict import load_model
 
-    section = _readme_section("### Step by step: your first own-data run")
+    section = _doc_section("docs/quickstart.md", "## Step by step: your first own-data run")
     blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
     assert len(blocks) == 5, "the walk-through's bash blocks changed: update this test"
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE",
