@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from dptrain.core.errors import DPTrainError
 from dptrain.core.validation import ConfigError
 from dptrain.data import DataError, load_dataset, read_table, write_data_diagnostics
+from dptrain.privacy.report import summary_lines
 from dptrain.settings.data import DataConfig, NumericColumn
 from dptrain.settings.train import Config
 from dptrain.tasks import cli
@@ -558,3 +559,36 @@ def test_round2_item9_overwrite_replaces_the_old_runs_events_and_log(tmp_path):
     assert log.count("engine=") == 1, log  # one run's log, not two
     assert (run / "my_notes.txt").read_text() == "mine\n"
     assert "seed: 3" in (run / ".hydra" / "config.yaml").read_text()
+
+
+def test_round2_item14_the_release_console_states_the_total_epsilon(tmp_path, caplog):
+    """Issue 32, item 14: the release console said 'epsilon=1' while release.json's total was 3
+    (MOS: theta, SE and N at 1 each). The first line now says per statistic, the last the total."""
+    caplog.set_level(logging.INFO, logger="dptrain")
+    with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["experiment=mos_atlas", "data.n_cells=200",
+                                                         "release.private_evaluation=false"])
+    cli.run(cfg, run_dir=tmp_path / "run")
+    said = [r.getMessage() for r in caplog.records]
+    total = json.loads((tmp_path / "run" / "release.json").read_text())["epsilon"]["total"]
+    assert total == 3.0
+    assert any("release.epsilon=1 per released statistic" in m for m in said)
+    assert any(m.startswith("release written") and "epsilon 3 in all (theta 1 + se 1 + n 1)" in m for m in said)
+
+
+def test_round2_item14_ssp_and_a_resumed_finished_run_say_what_happened(tmp_path):
+    """Issue 32, item 14: ssp printed 'q = 1, steps = 1 ... train loop: 0.0 s for 1 steps'; a
+    resumed finished run re-reported the old loop time as if it had trained."""
+    result = type("R", (), {"metrics": {"time/train_seconds": 8.1, "train/steps": 1, "test/rmse": 1.0},
+                            "privacy": {"stopped_early": False}})()
+    report = {"epsilon": 1.0, "delta": 1e-5, "accountant": "rdp", "epsilons": {"rdp": 1.0}, "noise_multiplier": 4.0,
+              "max_grad_norm": 6.75, "sample_rate": 1.0, "steps": 1, "private": True, "estimator": {"name": "ssp"}}
+    text = "\n".join(summary_lines(result, report, dist_ctx=None, run_dir=tmp_path))
+    assert "one release of Z'Z, noise multiplier 4 x sensitivity 6.75" in text and "q = 1" not in text
+    assert "ssp: 8.1 s" in text and "for 1 steps" not in text
+    run = tmp_path / "run"
+    args = [*SMALL, f"hydra.run.dir={run}"]
+    assert _cli(args, tmp_path).returncode == 0
+    out = _cli([*args, "trainer.resume=auto"], tmp_path)
+    assert out.returncode == 0 and "resumed a finished run: no step taken" in out.stdout, out.stdout[-1500:]
+    assert "train loop:" not in out.stdout

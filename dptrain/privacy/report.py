@@ -356,13 +356,16 @@ def summary_lines(result: Any, report: dict[str, Any], *, dist_ctx: Any, run_dir
     if "baseline/nonprivate_acc" in m:
         lines.append(f"non-private baseline (sklearn LogisticRegression, same features/split): "
                      f"{m['baseline/nonprivate_acc']:.4f}   majority class: {m['baseline/majority_acc']:.4f}")
+    one_release = report.get("estimator", {}).get("name") == "ssp"  # one noisy Z'Z: no sampling, no steps
     if "epsilon" in report:
         eps = report["epsilon"]
+        how = (f"one release of Z'Z, noise multiplier {report['noise_multiplier']:.4g} x sensitivity "
+               f"{report['max_grad_norm']:.4g}" if one_release else
+               f"sigma = {report['noise_multiplier']:.4g}, C = {report['max_grad_norm']}, "
+               f"q = {report['sample_rate']:.4g}, steps = {report['steps']}")
         lines.append(
             f"privacy: epsilon = {eps:.4g}, delta = {report['delta']:.3g} (accountant: {report['accountant']}; "
-            + ", ".join(f"{k} {v:.4g}" for k, v in report["epsilons"].items())
-            + f"), sigma = {report['noise_multiplier']:.4g}, C = {report['max_grad_norm']}, "
-            f"q = {report['sample_rate']:.4g}, steps = {report['steps']}")
+            + ", ".join(f"{k} {v:.4g}" for k, v in report["epsilons"].items()) + f"), {how}")
         if result.privacy["stopped_early"]:
             lines.append(f"privacy budget: {result.privacy['stop_reason']}")
         if not report["private"]:
@@ -376,6 +379,9 @@ def summary_lines(result: Any, report: dict[str, Any], *, dist_ctx: Any, run_dir
         lines.append(f"distributed: {dist_ctx.world_size} processes ({dist_ctx.backend}); noise added once per "
                      "step on rank 0; only rank 0 wrote these outputs")
     lines += coefficient_lines(report.get("estimator", {}), run_dir)
-    lines.append(f"train loop: {m['time/train_seconds']:.1f} s for {m['train/steps']} steps; outputs in {run_dir} "
-                 "(FILES.txt says which files may be published)")
+    took = (f"ssp: {m['time/train_seconds']:.1f} s (the release and its parametric bootstrap)" if one_release
+            else f"train loop: {m['time/train_seconds']:.1f} s for {m['train/steps']} steps")
+    if m.get("train/resumed_from_step", 0) and m.get("train/resumed_from_step") >= m.get("train/steps", 0):
+        took = f"resumed a finished run: no step taken ({m['train/steps']} steps in all)"
+    lines.append(f"{took}; outputs in {run_dir} (FILES.txt says which files may be published)")
     return lines

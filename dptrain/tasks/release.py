@@ -207,8 +207,8 @@ def run_release(conf: ReleaseRunConfig, run_dir: Path, *, randomness: Randomness
     if r.statistic == "custom":
         return run_custom(run)
     method = RELEASE_METHODS.get(r.method)
-    log.info("release: method=%s, statistic=%s, epsilon=%g; cells: %s", r.method, r.statistic, r.epsilon,
-             run.est.listed.description)
+    log.info("release: method=%s, statistic=%s, release.epsilon=%g per released statistic (the total is on the "
+             "last line); cells: %s", r.method, r.statistic, r.epsilon, run.est.listed.description)
     warning = method.warning(r.method, r)
     if warning:
         log.warning("%s", warning)
@@ -227,8 +227,18 @@ def run_release(conf: ReleaseRunConfig, run_dir: Path, *, randomness: Randomness
     write_files_list(run, f"the released cells of method {r.method} (one row per listed cell)",
                      "the facts of that release: method, neighbours, epsilon, delta, guarantee",
                      private=private_files, guarantee=report.guarantee_line(facts))
-    log.info("release written: release.csv, release.json (%s)", facts["guarantee"])
+    log.info("release written: release.csv, release.json (%s%s)", total_epsilon_text(facts), facts["guarantee"])
     return rmse
+
+
+def total_epsilon_text(facts: dict) -> str:
+    """``epsilon T in all (theta 1 + se 1 + n 1); `` from release.json's epsilon (a per-statistic
+    dict with its total), or '' when the release states one number."""
+    eps = facts.get("epsilon")
+    if not isinstance(eps, dict) or "total" not in eps:
+        return ""
+    parts = " + ".join(f"{k} {v:g}" for k, v in eps.items() if not k.startswith("total"))
+    return f"epsilon {eps['total']:g} in all ({parts}); "
 
 
 def say_if_nothing_released(result: MethodResult, name: str) -> None:
