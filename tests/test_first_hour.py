@@ -592,3 +592,16 @@ def test_round2_item14_ssp_and_a_resumed_finished_run_say_what_happened(tmp_path
     out = _cli([*args, "trainer.resume=auto"], tmp_path)
     assert out.returncode == 0 and "resumed a finished run: no step taken" in out.stdout, out.stdout[-1500:]
     assert "train loop:" not in out.stdout
+
+
+def test_round2_item11_the_private_evaluation_shows_its_progress(tmp_path):
+    """Issue 32, item 11: experiment=mos_atlas spent 141 of 149 s in a silent private evaluation.
+    A progress line now names each method as it runs (dp_sgd, the slowest, last)."""
+    out = subprocess.run([sys.executable, "-m", "dptrain", "experiment=mos_atlas", "data.n_cells=200",
+                          f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True, timeout=300,
+                         env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    err = out.stderr.decode()
+    assert "release + private evaluation: 0/11 methods" in err and "11/11 methods" in err
+    for method in ("dp_mos", "theil_sen", "dp_sgd"):
+        assert f"methods, {method}" in err, err[-1500:]
