@@ -23,6 +23,7 @@ from dptrain.core.errors import DPTrainError
 from dptrain.core.validation import ConfigError
 from dptrain.data import DataError, load_dataset, read_table, write_data_diagnostics
 from dptrain.privacy.report import summary_lines
+from dptrain.release.api import fit_cells
 from dptrain.settings.data import DataConfig, NumericColumn
 from dptrain.settings.train import Config
 from dptrain.tasks import cli
@@ -605,3 +606,26 @@ def test_round2_item11_the_private_evaluation_shows_its_progress(tmp_path):
     assert "release + private evaluation: 0/11 methods" in err and "11/11 methods" in err
     for method in ("dp_mos", "theil_sen", "dp_sgd"):
         assert f"methods, {method}" in err, err[-1500:]
+
+
+def test_round2_item4_dp_mos_on_small_groups_is_refused_and_predictions_stay_in_the_domain(tmp_path, capsys):
+    """Issue 32, item 4: DP-MOS on 8 declared cells of ~500 rows chose chi = 189,812 and released
+    every cell, theta from -918 to 413 for a statistic in [0, 1]. Now refused before any noise is
+    drawn, naming the settings that would help; forced (Python, small_groups=True), the released
+    predictions and intervals are clamped into the public [y_lo, y_hi]."""
+    path = _release_table(tmp_path / "r.csv", per_cell=500, cells=8)
+    domain = "release.domain={x_lo: 0, x_hi: 1, y_lo: 0, y_hi: 1}"
+    with pytest.raises(SystemExit) as stop:
+        cli.run(_compose(_release(path, domain, "release.method=dp_mos", "release.epsilon=1")),
+                run_dir=tmp_path / "run")
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "too small for a private chi" in err and not (tmp_path / "run").exists()
+    for setting in ("release.epsilon of at least", "release.dp_mos_split.chi", "release.chi_by", "cells per group"):
+        assert setting in err, err
+    df = pd.read_csv(path)
+    est = fit_cells(df, x="x", y="y", cells=["cell"], cell_keys=pd.DataFrame({"cell": range(8)}))
+    for seed in range(5):
+        f = est.release_dp_mos(statistic="p25", epsilon=1.0, seed=seed, small_groups=True).to_frame()
+        released = f[f.released]
+        assert ((released.theta_released >= 0) & (released.theta_released <= 1)).all()
+        assert ((released.ci_low >= 0) & (released.ci_high <= 1)).all()

@@ -371,13 +371,15 @@ def test_python_api_release_dp_mos():
     df = pd.concat(frames, ignore_index=True)
     keys = pd.DataFrame({"county": [0, 1, 2, 3, 4]})  # county 4 has no rows: listed, not released
     est = fit_cells(df, x="x", y="y", cells=["county"], cell_keys=keys)
-    rel = est.release_dp_mos(statistic="slope", epsilon=8.0, seed=5)
+    with pytest.raises(ReleaseError, match="too small for a private chi"):
+        est.release_dp_mos(statistic="slope", epsilon=8.0, seed=5)  # 5 cells: chi would be nearly random
+    rel = est.release_dp_mos(statistic="slope", epsilon=8.0, seed=5, small_groups=True)
     f = rel.to_frame()
     assert list(f["county"]) == [0, 1, 2, 3, 4]
     assert not f["released"].iloc[4] and f["reason"].iloc[4] == "noisy N below the eligibility threshold"
     assert rel.epsilon["total"] == pytest.approx(24.0) and "end to end" in rel.privacy
     assert "5" not in json.dumps({k: v for k, v in rel.info.items() if k == "rng"})  # the seed is not echoed
-    again = est.release_dp_mos(statistic="slope", epsilon=8.0, seed=5).to_frame()
+    again = est.release_dp_mos(statistic="slope", epsilon=8.0, seed=5, small_groups=True).to_frame()
     pd.testing.assert_frame_equal(f, again)
 
 

@@ -42,6 +42,7 @@ from dptrain.release.cell_domain import (
     select_cells,
 )
 from dptrain.release.cells import Domain, ReleaseError
+from dptrain.release.dp_mos import REASON_NO_CHI, REASON_SMALL, REASON_TEST
 from dptrain.release.evaluation import write_evaluation
 from dptrain.release.methods import (
     RELEASE_METHODS,
@@ -255,9 +256,22 @@ def say_if_nothing_released(result: MethodResult, name: str) -> None:
     as not released, with its reason); the log says so, with no count."""
     frame = result.frame
     if "released" in frame.columns and not frame["released"].astype(bool).any():
-        log.warning("release.method=%s released no cell: every listed cell is marked not released in "
-                    "release.csv (its reason column says why). Check release.domain (rows outside it are "
-                    "clipped onto its edge), release.min_n and release.cells", name)
+        reasons = sorted({str(r) for r in frame.get("reason", pd.Series(dtype=object)).dropna() if str(r)})
+        helps = [HELPS[r] for r in reasons if r in HELPS] or [
+            "release.domain (rows outside it are clipped onto its edge), release.min_n and release.cells"]
+        log.warning("release.method=%s released no cell: every listed cell is marked not released in release.csv "
+                    "(reasons: %s). What would help: %s", name, "; ".join(reasons) or "none given",
+                    "; ".join(dict.fromkeys(helps)))
+
+
+#: per reason a cell was not released (release.csv's reason column), the settings that would help
+HELPS = {
+    REASON_SMALL: "cells with more rows, or a lower release.min_n (the eligibility threshold is also at least "
+                  "k* + 4, which a larger release.epsilon or release.dp_mos_split.test lowers)",
+    REASON_TEST: "a larger release.epsilon or release.dp_mos_split.test, or release.dp_mos_chi_quantile closer to 1 "
+                 "(a larger chi: more cells pass, each with more noise)",
+    REASON_NO_CHI: "cells with more rows, or a lower release.min_n (no cell of the group was eligible)",
+}
 
 
 def write_diagnostics(run: ReleaseRun) -> dict[str, str]:

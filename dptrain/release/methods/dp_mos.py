@@ -31,7 +31,7 @@ def dp_mos_config(config: ReleaseConfig, est: CellEstimates) -> DPMOSConfig:
     split = {str(k): v for k, v in dict(config.dp_mos_split).items()}
     groups = chi_group_labels(est.listed, list(config.chi_by)) if est.listed is not None else None
     return DPMOSConfig(split=split, chi_quantile=float(config.dp_mos_chi_quantile), min_n=int(config.min_n),
-                       chi_groups=groups)
+                       chi_groups=groups, refuse_small_groups=config.method == "dp_mos")
 
 
 class DPMOS(ReleaseMethod):
