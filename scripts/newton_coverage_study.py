@@ -11,6 +11,7 @@ high; mid and high against low with slopes 0.1 and 0.2 per year), ``experiment=m
 coverage of both slopes against statsmodels' MNLogit.
 
     python scripts/newton_coverage_study.py --rows 25000 --epsilon 1 --reps 200 --out experiments/inference/newton
+    python scripts/newton_coverage_study.py --summarize experiments/inference/newton   # the pooled table
 """
 
 from __future__ import annotations
@@ -133,7 +134,31 @@ def one(rep: int, args: argparse.Namespace, work: Path) -> dict:
             "newton_std_error": fit["std_error"][at] if fit else None, "truth": args.slope}
 
 
+def summarize(folder: Path) -> str:
+    """The study's table from every CSV in ``folder`` (batches of one cell, ``..._from<K>.csv``,
+    pooled): per cell the intervals, the share claimed, the coverage of the claimed intervals with
+    its binomial SE, the GLM's own coverage on the same tables, and the median width against it."""
+    frames: dict[str, list[pd.DataFrame]] = {}
+    for path in sorted(folder.glob("rows*.csv")):
+        frames.setdefault(path.stem.split("_from")[0], []).append(pd.read_csv(path))
+    lines = ["| cell | intervals | claimed | coverage of the claimed (SE) | GLM's coverage | width / GLM |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, parts in frames.items():
+        df = pd.concat(parts, ignore_index=True)
+        truth = df["truth"] if "truth" in df else pd.Series(0.14, index=df.index)
+        claimed = df["claimed"].astype(bool)
+        covered = ((df.ci_lower <= truth) & (truth <= df.ci_upper))[claimed]
+        rate, n = covered.mean(), int(claimed.sum())
+        glm = ((df.glm - truth).abs() <= 1.959964 * df.glm_se).mean()
+        lines.append(f"| {name} | {len(df)} | {claimed.mean():.1%} | {rate:.1%} ({(rate * (1 - rate) / n) ** 0.5:.1%}) "
+                     f"| {glm:.1%} | {(df.std_error / df.glm_se)[claimed].median():.2f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--summarize"]:
+        print(summarize(Path(sys.argv[2])))
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=25000)
     ap.add_argument("--epsilon", type=float, default=1.0)

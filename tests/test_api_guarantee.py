@@ -90,7 +90,7 @@ def test_private_selection_lists_a_one_row_cell_at_chance_rate():
         lonely = big = 0
         for draw in range(200):
             est = fit_cells(df, x="x", y="y", cells=["cell"], selection=PrivateSelectionConfig(seed=draw))
-            rel = est.release_dp_mos(statistic="p25", epsilon=1.0, seed=draw)
+            rel = est.release_dp_mos(statistic="p25", epsilon=1.0, seed=draw, small_groups=True)
             lonely += "lonely" in set(rel.frame["cell"])
             big += len(rel.frame)
         counts[name] = (lonely, big)
@@ -236,7 +236,7 @@ def test_release_noise_is_bound_to_the_rows(tmp_path, source):
     def released(rows):
         kw = {"seed": 7} if source == "seed" else {"seed": Randomness.from_seed_file(key, run_label="r")}
         est = fit_cells(rows, x="x", y="y", cells=["cell"], cell_keys=keys)
-        return est.release_dp_mos(statistic="p25", epsilon=2.0, **kw).frame
+        return est.release_dp_mos(statistic="p25", epsilon=2.0, small_groups=True, **kw).frame
 
     a = released(df)
     pd.testing.assert_frame_equal(a, released(df))

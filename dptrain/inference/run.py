@@ -327,7 +327,9 @@ class DPSGD:
 
 
 NEWTON_METHOD = ("dpsgd + two private Newton steps at its model: estimate and sandwich standard error "
-                 "H^-1 (S + noise) H^-1, normal interval (privacy noise included)")
+                 "H^-1 (S + noise) H^-1 (the second gradient's noise, and the second Hessian's on the first "
+                 "step's miss), Student's t interval with the noisy meat's degrees of freedom (privacy noise "
+                 "included)")
 NEWTON_VALIDITY = ("the normal approximation of the two-step estimator: DP-SGD's model close enough to the optimum "
                    "for two Newton steps (checked: the first step in standard errors), the Hessian well determined "
                    "under its noise (checked), the privacy noise not dominating the sampling variance (checked), "

@@ -33,6 +33,7 @@ key file) and the rows can regenerate the noise and remove it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import logging
@@ -61,7 +62,7 @@ from dptrain.release.cells import (
     statistic,
     xy_values,
 )
-from dptrain.release.dp_mos import DEFAULT_SPLIT, DPMOSConfig, release_dp_mos
+from dptrain.release.dp_mos import DPMOSConfig, release_dp_mos
 from dptrain.release.mos import NOT_DP, MOSConfig, MOSInputs, MOSRelease, chi, release_mos
 from dptrain.release.noise import add_noise, calibrate, make_rng
 from dptrain.release.report import composed_total, declared_selection
@@ -175,14 +176,15 @@ class CellEstimates:
         return Release(frame=rel.frame, epsilon=rel.epsilon, info={**rel.info, **self.listing_info(), "rng": rng_desc})
 
     def release_dp_mos(self, *, statistic: str = "p25", epsilon: float = 1.0, delta: float = 1e-6,
-                       split: dict | None = None, chi_quantile: float = 0.75, min_n: int = 3,
-                       seed: int | Randomness | None = None, small_groups: bool = False) -> Release:
+                       settings: DPMOSConfig | None = None, seed: int | Randomness | None = None,
+                       small_groups: bool = False) -> Release:
         """DP-MOS release of chi and, per cell, theta, SE, N and a 95% interval (docs/dp_mos.md):
         (epsilon x sum of the split's shares, delta)-DP under add/remove neighbours, END TO END
         (chi is chosen privately; each cell passes a private stability test), plus, by basic
         composition, a private cell selection's (epsilon, delta) when the cells were selected
-        privately. ``split``: the share of epsilon per stage (default: n 0.25, se 0.5, chi 0.25,
-        test 1.0, theta 1.0, total 3 epsilon); ``seed`` (an int or a
+        privately. ``settings``: a :class:`~dptrain.release.dp_mos.DPMOSConfig` (the share of
+        epsilon per stage, default n 0.25, se 0.5, chi 0.25, test 1.0, theta 1.0, total 3
+        epsilon; chi_quantile 0.75; min_n 3; its chi_groups must be None here); ``seed`` (an int or a
         :class:`~dptrain.privacy.randomness.Randomness` key): reproducible noise for analysis,
         bound to the rows (never echoed; None: the OS CSPRNG). ``small_groups=True`` releases even
         where the cells are too few for a useful private chi (refused by default, with the settings
@@ -190,8 +192,8 @@ class CellEstimates:
         self.check_listed()
         rng, rng_desc = self.stream("release-dp_mos", seed=seed)
         rel = release_dp_mos(self.cells, statistic=statistic, epsilon=epsilon, delta=delta, rng=rng,
-                             config=DPMOSConfig(split=dict(split or DEFAULT_SPLIT), chi_quantile=chi_quantile,
-                                                min_n=min_n, refuse_small_groups=not small_groups))
+                             config=dataclasses.replace(settings or DPMOSConfig(),
+                                                        refuse_small_groups=not small_groups))
         frame = pd.concat([self.keys.reset_index(drop=True), rel.frame.reset_index(drop=True)], axis=1)
         listing = self.listing_info(epsilon=float(rel.epsilon["total"]), delta=float(rel.delta))
         total = listing["total"]

@@ -619,7 +619,9 @@ class _NewtonIntervals:
 
 
 NEWTON_METHOD = ("dpsgd + two private Newton steps at its model: estimate and sandwich standard error "
-                 "H^-1 (S + noise) H^-1, normal interval (privacy noise included)")
+                 "H^-1 (S + noise) H^-1 (the second gradient's noise, and the second Hessian's on the first "
+                 "step's miss), Student's t interval with the noisy meat's degrees of freedom (privacy noise "
+                 "included)")
 
 
 class DPLogisticRegression(_NewtonIntervals, _DPClassifier):
