@@ -629,3 +629,27 @@ def test_round2_item4_dp_mos_on_small_groups_is_refused_and_predictions_stay_in_
         released = f[f.released]
         assert ((released.theta_released >= 0) & (released.theta_released <= 1)).all()
         assert ((released.ci_low >= 0) & (released.ci_high <= 1)).all()
+
+
+def test_round2_item2_declared_labels_that_match_no_row_are_refused(tmp_path):
+    """Issue 32, item 2: '++data.categorical={region: [north, south, east, west]}' against a file of
+    North/South/... exited 0; every row went to region=<other> and the table printed noise as
+    effects. Now refused by name, quoting the declared labels only (never the file's)."""
+    rng = np.random.default_rng(2)
+    n = 1200
+    df = pd.DataFrame({"age": rng.integers(18, 90, n), "region": rng.choice(["North", "South", "East", "West"], n),
+                       "y": rng.integers(0, 2, n)})
+    path = _table(tmp_path, df)
+    base = ["data=table", f"data.path={path}", "data.target=y", "++data.numeric={age: {lower: 18, upper: 90}}",
+            "trainer.epochs=1", "trainer.batch_size=100", "trainer.progress=false", "privacy.target_epsilon=1"]
+    with pytest.raises(SystemExit) as stop:
+        cli.run(_compose([*base, "++data.categorical={region: [north, south, east, west]}"]), run_dir=tmp_path / "r")
+    assert stop.value.code == 2 and not (tmp_path / "r").exists()
+    with pytest.raises(DataError) as err:
+        load_dataset(OmegaConf.to_object(_compose([*base, "++data.categorical={region: [north, south, east, west]}"]))
+                     .data, seed=0)
+    msg = str(err.value)
+    assert "data.categorical.region" in msg and "'north'" in msg and "case-sensitive" in msg
+    assert "North" not in msg and "1200" not in msg
+    cli.run(_compose([*base, "++data.categorical={region: [North, south]}"]), run_dir=tmp_path / "ok")  # one matches
+    assert (tmp_path / "ok" / "privacy.json").is_file()

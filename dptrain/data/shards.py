@@ -176,7 +176,9 @@ def combine_facts(parts: Sequence[dict[str, Any]], schema: Schema) -> dict[str, 
             "dropped_in": [c for c in order if any(c in f["dropped_in"] for f in parts)],
             "positive_seen": any(positive) if positive else None,
             "any_train": any(f["any_train"] for f in parts), "any_test": any(f["any_test"] for f in parts),
-            "classes_seen": set().union(*(f["classes_seen"] for f in parts)), "clipped": clipped}
+            "classes_seen": set().union(*(f["classes_seen"] for f in parts)), "clipped": clipped,
+            "categories_matched": {c: any(f["categories_matched"][c] for f in parts)
+                                   for c in parts[0].get("categories_matched", {})}}
 
 
 _ERRORS = {"DataError": DataError, "ConfigError": ConfigError}

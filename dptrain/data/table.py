@@ -914,8 +914,34 @@ def encode_rows(df: pd.DataFrame, schema: Schema, *, seed: int) -> EncodedRows:
              "positive_seen": bool(y.any()) if schema.positive is not None else None,
              "any_train": bool((~is_test).any()), "any_test": bool(is_test.any()),
              "classes_seen": set() if schema.target_kind == "continuous" else set(np.unique(y_train).tolist()),
-             "clipped": clipped_counts(schema, nums, idx)}
+             "clipped": clipped_counts(schema, nums, idx), "categories_matched": matched_categories(x, schema)}
     return EncodedRows(x=x, y=y, is_test=is_test, facts=facts)
+
+
+def matched_categories(x: np.ndarray, schema: Schema) -> dict[str, bool]:
+    """Per declared categorical column, whether any row has one of its declared labels (a one in
+    the column's declared slots of the encoded rows ``x``; the other slot excluded)."""
+    out, j = {}, len(schema.numeric)
+    for col, cats in schema.categorical:
+        out[col] = bool(x.shape[0] and x[:, j:j + len(cats)].any())
+        j += len(cats) + 1
+    return out
+
+
+def _check_categories_matched(matched: Mapping[str, bool], schema: Schema) -> None:
+    """Refuse a declared categorical column none of whose labels appears in the rows: every row
+    would fall into its <other> slot and the column would be a constant that the coefficient table
+    prints as effects (labels declared North/South against a file of north/south). The message
+    names the column and its DECLARED labels only (never a value or count of the file); like every
+    refusal of bad data it depends on the rows and is seen by the data holder (privacy.txt)."""
+    for col, cats in schema.categorical:
+        if matched.get(col, True):
+            continue
+        shown = ", ".join(repr(c) for c in cats[:6]) + (", ..." if len(cats) > 6 else "")
+        raise DataError(f"data.categorical.{col}: none of the declared labels ({shown}) matches a row of column "
+                        f"{col!r} (labels are compared as stripped strings, case-sensitive), so every row would fall "
+                        f"into {col}={OTHER} and the column would carry nothing; allowed: the labels as the file "
+                        "writes them (check their spelling and case)")
 
 
 def check_rows(facts: Mapping[str, Any], schema: Schema, origin: str) -> None:
@@ -936,6 +962,7 @@ def check_rows(facts: Mapping[str, Any], schema: Schema, origin: str) -> None:
         )
     _check_sides(facts["any_train"], facts["any_test"], schema)
     _check_two_classes(facts["classes_seen"], schema)
+    _check_categories_matched(facts.get("categories_matched", {}), schema)
     hit = [c for c, n in facts["clipped"].items() if n["below_lower"] or n["above_upper"]]
     if hit:
         log.warning("values outside the declared bounds were clipped into them in numeric column(s) %s "
