@@ -103,6 +103,36 @@ def gaussian_event(noise_multiplier: float) -> Event:
     return Event("gaussian", (float(noise_multiplier),))
 
 
+class ZCDP:
+    """A mechanism that is rho-zCDP (Bun and Steinke 2016): the discrete Gaussian on counts of L2
+    sensitivity D at scale sigma (rho = D^2 / (2 sigma^2)), or a pure epsilon-DP one
+    (rho = epsilon^2 / 2). Params (rho,). RDP accounting only (dp-accounting has no PLD of it)."""
+
+    params = ("rho",)
+
+    @staticmethod
+    def dp_event(params: tuple[float, ...]) -> dp_accounting.DpEvent:
+        import dp_accounting  # here, not at the top: importing dptrain.privacy stays cheap
+
+        return dp_accounting.ZCDpEvent(params[0])
+
+    @staticmethod
+    def spends(params: tuple[float, ...]) -> bool:
+        return params[0] > 0.0
+
+    @staticmethod
+    def unbounded(params: tuple[float, ...]) -> bool:
+        return not math.isfinite(params[0])
+
+
+EVENT_KINDS.register("zcdp", ZCDP)
+
+
+def zcdp_event(rho: float) -> Event:
+    """The event of a rho-zCDP mechanism."""
+    return Event("zcdp", (float(rho),))
+
+
 class PrivateSearch:
     """A private hyperparameter search (Papernot and Steinke 2022): a random number K of candidate
     trainings, each ``steps`` Poisson-subsampled Gaussian steps plus one Gaussian noisy score, the
