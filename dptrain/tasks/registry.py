@@ -24,9 +24,10 @@ from dptrain.settings.audit import AuditRunConfig, validate_audit
 from dptrain.settings.data import DATA_SOURCES
 from dptrain.settings.predict import PredictRunConfig, validate_predict_run
 from dptrain.settings.release import ReleaseRunConfig, validate_release_run
+from dptrain.settings.tabulate import TabulateRunConfig, validate_tabulate
 from dptrain.settings.train import TrainRunConfig, sigma_unless_target, validate_train
 from dptrain.settings.tune import TuneRunConfig, validate_tune
-from dptrain.tasks import audit, predict, release, train, tune
+from dptrain.tasks import audit, predict, release, tabulate, train, tune
 
 
 @dataclass
@@ -52,6 +53,7 @@ TASKS.register("audit", Task(AuditRunConfig, validate_audit, audit.run_task))
 TASKS.register("release", Task(ReleaseRunConfig, validate_release_run, release.run_task))
 TASKS.register("predict", Task(PredictRunConfig, validate_predict_run, predict.run_task))
 TASKS.register("tune", Task(TuneRunConfig, validate_tune, tune.run_task))
+TASKS.register("tabulate", Task(TabulateRunConfig, validate_tabulate, tabulate.run_task))
 
 
 def task_schemas() -> dict[str, type]:

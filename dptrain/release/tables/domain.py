@@ -1,0 +1,64 @@
+"""The declared domain of a tabulation, from a data source's PUBLIC schema, and each row's cell
+codes: a categorical column's declared levels and its ``<other>`` slot; a numeric column's
+``bins`` equal-width bins within its declared bounds (on the transformed scale for ``log1p``,
+labelled on the original scale); the target's declared labels (binary: the positive label and
+``not <positive>``; multiclass: the classes; continuous: bins of its declared bounds). The codes
+are read off the encoded rows of :func:`dptrain.data.load_dataset` (train and test rows together),
+so the loader's checks and clipping rules are the tabulation's too."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dptrain.core.errors import DPTrainError
+from dptrain.data.table import OTHER, Schema
+from dptrain.release.tables.marginals import Column
+
+__all__ = ["domain_columns", "row_codes"]
+
+
+def _bin_labels(lo: float, hi: float, bins: int, transform: str) -> tuple[str, ...]:
+    if transform == "log1p":
+        edges = np.expm1(np.linspace(math.log1p(lo), math.log1p(hi), bins + 1))
+    else:
+        edges = np.linspace(lo, hi, bins + 1)
+    return tuple(f"[{a:.4g}, {b:.4g}{']' if k == bins - 1 else ')'}" for k, (a, b) in enumerate(zip(edges[:-1],
+                                                                                                      edges[1:])))
+
+
+def domain_columns(schema: Schema, *, bins: int) -> list[Column]:
+    """The domain's columns in encoded order: numeric, categorical, then the target (named by
+    their schema names)."""
+    cols = [Column(s.name, _bin_labels(s.lower, s.upper, bins, s.transform)) for s in schema.numeric]
+    cols += [Column(name, (*cats, OTHER)) for name, cats in schema.categorical]
+    if schema.target_kind == "multiclass":
+        cols.append(Column(schema.target, tuple(schema.classes)))
+    elif schema.target_kind == "continuous":
+        cols.append(Column(schema.target, _bin_labels(*schema.target_bounds, bins, "none")))
+    else:
+        positive = schema.positive if schema.positive is not None else "1"
+        cols.append(Column(schema.target, (f"not {positive}", str(positive))))
+    return cols
+
+
+def row_codes(x: np.ndarray, y: np.ndarray, schema: Schema, *, bins: int) -> np.ndarray:
+    """(n, columns) int codes of the encoded rows ``x`` (numeric scaled into [0, 1], one-hot
+    categorical blocks) and labels ``y``, in :func:`domain_columns` order."""
+    n = x.shape[0]
+    out = np.empty((n, len(schema.numeric) + len(schema.categorical) + 1), dtype=np.int64)
+    j = 0
+    for k in range(len(schema.numeric)):
+        out[:, k] = np.minimum(np.floor(np.clip(x[:, j], 0.0, 1.0) * bins), bins - 1)
+        j += 1
+    for k, (_, cats) in enumerate(schema.categorical):
+        out[:, len(schema.numeric) + k] = np.argmax(x[:, j:j + len(cats) + 1], axis=1)
+        j += len(cats) + 1
+    if schema.target_kind == "continuous":
+        out[:, -1] = np.minimum(np.floor(np.clip(y, 0.0, 1.0) * bins), bins - 1)
+    else:
+        out[:, -1] = np.asarray(y).astype(np.int64)
+    if out.size and out.min() < 0:
+        raise DPTrainError("a row's cell code is negative: the encoded rows do not match the schema")
+    return out

@@ -1,0 +1,88 @@
+"""``task=tabulate``: DP counts of every cell of the requested marginals over a declared domain
+(docs/tables.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dptrain.core.validation import bad, flag, integer, one_of, real, setting
+from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, check_common
+from dptrain.settings.data import check_source
+
+#: the largest number of cells one run releases (the domain is declared: every cell gets noise)
+MAX_CELLS = 5_000_000
+
+
+@dataclass
+class TabulatePrivacyConfig:
+    """The release's budget and mechanism."""
+
+    mechanism: str = setting("gaussian", help="the noise: gaussian (discrete Gaussian, zCDP, reported as (epsilon, "
+                             "delta) by the RDP accountant) | laplace (discrete Laplace, pure epsilon, delta 0); "
+                             "both from OpenDP's exact samplers", allowed="gaussian | laplace")
+    epsilon: float = setting(1.0, help="the whole release's epsilon (every marginal together)",
+                             allowed="a number in (0, 100]")
+    delta: float = setting(1e-6, help="gaussian only: the release's delta", allowed="a number in (0, 1e-3]")
+
+
+@dataclass
+class TabulateConfig:
+    """What is tabulated and how it is post-processed."""
+
+    marginals: Any = setting(2, help="the marginals released: k (every k-way marginal of the columns) or a list of "
+                             "column lists, e.g. [[age, sex], [race]]", allowed="an integer >= 1 | a list of lists "
+                             "of column names")
+    columns: list[str] | None = setting(None, help="the columns tabulated; null: every declared column and the "
+                                        "target", allowed="a list of declared column names | null")
+    bins: int = setting(8, help="equal-width bins of each numeric column within its PUBLIC bounds (on its "
+                        "transformed scale, e.g. log1p)", allowed="an integer in 2..200")
+    split: str = setting("cells", help="how the budget is shared: cells (more to marginals with more cells, the "
+                         "least total squared error) | equal", allowed="cells | equal")
+    consistent: bool = setting(True, help="post-process into nonnegative integers that agree on the total and on "
+                               "every 1-way margin (1- and 2-way marginals); false: the raw noisy counts",
+                               allowed="true | false")
+
+
+@dataclass
+class TabulateRunConfig:
+    """task=tabulate: DP marginals of a table over its declared domain (docs/tables.md)."""
+
+    task: str = setting("tabulate", help="what the run does (a config group)",
+                        allowed="train | audit | release | predict | tune | tabulate")
+    seed: int = setting(0, help="seeds data=synthetic's generator; NEVER the noise (OpenDP's CSPRNG)",
+                        allowed="an integer >= 0")
+    plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)
+    overwrite: bool = setting(False, help=OVERWRITE_HELP, allowed="true | false")
+    data: Any = setting(None, help="the data source, a config group: data=adult | table | synthetic (its declared "
+                        "columns are the domain)", allowed="adult | table | synthetic")
+    privacy: TabulatePrivacyConfig = setting(help="the budget and the mechanism", factory=TabulatePrivacyConfig)
+    tabulate: TabulateConfig = setting(help="the marginals", factory=TabulateConfig)
+
+
+def validate_tabulate(cfg: Any) -> None:
+    """Every setting of a ``task=tabulate`` run, before any row is read. Raises ConfigError."""
+    check_common(cfg)
+    check_source(cfg.data, ("adult", "table", "synthetic"), "a tabulation")
+    if cfg.data.name == "table" and not getattr(cfg.data, "path", None):
+        raise bad("data.path", getattr(cfg.data, "path", None), "data=table needs the path of a CSV, Parquet or "
+                  ".dta file")
+    p = cfg.privacy
+    one_of("privacy.mechanism", p.mechanism, ("gaussian", "laplace"))
+    real("privacy.epsilon", p.epsilon, "must be a number in (0, 100]", lo=0, hi=100, lo_open=True)
+    if p.mechanism == "gaussian":
+        real("privacy.delta", p.delta, "must be a number in (0, 1e-3]", lo=0, hi=1e-3, lo_open=True)
+    t = cfg.tabulate
+    if integer("tabulate.bins", t.bins, 2, "an integer in 2..200") > 200:
+        raise bad("tabulate.bins", t.bins, "an integer in 2..200")
+    one_of("tabulate.split", t.split, ("cells", "equal"))
+    flag("tabulate.consistent", t.consistent)
+    m = t.marginals
+    if not (isinstance(m, int) and not isinstance(m, bool) and m >= 1) and not (
+            isinstance(m, (list, tuple)) and m and all(isinstance(s, (list, tuple)) and s and all(
+                isinstance(c, str) for c in s) for s in m)):
+        raise bad("tabulate.marginals", m, "an integer >= 1 (every k-way marginal) or a list of column lists, e.g. "
+                  "[[age, sex], [race]]")
+    if t.columns is not None and (not isinstance(t.columns, (list, tuple)) or not t.columns
+                                  or not all(isinstance(c, str) for c in t.columns)):
+        raise bad("tabulate.columns", t.columns, "a non-empty list of declared column names, or null")
