@@ -10,6 +10,8 @@ from scipy.optimize import minimize
 
 from dptrain.privacy.accounting import history_epsilon
 from dptrain.privacy.events import zcdp_event
+from dptrain.privacy.samplers import pmf_discrete_laplace
+from dptrain.release.cell_domain import selection_threshold
 from dptrain.release.tables.marginals import (
     Marginal,
     budget_weights,
@@ -21,6 +23,7 @@ from dptrain.release.tables.marginals import (
     rake,
     round_keeping_sum,
     round_matrix_keeping_margins,
+    stability_histogram,
     workload,
 )
 
@@ -93,3 +96,18 @@ def test_released_tables_are_consistent_nonnegative_integers_close_to_the_truth(
             margin.setdefault(c, m)
             assert np.array_equal(margin[c], m), (cols, c)  # every table's margin of c is the same
     assert abs(total - 4000) < 60
+
+
+def test_the_stability_histogram_lists_a_one_row_cell_with_probability_at_most_delta():
+    """A cell holding one row is listed with probability <= delta (exactly, from the discrete
+    Laplace's tail, and in 3,000 draws); a cell of 200 rows nearly always; an empty cell never."""
+    epsilon, delta = 1.0, 0.02
+    tau = selection_threshold(epsilon, delta)
+    k = np.arange(tau - 1, tau + 400)
+    assert pmf_discrete_laplace(k, 1.0 / epsilon).sum() <= delta  # P(1 + K >= tau)
+    assert pmf_discrete_laplace(np.arange(tau - 2, tau + 400), 1.0 / epsilon).sum() > delta  # tau is the least
+    ids = np.concatenate([np.full(200, 7), [3]])  # cell 7: 200 rows; cell 3: one row; cell 5: empty
+    listed = [stability_histogram(ids, epsilon=epsilon, delta=delta)[0] for _ in range(3000)]
+    one = np.mean([3 in lst for lst in listed])
+    assert one <= delta + 3 * np.sqrt(delta * (1 - delta) / 3000)
+    assert np.mean([7 in lst for lst in listed]) > 0.999 and not any(5 in lst for lst in listed)

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 
+from dptrain.release.cell_domain import selection_threshold
 from dptrain.tasks import cli
 
 
@@ -89,3 +90,15 @@ def test_three_way_marginals_are_released_with_a_common_total(tmp_path):
     assert len(report["marginals"]) == 4 and len(sums) == 1
     assert all(len(m["table"].split("__")) == 3 for m in report["marginals"])
     assert list(itertools.chain(*[m["table"].split("__") for m in report["marginals"]]))
+
+
+def test_sparse_lists_only_cells_that_clear_the_stability_threshold(tmp_path):
+    run, report = _run(tmp_path, "privacy.mechanism=laplace", "tabulate.sparse=true", "tabulate.consistent=false",
+                       "privacy.epsilon=4", "privacy.delta=1e-6",
+                       "tabulate.marginals=[[education, occupation, native_country]]")
+    table = pd.read_csv(run / "tables" / "education__occupation__native_country.csv")
+    tau = selection_threshold(4.0, 1e-6)
+    assert 0 < len(table) < 17 * 15 * 42 and (table["count"] >= tau).all()
+    assert report["epsilon"] == 4.0 and report["delta"] == 1e-6 and "stability-based histogram" in report["guarantee"]
+    with pytest.raises(SystemExit):
+        _run(tmp_path / "x", "tabulate.sparse=true")  # needs the Laplace and consistent=false: refused by name

@@ -23,7 +23,8 @@ class TabulatePrivacyConfig:
                              "both from OpenDP's exact samplers", allowed="gaussian | laplace")
     epsilon: float = setting(1.0, help="the whole release's epsilon (every marginal together)",
                              allowed="a number in (0, 100]")
-    delta: float = setting(1e-6, help="gaussian only: the release's delta", allowed="a number in (0, 1e-3]")
+    delta: float = setting(1e-6, help="the release's delta: gaussian, or tabulate.sparse (a one-row cell is listed "
+                           "with probability <= delta / the number of marginals)", allowed="a number in (0, 1e-3]")
 
 
 @dataclass
@@ -42,6 +43,10 @@ class TabulateConfig:
     consistent: bool = setting(True, help="post-process into nonnegative integers that agree on the total and on "
                                "every 1-way margin (1- and 2-way marginals); false: the raw noisy counts",
                                allowed="true | false")
+    sparse: bool = setting(False, help="a domain too large to list: the stability-based histogram releases only the "
+                           "observed cells whose noisy count clears a threshold (a one-row cell with probability <= "
+                           "privacy.delta); needs privacy.mechanism=laplace and tabulate.consistent=false",
+                           allowed="true | false")
 
 
 @dataclass
@@ -70,13 +75,17 @@ def validate_tabulate(cfg: Any) -> None:
     p = cfg.privacy
     one_of("privacy.mechanism", p.mechanism, ("gaussian", "laplace"))
     real("privacy.epsilon", p.epsilon, "must be a number in (0, 100]", lo=0, hi=100, lo_open=True)
-    if p.mechanism == "gaussian":
-        real("privacy.delta", p.delta, "must be a number in (0, 1e-3]", lo=0, hi=1e-3, lo_open=True)
     t = cfg.tabulate
     if integer("tabulate.bins", t.bins, 2, "an integer in 2..200") > 200:
         raise bad("tabulate.bins", t.bins, "an integer in 2..200")
     one_of("tabulate.split", t.split, ("cells", "equal"))
     flag("tabulate.consistent", t.consistent)
+    flag("tabulate.sparse", t.sparse)
+    if t.sparse and (p.mechanism != "laplace" or t.consistent):
+        raise bad("tabulate.sparse", t.sparse, "the stability-based histogram needs privacy.mechanism=laplace and "
+                  "tabulate.consistent=false (its listed cells are released as noisy counts)")
+    if t.sparse or p.mechanism == "gaussian":
+        real("privacy.delta", p.delta, "must be a number in (0, 1e-3]", lo=0, hi=1e-3, lo_open=True)
     m = t.marginals
     if not (isinstance(m, int) and not isinstance(m, bool) and m >= 1) and not (
             isinstance(m, (list, tuple)) and m and all(isinstance(s, (list, tuple)) and s and all(

@@ -5,6 +5,7 @@ rows read."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from dptrain.release.tables.marginals import (
     gaussian_rho,
     measure,
     noise_variance,
+    stability_histogram,
     workload,
 )
 from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json, write_manifest
@@ -54,6 +56,8 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     sets = _workload(conf, chosen, columns)
     sizes = [c.size for c in columns]
     cells = [int(np.prod([sizes[c] for c in s])) for s in sets]
+    if conf.tabulate.sparse:
+        return _run_sparse(conf, run_dir, schema, columns, sets)
     if sum(cells) > MAX_CELLS:
         raise DPTrainError(f"tabulate.marginals={conf.tabulate.marginals!r}: {sum(cells)} cells in all, above "
                            f"{MAX_CELLS}; allowed: fewer or smaller marginals, fewer tabulate.bins or tabulate.columns")
@@ -83,6 +87,49 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     log.info("tables: %d marginals, %d cells, total %d (a noisy count) -> %s/tables/", len(sets), sum(cells),
              int(released[0].sum()), run_dir)
     return float("nan") if error is None else error
+
+
+def _run_sparse(conf: TabulateRunConfig, run_dir: Path, schema: Any, columns: list[Column],
+                sets: list[tuple[int, ...]]) -> float:
+    """tabulate.sparse: per marginal the stability-based histogram at its share of epsilon and
+    delta / (number of marginals); the listed cells' noisy counts (module docstring of
+    :mod:`dptrain.release.tables.marginals`)."""
+    p, sizes = conf.privacy, [c.size for c in columns]
+    shares = np.full(len(sets), 1.0 / len(sets))
+    data = load_dataset(conf.data, seed=conf.seed)
+    codes = row_codes(np.concatenate([data.x_train.numpy(), data.x_test.numpy()]),
+                      np.concatenate([data.y_train.numpy(), data.y_test.numpy()]), schema, bins=conf.tabulate.bins)
+    files = []
+    for cols, share in zip(sets, shares):
+        shape = [sizes[c] for c in cols]
+        ids, noisy = stability_histogram(np.ravel_multi_index(codes[:, list(cols)].T, shape),
+                                         epsilon=share * p.epsilon, delta=p.delta / len(sets))
+        levels = np.unravel_index(ids, shape)
+        frame = pd.DataFrame({columns[c].name: np.asarray(columns[c].levels, dtype=object)[lv]
+                              for c, lv in zip(cols, levels)})
+        frame["count"] = noisy
+        name = f"tables/{table_name(cols, columns)}.csv"
+        (run_dir / "tables").mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run_dir / name, frame.to_csv(index=False))
+        files.append(name)
+    guarantee = (f"({p.epsilon:g}, {p.delta:g})-DP: the stability-based histogram on each of {len(sets)} marginals "
+                 f"(discrete Laplace at epsilon {p.epsilon / len(sets):.4g} each, a one-row cell listed with "
+                 f"probability <= {p.delta / len(sets):.3g}); neighbours: {NEIGHBOURS}; for every file under tables/")
+    report = {"task": "tabulate", "private": True, "guarantee": guarantee, "epsilon": float(p.epsilon),
+              "delta": float(p.delta), "accountant": "basic composition", "mechanism": "stability-based histogram",
+              "sampler": "OpenDP's exact discrete Laplace (OS CSPRNG)", "neighbours": NEIGHBOURS,
+              "marginals": [{"table": table_name(s, columns), "share": float(w), "epsilon": float(w * p.epsilon),
+                             "delta": p.delta / len(sets)} for s, w in zip(sets, shares)],
+              "post_processing": "none: only the listed cells, their noisy counts", "files": files,
+              "not_covered": NOT_COVERED}
+    write_json(run_dir / "privacy.json", report)
+    atomic_write_text(run_dir / "privacy.txt", json.dumps(report, indent=2) + "\n")
+    write_manifest(run_dir, publishable={"privacy.json, privacy.txt": "this report", "tables/": "the listed cells "
+                                         "and their noisy counts (covered by the guarantee)", "FILES.txt": "this list",
+                                         ".hydra/": "the configuration"},
+                   private={"private/dptrain.log": "the log"}, guarantee=guarantee, report="privacy.json")
+    log.info("privacy: %s", guarantee)
+    return float("nan")
 
 
 def _chosen_columns(conf: TabulateRunConfig, columns: list[Column]) -> list[int]:

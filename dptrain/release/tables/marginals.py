@@ -58,9 +58,10 @@ from dptrain.privacy.accounting import SIGMA_RANGE, history_epsilon
 from dptrain.privacy.calibration import smallest_noise
 from dptrain.privacy.events import zcdp_event
 from dptrain.privacy.samplers import discrete_gaussian, discrete_laplace
+from dptrain.release.cell_domain import selection_threshold
 
 __all__ = ["Column", "Marginal", "budget_weights", "consistent_tables", "gaussian_rho", "measure",
-           "project_simplex", "round_keeping_sum", "round_matrix_keeping_margins", "workload"]
+           "project_simplex", "round_keeping_sum", "round_matrix_keeping_margins", "stability_histogram", "workload"]
 
 
 @dataclass(frozen=True)
@@ -259,3 +260,16 @@ def consistent_tables(marginals: list[Marginal], sizes: Sequence[int]) -> list[n
             flat = round_keeping_sum(project_simplex(table.reshape(-1), total), total)
             out.append(flat.reshape(table.shape))
     return out
+
+
+def stability_histogram(cell_ids: np.ndarray, *, epsilon: float, delta: float) -> tuple[np.ndarray, np.ndarray]:
+    """The stability-based histogram for a domain too large to list: the rows' cell ids (any
+    int64 labels), their observed cells' counts plus discrete Laplace noise of scale 1 / epsilon
+    (OpenDP's exact sampler), and only the cells whose noisy count reaches the threshold tau listed
+    (:func:`dptrain.release.cell_domain.selection_threshold`: a cell with ONE row is listed with
+    probability <= delta; an empty cell is never considered). (epsilon, delta)-DP under add/remove.
+    Returns (listed cell ids, their noisy counts)."""
+    ids, counts = np.unique(np.asarray(cell_ids, dtype=np.int64), return_counts=True)
+    noisy = discrete_laplace(counts.astype(np.int64), 1.0 / epsilon) if ids.size else counts.astype(np.int64)
+    keep = noisy >= selection_threshold(epsilon, delta)
+    return ids[keep], noisy[keep]
