@@ -24,10 +24,11 @@ from dptrain.settings.audit import AuditRunConfig, validate_audit
 from dptrain.settings.data import DATA_SOURCES
 from dptrain.settings.predict import PredictRunConfig, validate_predict_run
 from dptrain.settings.release import ReleaseRunConfig, validate_release_run
+from dptrain.settings.synthesize import SynthesizeRunConfig, validate_synthesize
 from dptrain.settings.tabulate import TabulateRunConfig, validate_tabulate
 from dptrain.settings.train import TrainRunConfig, sigma_unless_target, validate_train
 from dptrain.settings.tune import TuneRunConfig, validate_tune
-from dptrain.tasks import audit, predict, release, tabulate, train, tune
+from dptrain.tasks import audit, predict, release, synthesize, tabulate, train, tune
 
 
 @dataclass
@@ -54,6 +55,7 @@ TASKS.register("release", Task(ReleaseRunConfig, validate_release_run, release.r
 TASKS.register("predict", Task(PredictRunConfig, validate_predict_run, predict.run_task))
 TASKS.register("tune", Task(TuneRunConfig, validate_tune, tune.run_task))
 TASKS.register("tabulate", Task(TabulateRunConfig, validate_tabulate, tabulate.run_task))
+TASKS.register("synthesize", Task(SynthesizeRunConfig, validate_synthesize, synthesize.run_task))
 
 
 def task_schemas() -> dict[str, type]:

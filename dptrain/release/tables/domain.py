@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 
 from dptrain.core.errors import DPTrainError
 from dptrain.data.table import OTHER, Schema
 from dptrain.release.tables.marginals import Column
 
-__all__ = ["domain_columns", "row_codes"]
+__all__ = ["decode_rows", "domain_columns", "row_codes"]
 
 
 def _bin_labels(lo: float, hi: float, bins: int, transform: str) -> tuple[str, ...]:
@@ -62,3 +63,29 @@ def row_codes(x: np.ndarray, y: np.ndarray, schema: Schema, *, bins: int) -> np.
     if out.size and out.min() < 0:
         raise DPTrainError("a row's cell code is negative: the encoded rows do not match the schema")
     return out
+
+
+def _uniform_in_bins(codes: np.ndarray, lo: float, hi: float, bins: int, transform: str,
+                     rng: np.random.Generator) -> np.ndarray:
+    t_lo, t_hi = (math.log1p(lo), math.log1p(hi)) if transform == "log1p" else (lo, hi)
+    width = (t_hi - t_lo) / bins
+    v = t_lo + (codes + rng.random(codes.size)) * width
+    v = np.expm1(v) if transform == "log1p" else v
+    return np.clip(v, lo, hi)
+
+
+def decode_rows(codes: np.ndarray, schema: Schema, *, bins: int, rng: np.random.Generator) -> pd.DataFrame:
+    """Rows of codes (:func:`row_codes` order) as a table with the schema's column names: a
+    numeric value drawn uniformly within its bin (on the transformed scale), a category's label
+    (``<other>`` as such), the target's label (binary: the positive label or ``not <positive>``)."""
+    out: dict[str, np.ndarray] = {}
+    for k, s in enumerate(schema.numeric):
+        out[s.name] = _uniform_in_bins(codes[:, k], s.lower, s.upper, bins, s.transform, rng)
+    for k, (name, cats) in enumerate(schema.categorical):
+        out[name] = np.asarray((*cats, OTHER), dtype=object)[codes[:, len(schema.numeric) + k]]
+    labels = domain_columns(schema, bins=bins)[-1].levels
+    if schema.target_kind == "continuous":
+        out[schema.target] = _uniform_in_bins(codes[:, -1], *schema.target_bounds, bins, "none", rng)
+    else:
+        out[schema.target] = np.asarray(labels, dtype=object)[codes[:, -1]]
+    return pd.DataFrame(out)

@@ -1,0 +1,68 @@
+"""``task=synthesize``: synthetic microdata from DP marginals (docs/synthesis.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dptrain.core.validation import bad, integer, one_of, real, setting
+from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, check_common
+from dptrain.settings.data import check_source
+
+#: the synthesizers task=synthesize runs
+METHODS = ("mst", "mwem")
+
+
+@dataclass
+class SynthesizePrivacyConfig:
+    """The release's budget: zCDP, reported as (epsilon, delta) by the RDP accountant."""
+
+    epsilon: float = setting(1.0, help="the whole release's epsilon (selection, measurements, the noisy N)",
+                             allowed="a number in (0, 100]")
+    delta: float = setting(1e-6, help="the release's delta", allowed="a number in (0, 1e-3]")
+
+
+@dataclass
+class SynthesizeConfig:
+    """The synthesizer and the domain it works on."""
+
+    method: str = setting("mst", help="mst: a spanning tree of 2-way marginals (select, measure, generate) | mwem: "
+                          "multiplicative weights over the workload of marginals", allowed="mst | mwem")
+    bins: int = setting(8, help="equal-width bins of each numeric column within its PUBLIC bounds; synthetic values "
+                        "are drawn uniformly within their bin", allowed="an integer in 2..200")
+    rounds: int = setting(30, help="mwem: the number of select-measure-update rounds", allowed="an integer >= 1")
+    workload: int = setting(3, help="mwem: the largest marginal order in its workload (2: every 2-way marginal; 3: "
+                            "and every 3-way); the evaluation uses 2- and 3-way", allowed="2 | 3")
+
+
+@dataclass
+class SynthesizeRunConfig:
+    """task=synthesize: a synthetic file with the input's declared schema (docs/synthesis.md)."""
+
+    task: str = setting("synthesize", help="what the run does (a config group)",
+                        allowed="train | audit | release | predict | tune | tabulate | synthesize")
+    seed: int = setting(0, help="seeds data=synthetic's generator; NEVER the noise, the selections or the sampling "
+                        "(the operating system's CSPRNG)", allowed="an integer >= 0")
+    plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)
+    overwrite: bool = setting(False, help=OVERWRITE_HELP, allowed="true | false")
+    data: Any = setting(None, help="the data source, a config group: data=adult | table | synthetic (its declared "
+                        "columns are the domain)", allowed="adult | table | synthetic")
+    privacy: SynthesizePrivacyConfig = setting(help="the budget", factory=SynthesizePrivacyConfig)
+    synthesize: SynthesizeConfig = setting(help="the synthesizer", factory=SynthesizeConfig)
+
+
+def validate_synthesize(cfg: Any) -> None:
+    """Every setting of a ``task=synthesize`` run, before any row is read. Raises ConfigError."""
+    check_common(cfg)
+    check_source(cfg.data, ("adult", "table", "synthetic"), "a synthetic release")
+    if cfg.data.name == "table" and not getattr(cfg.data, "path", None):
+        raise bad("data.path", getattr(cfg.data, "path", None), "data=table needs the path of a CSV, Parquet or "
+                  ".dta file")
+    p, s = cfg.privacy, cfg.synthesize
+    real("privacy.epsilon", p.epsilon, "must be a number in (0, 100]", lo=0, hi=100, lo_open=True)
+    real("privacy.delta", p.delta, "must be a number in (0, 1e-3]", lo=0, hi=1e-3, lo_open=True)
+    one_of("synthesize.method", s.method, METHODS)
+    if integer("synthesize.bins", s.bins, 2, "an integer in 2..200") > 200:
+        raise bad("synthesize.bins", s.bins, "an integer in 2..200")
+    integer("synthesize.rounds", s.rounds, 1)
+    one_of("synthesize.workload", s.workload, (2, 3))

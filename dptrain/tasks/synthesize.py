@@ -1,0 +1,153 @@
+"""task=synthesize: a synthetic file with the input's declared schema, from DP marginals
+(:mod:`dptrain.release.synthesis`: MST by default, MWEM), one report (privacy.json, privacy.txt)
+and FILES.txt. Settings checked, THEN the rows read."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from dptrain.data import declaration, load_dataset
+from dptrain.data import schema_from_config as data_schema
+from dptrain.privacy.accounting import history_epsilon
+from dptrain.privacy.events import zcdp_event
+from dptrain.privacy.randomness import Randomness
+from dptrain.release.synthesis.mst import mst
+from dptrain.release.synthesis.mwem import MWEMSettings, mwem
+from dptrain.release.tables.domain import decode_rows, domain_columns, row_codes
+from dptrain.release.tables.marginals import gaussian_rho
+from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json, write_manifest
+from dptrain.settings.synthesize import SynthesizeRunConfig, validate_synthesize
+
+log = logging.getLogger("dptrain.synthesize")
+
+NEIGHBOURS = "add/remove one row (one person's record)"
+NOT_COVERED = [
+    "the declared domain (columns, category lists, numeric bounds and bins): assumed public, declared in the "
+    "config, not fitted on the rows",
+    "the log (private/dptrain.log), timings and error messages: for the data holder only; they quote no count",
+    "private/evaluation.json (data=adult or synthetic only): the synthetic file's marginal error against the "
+    "real rows",
+]
+
+
+def run_task(cfg: Any, *, run_dir: Path) -> float:
+    """task=synthesize (module docstring). Returns the synthetic file's average L1 distance over
+    every 2- and 3-way marginal against the real rows for public or simulated data, else NaN."""
+    conf: SynthesizeRunConfig = OmegaConf.to_object(cfg)
+    validate_synthesize(conf)
+    schema = data_schema(conf.data)
+    s = conf.synthesize
+    columns = domain_columns(schema, bins=s.bins)
+    sizes = [c.size for c in columns]
+    rho = gaussian_rho(conf.privacy.epsilon, conf.privacy.delta)
+    data = load_dataset(conf.data, seed=conf.seed)
+    codes = row_codes(np.concatenate([data.x_train.numpy(), data.x_test.numpy()]),
+                      np.concatenate([data.y_train.numpy(), data.y_test.numpy()]), schema, bins=s.bins)
+    secret = Randomness.fresh()
+    fitted = (mst(codes, sizes, rho=rho, rng=secret.numpy("synthesize-select")) if s.method == "mst" else
+              mwem(codes, sizes, _workload(len(sizes), s.workload),
+                   settings=MWEMSettings(rho=rho, rounds=s.rounds), rng=secret.numpy("synthesize-select")))
+    n = int(max(fitted.total, 0))
+    synth_codes = fitted.sample(n, secret.numpy("synthesize-sample"))
+    frame = decode_rows(synth_codes, schema, bins=s.bins, rng=secret.numpy("synthesize-decode"))
+    atomic_write_text(run_dir / "synthetic.csv", frame.to_csv(index=False, float_format="%.6g"))
+    _write_data_config(conf, run_dir)
+    error = _evaluate(conf, run_dir, codes, synth_codes, sizes)
+    report = _report(conf, rho, fitted, n, columns)
+    write_json(run_dir / "privacy.json", report)
+    atomic_write_text(run_dir / "privacy.txt", _text(report))
+    publishable = {"privacy.json, privacy.txt": "this report (the guarantee, the budget split; no count)",
+                   "synthetic.csv": "the synthetic rows (covered by the guarantee)", "FILES.txt": "this list",
+                   DATA_CONFIG: "a data config to train on synthetic.csv (the declared schema: public)",
+                   ".hydra/": "the configuration (no secret, no private value)"}
+    private = {"private/dptrain.log": "the log"}
+    if error is not None:
+        private["private/evaluation.json"] = "the synthetic file's marginal error against the real rows"
+    write_manifest(run_dir, publishable=publishable, private=private, guarantee=report["guarantee"],
+                   report="privacy.json")
+    log.info("privacy: %s", report["guarantee"])
+    log.info("synthetic: %d rows (a noisy count), %d columns (%s) -> %s/synthetic.csv", n, len(columns), s.method,
+             run_dir)
+    log.info("train on it: python -m dptrain --config-dir %s/conf experiment=logit data=synthetic_release", run_dir)
+    return float("nan") if error is None else error
+
+
+#: the data config a training run reads the synthetic file with (``--config-dir RUN/conf data=synthetic_release``)
+DATA_CONFIG = "conf/data/synthetic_release.yaml"
+
+
+def _write_data_config(conf: SynthesizeRunConfig, run_dir: Path) -> None:
+    """RUN/conf/data/synthetic_release.yaml: data=table on synthetic.csv with the input's declared
+    schema (public), so that any dptrain model trains on it:
+    ``python -m dptrain --config-dir RUN/conf experiment=logit data=synthetic_release``. Its
+    split is a hash split of the synthetic rows (no real test row is in the file)."""
+    d = declaration(conf.data)
+    body = {"defaults": ["/schema/data/table@_here_", "_self_"], "name": "table",
+            "path": str((run_dir / "synthetic.csv").resolve()), "target": d["target"], "positive": d["positive"],
+            "classes": d["classes"], "numeric": d["numeric"], "categorical": d["categorical"]}
+    if d["target_bounds"] is not None:
+        bounds = d["target_bounds"]
+        body["target_bounds"] = {"lower": _get(bounds, "lower"), "upper": _get(bounds, "upper")}
+    header = ("# data=table on this run's synthetic.csv, with the declared schema of the data it was made from:\n"
+              "# python -m dptrain --config-dir <this run>/conf experiment=logit data=synthetic_release\n")
+    (run_dir / "conf" / "data").mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / DATA_CONFIG, header + OmegaConf.to_yaml(OmegaConf.create(body)))
+
+
+def _get(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name)
+
+
+def _workload(d: int, order: int) -> list[tuple[int, ...]]:
+    return [c for k in range(2, order + 1) for c in itertools.combinations(range(d), k)]
+
+
+def marginal_l1(a: np.ndarray, b: np.ndarray, cols: tuple[int, ...], sizes: list[int]) -> float:
+    """The L1 distance between the ``cols`` marginals of two sets of rows, as distributions."""
+    shape = [sizes[c] for c in cols]
+    ca = np.bincount(np.ravel_multi_index(a[:, list(cols)].T, shape), minlength=int(np.prod(shape)))
+    cb = np.bincount(np.ravel_multi_index(b[:, list(cols)].T, shape), minlength=int(np.prod(shape)))
+    return float(np.abs(ca / max(ca.sum(), 1) - cb / max(cb.sum(), 1)).sum())
+
+
+def _evaluate(conf: SynthesizeRunConfig, run_dir: Path, real: np.ndarray, synth: np.ndarray,
+              sizes: list[int]) -> float | None:
+    """private/evaluation.json for public or simulated data (data=adult, synthetic) only: the
+    average L1 distance over every 2-way and every 3-way marginal."""
+    if conf.data.name not in ("adult", "synthetic"):
+        return None
+    out = {}
+    for k in (2, 3):
+        errs = [marginal_l1(real, synth, c, sizes) for c in itertools.combinations(range(len(sizes)), k)]
+        out[f"mean_l1_{k}way"] = float(np.mean(errs))
+    write_json(private_dir(run_dir) / "evaluation.json", {**out, "note": "against the real rows: private"})
+    return float((out["mean_l1_2way"] + out["mean_l1_3way"]) / 2.0)
+
+
+def _report(conf: SynthesizeRunConfig, rho: float, fitted: Any, n: int, columns: list) -> dict[str, Any]:
+    p = conf.privacy
+    eps = history_epsilon([(zcdp_event(fitted.total_rho), 1)], delta=p.delta, accountant="rdp")
+    guarantee = (f"({eps:.4g}, {p.delta:.3g})-DP, neighbours: {NEIGHBOURS}; {conf.synthesize.method}: "
+                 f"{fitted.total_rho:.6g}-zCDP in all (its stages' rho summed), converted by the RDP accountant; "
+                 "for synthetic.csv and everything computed from it")
+    return {"task": "synthesize", "private": True, "guarantee": guarantee, "epsilon": eps, "delta": p.delta,
+            "accountant": "rdp (zCDP)", "rho": fitted.total_rho, "rho_budget": rho, "method": conf.synthesize.method,
+            "stages": fitted.spent, "rows": n, "neighbours": NEIGHBOURS,
+            "sampler": "OpenDP's exact discrete Gaussian for the measurements; the selections and the sampling "
+                       "from the operating system's CSPRNG",
+            "domain": {c.name: list(c.levels) for c in columns}, "not_covered": NOT_COVERED}
+
+
+def _text(report: dict[str, Any]) -> str:
+    lines = ["task=synthesize: synthetic microdata", "", f"guarantee: {report['guarantee']}", "",
+             f"method: {report['method']}; stages (zCDP rho):"]
+    lines += [f"  {s.get('stage', s.get('kind', ''))}: rho {s['rho']:.6g}" for s in report["stages"]]
+    lines += ["", f"rows: {report['rows']} (a noisy count)", "", "not covered:",
+              *[f"  - {x}" for x in report["not_covered"]]]
+    return "\n".join(lines) + "\n"
