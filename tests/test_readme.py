@@ -45,7 +45,8 @@ EXPECT = {
     "Private hyperparameter search (`task=tune`)": [r"tune: selected .*epsilon 0\.99\d* for the whole search"],
     "Releasing small-cell statistics (MOS, DP-MOS and baselines)": [
         r"MOS is NOT differentially private", r"release written: .*end to end.* at epsilon 12, delta 1e-06"],
-    "One-shot tables (`task=tabulate`)": [r"privacy: \(0\.99\d*, 1e-06\)-DP", r"tables: 91 marginals"],
+    "One-shot releases: tables, TopDown, synthetic data": [
+        r"tables: 91 marginals", r"topdown: nation 1, state 4, county 300", r"synthetic: \d+ rows .*\(mst\)"],
     "Score new rows": [r"(?m)^score,probability,label$"],
     "Python API": [r"accuracy 0\.\d+ at epsilon (0\.99\d*|1\.0000)", r"guarantee: \("],
     "Auditing a run": [r"audit: m = 1000 canaries"],

@@ -26,9 +26,10 @@ from dptrain.settings.predict import PredictRunConfig, validate_predict_run
 from dptrain.settings.release import ReleaseRunConfig, validate_release_run
 from dptrain.settings.synthesize import SynthesizeRunConfig, validate_synthesize
 from dptrain.settings.tabulate import TabulateRunConfig, validate_tabulate
+from dptrain.settings.topdown import TopDownRunConfig, validate_topdown
 from dptrain.settings.train import TrainRunConfig, sigma_unless_target, validate_train
 from dptrain.settings.tune import TuneRunConfig, validate_tune
-from dptrain.tasks import audit, predict, release, synthesize, tabulate, train, tune
+from dptrain.tasks import audit, predict, release, synthesize, tabulate, topdown, train, tune
 
 
 @dataclass
@@ -56,6 +57,7 @@ TASKS.register("predict", Task(PredictRunConfig, validate_predict_run, predict.r
 TASKS.register("tune", Task(TuneRunConfig, validate_tune, tune.run_task))
 TASKS.register("tabulate", Task(TabulateRunConfig, validate_tabulate, tabulate.run_task))
 TASKS.register("synthesize", Task(SynthesizeRunConfig, validate_synthesize, synthesize.run_task))
+TASKS.register("topdown", Task(TopDownRunConfig, validate_topdown, topdown.run_task))
 
 
 def task_schemas() -> dict[str, type]:

@@ -1,0 +1,59 @@
+"""``task=topdown``: Census-style TopDown on the simulated geography (docs/tables.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dptrain.core.validation import bad, integer, one_of, real, setting
+from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, check_common
+
+
+@dataclass
+class TopDownConfig:
+    """The simulated geography, the budget split over its levels and the invariants."""
+
+    states: int = setting(4, help="states of the simulated nation", allowed="an integer >= 1")
+    counties: int = setting(300, help="counties in all (right-skewed populations)", allowed="an integer >= states")
+    population: int = setting(4_000_000, help="the nation's population", allowed="an integer >= 1000")
+    shares: list[float] = setting(help="the share of rho of each level: nation, state, county, tract",
+                                  allowed="four numbers >= 0, at least one > 0", factory=lambda: [0.1, 0.2, 0.3, 0.4])
+    invariants: str = setting("states", help="totals released exactly by policy: none | nation | states (each "
+                              "state's population, and so the nation's)", allowed="none | nation | states")
+
+
+@dataclass
+class TopDownPrivacyConfig:
+    """The release's budget: zCDP, reported as (epsilon, delta) by the RDP accountant."""
+
+    epsilon: float = setting(5.0, help="the release's epsilon (the invariants are outside it: exact by policy)",
+                             allowed="a number in (0, 100]")
+    delta: float = setting(1e-6, help="the release's delta", allowed="a number in (0, 1e-3]")
+
+
+@dataclass
+class TopDownRunConfig:
+    """task=topdown: noisy counts at every level of a simulated geography, made consistent top down."""
+
+    task: str = setting("topdown", help="what the run does (a config group)",
+                        allowed="train | audit | release | predict | tune | tabulate | synthesize | topdown")
+    seed: int = setting(0, help="seeds the geography simulator (PUBLIC); NEVER the noise", allowed="an integer >= 0")
+    plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)
+    overwrite: bool = setting(False, help=OVERWRITE_HELP, allowed="true | false")
+    privacy: TopDownPrivacyConfig = setting(help="the budget", factory=TopDownPrivacyConfig)
+    topdown: TopDownConfig = setting(help="the geography and the budget split", factory=TopDownConfig)
+
+
+def validate_topdown(cfg: TopDownRunConfig) -> None:
+    """Every setting of a ``task=topdown`` run. Raises ConfigError."""
+    check_common(cfg)
+    t, p = cfg.topdown, cfg.privacy
+    integer("topdown.states", t.states, 1)
+    if integer("topdown.counties", t.counties, 1) < t.states:
+        raise bad("topdown.counties", t.counties, f"at least topdown.states={t.states}")
+    integer("topdown.population", t.population, 1000)
+    shares = list(t.shares)
+    if len(shares) != 4 or any(not isinstance(s, (int, float)) or s < 0 for s in shares) or sum(shares) <= 0:
+        raise bad("topdown.shares", shares, "four numbers >= 0 (nation, state, county, tract), at least one > 0")
+    one_of("topdown.invariants", t.invariants, ("none", "nation", "states"))
+    real("privacy.epsilon", p.epsilon, "must be a number in (0, 100]", lo=0, hi=100, lo_open=True)
+    real("privacy.delta", p.delta, "must be a number in (0, 1e-3]", lo=0, hi=1e-3, lo_open=True)
