@@ -157,6 +157,7 @@ LAZY_THIRD_PARTY = {
     "dptrain.inference.intervals": {"scipy"},
     "dptrain.inference.newton": {"scipy"},  # a run's interval quantiles only
     "dptrain.privacy.samplers": {"opendp.prelude"},  # the one-shot table releases only
+    "dptrain.release.tables.marginals": {"scipy.sparse", "scipy.sparse.csgraph"},  # consistent 2-way tables only
     "dptrain.training.estimators": {"scipy"},  # conf_int() only
     "dptrain.inference.audit_bound": {"scipy"},  # task=audit only  # estimator=subsample_aggregate only
     "dptrain.tasks.tune": {"scipy.optimize"},  # task=tune only

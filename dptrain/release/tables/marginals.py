@@ -50,8 +50,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import maximum_flow
 
 from dptrain.core.errors import DPTrainError
 from dptrain.privacy.accounting import SIGMA_RANGE, history_epsilon
@@ -220,6 +218,9 @@ def round_matrix_keeping_margins(x: np.ndarray, rows: np.ndarray, cols: np.ndarr
     from a nonnegative real ``x`` with those sums: floors, then entries rounded up where a maximum
     flow (source -> row, capacity its deficit; row -> column, capacity 1 where the entry has a
     fractional part; column -> sink, capacity its deficit) sends a unit."""
+    from scipy.sparse import csr_matrix  # here, not at the top: the command line starts without scipy
+    from scipy.sparse.csgraph import maximum_flow
+
     base = np.floor(x + 1e-9).astype(np.int64)
     need_r, need_c = rows - base.sum(axis=1), cols - base.sum(axis=0)
     if need_r.sum() == 0:
