@@ -320,7 +320,7 @@ def test_likelihood_ratio_of_one_row_is_within_the_claim_and_mos_fails_it():
         if key not in cache:
             cache[key] = stability_bounds(cells, statistic="p25", k_max=60)
         rel = release_dp_mos(cells, statistic="p25", epsilon=eps, delta=1e-6, rng=rng,
-                             bounds=lambda k: cache[key])
+                             bounds=lambda k: cache[key], config=DPMOSConfig(refuse_small_groups=False))
         return rel.frame["theta_released"].iloc[5]
 
     def mos(cells, rng):

@@ -310,7 +310,7 @@ def test_two_process_sharded_run_matches_one_process(tmp_path):
 
     write_set(tmp_path / "set")
     run = ["experiment=logit", "estimator.interval_share=0", *SCHEMA_ARGS, f"data.path={tmp_path / 'set'}",
-           "trainer.epochs=2",
+           "++data.split_key=[rid]", "trainer.epochs=2",
            "trainer.batch_size=128", "trainer.progress=false", "trainer.threads=1", "trainer.baseline=false",
            "trainer.eval_every=10"]
     one, two, spy = tmp_path / "one", tmp_path / "two", tmp_path / "spy"
@@ -325,14 +325,15 @@ def test_two_process_sharded_run_matches_one_process(tmp_path):
     for key in ("dataset_size", "sample_rate", "epsilon", "epsilons", "steps", "noise_multiplier", "delta"):
         assert p2[key] == p1[key], key
     assert p2["distributed"]["world_size"] == 2 and "Parquet row groups" in p2["distributed"]["sharding"]
-    # each rank read only its own row groups (declared columns only); together every row once
+    # each rank read only its own row groups (the declared columns and the split's key, data.split_key: not
+    # the whole row, which is the default key); together every row once
     pset = open_parquet_set(tmp_path / "set")
     reads = [json.loads((spy / f"rank{r}.json").read_text()) for r in (0, 1)]
     total = sum(p.rows for p in pset.pieces)
     got = []
     for r, read in enumerate(reads):
         assert 0 < sum(x["rows"] for x in read) < total
-        assert all(x["columns"] == ["cat", "x0", "x1", "x2", "y"] for x in read)
+        assert all(x["columns"] == ["cat", "rid", "x0", "x1", "x2", "y"] for x in read), read
         got += [(x["file"], g) for x in read for g in x["row_groups"]]
         assert sorted(got[-sum(len(x["row_groups"]) for x in read):]) == sorted(
             (pset.files[p.file].name, p.row_group) for p in shard_pieces(pset, r, 2))
@@ -340,7 +341,7 @@ def test_two_process_sharded_run_matches_one_process(tmp_path):
     # the test metrics are over every test row: what one process computes with the same model
     m1, m2 = (json.loads((d / "private" / "metrics.json").read_text()) for d in (one, two))
     model = load_model(two)
-    whole = load_dataset(data_cfg(tmp_path / "set"), seed=_conf(run).seed)
+    whole = load_dataset(data_cfg(tmp_path / "set", split_key=["rid"]), seed=_conf(run).seed)
     with torch.no_grad():
         expected = build_objective("binary").metrics(model.module(whole.x_test), whole.y_test)
     assert m2["test/acc"] == pytest.approx(expected["acc"], abs=1e-6)

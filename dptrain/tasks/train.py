@@ -50,11 +50,11 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
         lines = summary_lines(result, report, dist_ctx=dist_ctx, run_dir=run_dir)
         line_of = getattr(build_objective(conf.objective), "summary_line", None)  # optional for plugins
         extra = line_of(result.metrics) if line_of is not None else None  # e.g. linear's RMSE baselines
-        for line in lines[:1] + ([extra] if extra else []) + lines[1:]:
-            log.info(line)
         table = report.get("estimator", {}).get("table")
         if table:  # the whole table: the private log only (the console has its summary line)
             log.info("%s", table, extra={"console": False})
+        for line in lines[:1] + ([extra] if extra else []) + lines[1:]:
+            log.info(line)
     if dist_ctx is not None:
         shutdown()
     return float(result.metrics[f"test/{build_objective(conf.objective).primary_metric}"])
