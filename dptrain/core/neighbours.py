@@ -5,6 +5,9 @@
   default use it.
 * ``ADD``: only additions (what the Chetty-Friedman Stata guide computes for MOS).
 * ``REPLACE_ONE``: one row replaced by another; N is public (NoisyStats, DP Theil-Sen).
+* ``ER_EE``: strong alpha-neighbours of employer-employee data (one establishment's size x grows
+  to x' with x <= x' <= max((1 + alpha) x, x + 1), or one job added/removed);
+  (alpha, epsilon)-ER-EE privacy (dptrain.release.employer.mechanisms).
 
 An epsilon-DP add/remove mechanism is 2 epsilon-DP under replace-one (a replacement is one
 removal and one addition: group privacy over two steps, with delta (1 + e^epsilon) delta). The
@@ -26,6 +29,7 @@ class Neighbours(StrEnum):
     ADD_REMOVE = "add_remove"
     ADD = "add"
     REPLACE_ONE = "replace_one"
+    ER_EE = "er_ee"
 
     @classmethod
     def parse(cls, value: str | Neighbours, *, setting: str = "neighbours") -> Neighbours:
