@@ -39,7 +39,7 @@ def test_every_preset_composes_and_validates(name):
     elif conf.task == "release":
         assert conf.data.name in ("atlas", "table")
     else:  # the one-shot releases
-        assert conf.task in ("tabulate", "synthesize", "topdown")
+        assert conf.task in ("tabulate", "synthesize", "topdown", "lodes")
 
 
 def test_presets_exist():

@@ -46,7 +46,8 @@ EXPECT = {
     "Releasing small-cell statistics (MOS, DP-MOS and baselines)": [
         r"MOS is NOT differentially private", r"release written: .*end to end.* at epsilon 12, delta 1e-06"],
     "One-shot releases: tables, TopDown, synthetic data": [
-        r"tables: 91 marginals", r"topdown: nation 1, state 4, county 300", r"synthetic: \d+ rows .*\(mst\)"],
+        r"tables: 91 marginals", r"topdown: nation 1, state 4, county 300", r"synthetic: \d+ rows .*\(mst\)",
+        r"published log_laplace: \(0\.1, 4\)-er_ee"],
     "Score new rows": [r"(?m)^score,probability,label$"],
     "Python API": [r"accuracy 0\.\d+ at epsilon (0\.99\d*|1\.0000)", r"guarantee: \("],
     "Auditing a run": [r"audit: m = 1000 canaries"],

@@ -22,6 +22,7 @@ from dptrain.core.validation import one_of
 from dptrain.settings import command_line
 from dptrain.settings.audit import AuditRunConfig, validate_audit
 from dptrain.settings.data import DATA_SOURCES
+from dptrain.settings.lodes import LodesRunConfig, validate_lodes
 from dptrain.settings.predict import PredictRunConfig, validate_predict_run
 from dptrain.settings.release import ReleaseRunConfig, validate_release_run
 from dptrain.settings.synthesize import SynthesizeRunConfig, validate_synthesize
@@ -29,7 +30,7 @@ from dptrain.settings.tabulate import TabulateRunConfig, validate_tabulate
 from dptrain.settings.topdown import TopDownRunConfig, validate_topdown
 from dptrain.settings.train import TrainRunConfig, sigma_unless_target, validate_train
 from dptrain.settings.tune import TuneRunConfig, validate_tune
-from dptrain.tasks import audit, predict, release, synthesize, tabulate, topdown, train, tune
+from dptrain.tasks import audit, lodes, predict, release, synthesize, tabulate, topdown, train, tune
 
 
 @dataclass
@@ -58,6 +59,7 @@ TASKS.register("tune", Task(TuneRunConfig, validate_tune, tune.run_task))
 TASKS.register("tabulate", Task(TabulateRunConfig, validate_tabulate, tabulate.run_task))
 TASKS.register("synthesize", Task(SynthesizeRunConfig, validate_synthesize, synthesize.run_task))
 TASKS.register("topdown", Task(TopDownRunConfig, validate_topdown, topdown.run_task))
+TASKS.register("lodes", Task(LodesRunConfig, validate_lodes, lodes.run_task))
 
 
 def task_schemas() -> dict[str, type]:

@@ -1,0 +1,50 @@
+"""task=lodes (experiment=lodes_sim, issue 34): five mechanisms' tables on the simulated jobs data,
+the published one at the top, the others and the comparison against exact totals under private/;
+the report names the neighbour relation and what it protects; impossible settings are refused."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_module
+
+from dptrain.tasks import cli
+
+
+def _run(tmp_path, *overrides):
+    with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["experiment=lodes_sim", "lodes.establishments=3000",
+                                                         *overrides])
+    run = tmp_path / "run"
+    cli.run(cfg, run_dir=run)
+    return run
+
+
+def test_lodes_sim_publishes_one_table_and_keeps_the_comparison_private(tmp_path):
+    run = _run(tmp_path)
+    report = json.loads((run / "privacy.json").read_text())
+    assert report["published"] == "log_laplace" and "(0.1, 4)-er_ee" in report["guarantee"]
+    assert "factor 1 + alpha = 1.1" in report["guarantee"] and "NOT an establishment's size" in json.dumps(
+        report["mechanisms"]["laplace_worker"])
+    top = pd.read_csv(run / "tables" / "log_laplace.csv")
+    assert {"place", "sector", "ownership", "released", "ci_low", "ci_high"} <= set(top.columns)
+    assert (top.ci_low <= top.released).all() and (top.released <= top.ci_high).all()
+    for other in ("smooth_gamma", "smooth_laplace", "laplace_worker", "employer_laplace"):
+        assert (run / "private" / "tables" / f"{other}.csv").is_file()
+        assert not (run / "tables" / f"{other}.csv").exists()
+    comparison = pd.read_csv(run / "private" / "comparison.csv")
+    assert set(comparison.mechanism) == {"log_laplace", "smooth_gamma", "smooth_laplace", "laplace_worker",
+                                         "employer_laplace"}
+    worker = comparison[comparison.mechanism == "laplace_worker"].mae.mean()
+    employer = comparison[comparison.mechanism == "employer_laplace"].mae.mean()
+    assert worker < 1.0 < 50 < employer  # worker-level: noise 1/epsilon; employer-level: cap/epsilon
+    files = (run / "FILES.txt").read_text()
+    assert "tables/log_laplace.csv" in files.split("PRIVATE")[0] and "comparison.csv" in files.split("PRIVATE")[1]
+
+
+def test_an_alpha_the_smooth_mechanisms_cannot_take_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        _run(tmp_path, "lodes.alpha=0.5")
+    assert stop.value.code == 2 and "lodes.alpha" in capsys.readouterr().err and not (tmp_path / "run").exists()
