@@ -749,6 +749,16 @@ def _label_words(col: pd.Series, rows: np.ndarray, salt: bytes) -> np.ndarray:
     return lookup[codes[rows]]
 
 
+def _column_words(col: pd.Series, rows: np.ndarray, salt: bytes) -> np.ndarray:
+    """One 64-bit word per row of a key column: a numeric column's float64 bits (-0.0 as 0.0, every
+    missing value one NaN; one vectorised pass), any other column's keyed label words."""
+    if pd.api.types.is_numeric_dtype(col.dtype) and not pd.api.types.is_bool_dtype(col.dtype):
+        v = col.to_numpy(dtype=np.float64, na_value=np.nan)[rows] + 0.0
+        v[np.isnan(v)] = np.nan
+        return v.view(np.uint64)
+    return _label_words(col, rows, salt)
+
+
 def split_scores(df: pd.DataFrame, schema: Schema, *, seed: int, rows: np.ndarray | None = None) -> np.ndarray:
     """``u`` in [0, 1) for each of ``rows`` (default all): a keyed hash of the row's content in the
     split's key columns (``data.split_key``; by default every column of the file, in name order:
@@ -756,15 +766,15 @@ def split_scores(df: pd.DataFrame, schema: Schema, *, seed: int, rows: np.ndarra
     test row iff ``u < test_fraction``.
 
     ``u`` depends on the row's own cells and the seed only, never on the other rows, their number
-    or their order. Each cell enters as its stripped string (``1``, ``1.0`` read as a float and
-    ``"1"`` alike; missing values as one marker). The columns' words are combined with SplitMix64
+    or their order. A numeric column's cell enters as its float64 bits, any other cell as its
+    stripped string (missing values as one marker). The columns' words are combined with SplitMix64
     rounds keyed by :func:`split_salt`, in numpy uint64 arithmetic (no dependence on pandas'
     hashing)."""
     if rows is None:
         rows = np.arange(len(df))
     salt = split_salt(seed)
     key = schema.split_key if schema.split_key is not None else sorted(df.columns)
-    words = [_label_words(df[col], rows, salt) for col in key]
+    words = [_column_words(df[col], rows, salt) for col in key]
     def keyed(x: np.ndarray, name: bytes) -> np.ndarray:  # two keyed SplitMix64 rounds
         return _mix(_mix(x ^ np.uint64(_word(salt, name + b"/1"))) ^ np.uint64(_word(salt, name + b"/2")))
 

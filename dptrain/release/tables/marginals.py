@@ -223,8 +223,10 @@ def round_matrix_keeping_margins(x: np.ndarray, rows: np.ndarray, cols: np.ndarr
 
     base = np.floor(x + 1e-9).astype(np.int64)
     need_r, need_c = rows - base.sum(axis=1), cols - base.sum(axis=0)
-    if need_r.sum() == 0:
+    if not need_r.any() and not need_c.any():
         return base
+    if (need_r < 0).any() or (need_c < 0).any():  # raking stopped short: no flow can fix an excess
+        return _repair(base, rows, cols, x)
     r, c = x.shape
     frac = np.argwhere(x - base > 1e-9)
     n = r + c + 2
@@ -237,6 +239,33 @@ def round_matrix_keeping_margins(x: np.ndarray, rows: np.ndarray, cols: np.ndarr
     for a, b, f in zip(flow.row, flow.col, flow.data):
         if f > 0 and a < r and r <= b < r + c:
             base[a, b - r] += 1
+    return _repair(base, rows, cols, x)
+
+
+def _repair(base: np.ndarray, rows: np.ndarray, cols: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Where raking stopped short of the margins (sparse tables converge slowly), the floors and
+    the flow can miss them by a few units either way: take units away from the rows and columns
+    over their margin (the entries most above ``x``), then add units where a row and a column are
+    both short (the entries most below ``x``). Every margin is then met exactly."""
+    need_r, need_c = rows - base.sum(axis=1), cols - base.sum(axis=0)
+    while (need_r < 0).any() or (need_c < 0).any():
+        over = base - x
+        if (need_r < 0).any():
+            i = int(np.flatnonzero(need_r < 0)[0])
+            j = int(np.argmax(np.where(base[i] > 0, over[i], -np.inf)))
+        else:
+            j = int(np.flatnonzero(need_c < 0)[0])
+            i = int(np.argmax(np.where(base[:, j] > 0, over[:, j], -np.inf)))
+        base[i, j] -= 1
+        need_r[i] += 1
+        need_c[j] += 1
+    while need_r.sum() > 0:
+        ii, jj = np.flatnonzero(need_r > 0), np.flatnonzero(need_c > 0)
+        under = (x - base)[np.ix_(ii, jj)]
+        a, b = np.unravel_index(int(np.argmax(under)), under.shape)
+        base[ii[a], jj[b]] += 1
+        need_r[ii[a]] -= 1
+        need_c[jj[b]] -= 1
     return base
 
 
