@@ -28,12 +28,12 @@ def test_lodes_sim_publishes_one_table_and_keeps_the_comparison_private(tmp_path
     assert report["published"] == "log_laplace" and "(0.1, 4)-er_ee" in report["guarantee"]
     assert "factor 1 + alpha = 1.1" in report["guarantee"] and "NOT an establishment's size" in json.dumps(
         report["mechanisms"]["laplace_worker"])
-    top = pd.read_csv(run / "tables" / "log_laplace.csv")
+    top = pd.read_csv(run / "tables" / "place__sector__ownership.csv")
     assert {"place", "sector", "ownership", "released", "ci_low", "ci_high"} <= set(top.columns)
     assert (top.ci_low <= top.released).all() and (top.released <= top.ci_high).all()
     for other in ("smooth_gamma", "smooth_laplace", "laplace_worker", "employer_laplace"):
-        assert (run / "private" / "tables" / f"{other}.csv").is_file()
-        assert not (run / "tables" / f"{other}.csv").exists()
+        assert (run / "private" / "tables" / other / "place__sector__ownership.csv").is_file()
+    assert sorted(p.name for p in (run / "tables").iterdir()) == ["place__sector__ownership.csv"]
     comparison = pd.read_csv(run / "private" / "comparison.csv")
     assert set(comparison.mechanism) == {"log_laplace", "smooth_gamma", "smooth_laplace", "laplace_worker",
                                          "employer_laplace"}
@@ -41,10 +41,28 @@ def test_lodes_sim_publishes_one_table_and_keeps_the_comparison_private(tmp_path
     employer = comparison[comparison.mechanism == "employer_laplace"].mae.mean()
     assert worker < 1.0 < 50 < employer  # worker-level: noise 1/epsilon; employer-level: cap/epsilon
     files = (run / "FILES.txt").read_text()
-    assert "tables/log_laplace.csv" in files.split("PRIVATE")[0] and "comparison.csv" in files.split("PRIVATE")[1]
+    assert "tables/place__sector__ownership.csv" in files.split("PRIVATE")[0]
+    assert "comparison.csv" in files.split("PRIVATE")[1]
 
 
-def test_an_alpha_the_smooth_mechanisms_cannot_take_is_refused(tmp_path, capsys):
+def test_every_marginal_is_released_with_its_composition_stated(tmp_path):
+    run = _run(tmp_path, "lodes.marginals=all")
+    report = json.loads((run / "privacy.json").read_text())
+    assert len(report["tables"]) == 7 and report["per_table"]["epsilon"] == pytest.approx(4 / 7)
+    assert "7 tables" in report["guarantee"] and "composed sequentially" in report["guarantee"]
+    assert report["not_run"] == ["smooth_gamma", "smooth_laplace"]  # beta <= ln(1.1) at epsilon 4/7
+    place = pd.read_csv(run / "tables" / "place.csv")
+    finest = pd.read_csv(run / "tables" / "place__sector__ownership.csv")
+    assert set(place.place) == set(finest.place) and len(place) < len(finest)
+    with pytest.raises(SystemExit):
+        _run(tmp_path / "x", "lodes.marginals=all", "lodes.publish=smooth_gamma")  # not defined there: refused
+
+
+def test_a_published_mechanism_undefined_at_its_alpha_is_refused(tmp_path, capsys):
+    """The smooth mechanisms need beta > ln(1 + alpha): publishing one where it is not defined is
+    refused by name; another published mechanism runs, and the report says which did not run."""
     with pytest.raises(SystemExit) as stop:
-        _run(tmp_path, "lodes.alpha=0.5")
-    assert stop.value.code == 2 and "lodes.alpha" in capsys.readouterr().err and not (tmp_path / "run").exists()
+        _run(tmp_path, "lodes.alpha=0.5", "lodes.publish=smooth_gamma")
+    assert stop.value.code == 2 and "lodes.publish" in capsys.readouterr().err and not (tmp_path / "run").exists()
+    run = _run(tmp_path / "ok", "lodes.alpha=0.5")
+    assert json.loads((run / "privacy.json").read_text())["not_run"] == ["smooth_gamma", "smooth_laplace"]

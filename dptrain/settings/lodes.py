@@ -22,6 +22,9 @@ class LodesConfig:
                            allowed="a number in (0, 1]")
     employer_cap: int = setting(1000, help="employer_laplace: the PUBLIC size cap (sizes clipped to it)",
                                 allowed="an integer >= 1")
+    marginals: str = setting("finest", help="the tables released: finest (place x sector x ownership) | all (its 7 "
+                             "marginals: each of the three, each pair, and the finest; the epsilon and delta are "
+                             "shared evenly among them, sequential composition)", allowed="finest | all")
     publish: str = setting("log_laplace", help="the mechanism whose table is written at the top of the run folder; "
                            "the others go under private/ (publishing two tables composes their guarantees)",
                            allowed=" | ".join(MECHANISMS))
@@ -58,9 +61,37 @@ def validate_lodes(cfg: LodesRunConfig) -> None:
     one_of("lodes.publish", c.publish, MECHANISMS)
     real("privacy.epsilon", p.epsilon, "must be a number in (0, 100]", lo=0, hi=100, lo_open=True)
     real("privacy.delta", p.delta, "must be a number in (0, 1e-3]", lo=0, hi=1e-3, lo_open=True)
-    if p.epsilon / 10.0 <= math.log1p(c.alpha):
-        raise bad("lodes.alpha", c.alpha, f"smooth_gamma needs epsilon / 10 > ln(1 + alpha) (epsilon "
-                  f"{p.epsilon:g}): a smaller alpha or a larger privacy.epsilon")
-    if p.epsilon / (2.0 * math.log(2.0 / p.delta)) <= math.log1p(c.alpha):
-        raise bad("lodes.alpha", c.alpha, f"smooth_laplace needs epsilon / (2 ln(2 / delta)) > ln(1 + alpha) "
-                  f"(epsilon {p.epsilon:g}, delta {p.delta:g}): a smaller alpha, a larger epsilon or delta")
+    one_of("lodes.marginals", c.marginals, ("finest", "all"))
+    eps, delta = per_table(p.epsilon, p.delta, c.marginals)
+    if c.publish not in feasible(c.alpha, eps, delta):
+        raise bad("lodes.publish", c.publish, f"{c.publish} needs its beta above ln(1 + alpha) at each table's "
+                  f"epsilon {eps:.4g} (smooth_gamma: epsilon / 10; smooth_laplace: epsilon / (2 ln(2 / delta))): a "
+                  "smaller lodes.alpha, a larger privacy.epsilon, lodes.marginals=finest or another mechanism")
+
+
+#: the marginals of place x sector x ownership (lodes.marginals=all), coarsest first
+ALL_MARGINALS = (("place",), ("sector",), ("ownership",), ("place", "sector"), ("place", "ownership"),
+                 ("sector", "ownership"), ("place", "sector", "ownership"))
+
+
+def marginal_sets(which: str) -> tuple[tuple[str, ...], ...]:
+    return ALL_MARGINALS if which == "all" else (ALL_MARGINALS[-1],)
+
+
+def per_table(epsilon: float, delta: float, which: str) -> tuple[float, float]:
+    """Each table's (epsilon, delta): the run's shared evenly among its tables (sequential composition)."""
+    m = len(marginal_sets(which))
+    return epsilon / m, delta / m
+
+
+def feasible(alpha: float, epsilon: float, delta: float) -> tuple[str, ...]:
+    """The mechanisms defined at (alpha, epsilon, delta): the smooth ones need their beta above
+    ln(1 + alpha) (else the smooth sensitivity is infinite)."""
+    out = []
+    for name in MECHANISMS:
+        if name == "smooth_gamma" and epsilon / 10.0 <= math.log1p(alpha):
+            continue
+        if name == "smooth_laplace" and epsilon / (2.0 * math.log(2.0 / delta)) <= math.log1p(alpha):
+            continue
+        out.append(name)
+    return tuple(out)

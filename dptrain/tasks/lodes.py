@@ -20,7 +20,7 @@ from dptrain.data.jobs import simulate_jobs
 from dptrain.privacy.randomness import Randomness
 from dptrain.release.employer import mechanisms as mech
 from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json, write_manifest
-from dptrain.settings.lodes import MECHANISMS, LodesRunConfig, validate_lodes
+from dptrain.settings.lodes import MECHANISMS, LodesRunConfig, feasible, marginal_sets, per_table, validate_lodes
 
 log = logging.getLogger("dptrain.lodes")
 
@@ -53,45 +53,55 @@ def guarantees(alpha: float, epsilon: float, delta: float, cap: int) -> dict[str
     }
 
 
-def release(name: str, cells: pd.DataFrame, conf: LodesRunConfig, rng: np.random.Generator) -> pd.DataFrame:
-    """One mechanism's table: the released count per cell and, where the law allows, a 95% interval."""
-    c, p = conf.lodes, conf.privacy
+def release(name: str, cells: pd.DataFrame, conf: LodesRunConfig, budget: tuple[float, float],
+            rng: np.random.Generator) -> pd.DataFrame:
+    """One mechanism's table at ``budget`` = (epsilon, delta): the released count per cell (the
+    cell's key columns first) and, where the law allows, a 95% interval."""
+    c, (eps, delta) = conf.lodes, budget
     n, x_max = cells["n"].to_numpy(float), cells["x_max"].to_numpy(float)
-    out = cells[["place", "sector", "ownership"]].copy()
+    out = cells[[k for k in cells.columns if k not in ("n", "x_max", "n_capped", "establishments")]].copy()
     lo = hi = None
     if name == "log_laplace":
-        out["released"] = mech.log_laplace(n, c.alpha, p.epsilon, rng)
-        lo, hi = mech.log_laplace_interval(out["released"].to_numpy(), c.alpha, p.epsilon)
+        out["released"] = mech.log_laplace(n, c.alpha, eps, rng)
+        lo, hi = mech.log_laplace_interval(out["released"].to_numpy(), c.alpha, eps)
     elif name == "smooth_gamma":
-        out["released"] = mech.smooth_gamma(n, x_max, c.alpha, p.epsilon, rng)
+        out["released"] = mech.smooth_gamma(n, x_max, c.alpha, eps, rng)
     elif name == "smooth_laplace":
-        out["released"] = mech.smooth_laplace(n, x_max, c.alpha, p.epsilon, p.delta, rng)
+        out["released"] = mech.smooth_laplace(n, x_max, c.alpha, eps, delta, rng)
     elif name == "laplace_worker":
-        out["released"] = mech.laplace_worker(n, p.epsilon, rng)
-        lo, hi = mech.laplace_worker_interval(out["released"].to_numpy(), p.epsilon)
+        out["released"] = mech.laplace_worker(n, eps, rng)
+        lo, hi = mech.laplace_worker_interval(out["released"].to_numpy(), eps)
     else:
         clipped = cells["n_capped"].to_numpy(float)
-        out["released"] = mech.employer_laplace(clipped, c.employer_cap, p.epsilon, rng)
-        lo, hi = mech.employer_laplace_interval(out["released"].to_numpy(), c.employer_cap, p.epsilon)
+        out["released"] = mech.employer_laplace(clipped, c.employer_cap, eps, rng)
+        lo, hi = mech.employer_laplace_interval(out["released"].to_numpy(), c.employer_cap, eps)
     if lo is not None:
         out["ci_low"], out["ci_high"] = lo, hi
     return out
 
 
-def compare(tables: dict[str, pd.DataFrame], cells: pd.DataFrame) -> pd.DataFrame:
-    """Per mechanism and size band: cells, mean absolute error, mean signed error (bias), median
-    relative error, against the exact totals (PRIVATE)."""
+def compare(tables: dict[str, pd.DataFrame], cells: pd.DataFrame, marginal: str) -> list[dict]:
+    """Per mechanism and size band of one marginal: cells, mean absolute error, mean signed error
+    (bias), median relative error, against the exact totals (PRIVATE)."""
     band = pd.cut(cells["n"], BANDS, right=False, labels=["1-9", "10-99", "100-999", "1000+"])
-    rows = []
+    rows: list[dict] = []
     for name, t in tables.items():
         err = t["released"].to_numpy() - cells["n"].to_numpy()
         for b in band.cat.categories:
             m = (band == b).to_numpy()
             if m.any():
-                rows.append({"mechanism": name, "band": b, "cells": int(m.sum()), "mae": float(np.abs(err[m]).mean()),
+                rows.append({"marginal": marginal, "mechanism": name, "band": b, "cells": int(m.sum()),
+                             "mae": float(np.abs(err[m]).mean()),
                              "bias": float(err[m].mean()),
                              "median_rel_error": float(np.median(np.abs(err[m]) / cells["n"].to_numpy()[m]))})
-    return pd.DataFrame(rows)
+    return rows
+
+
+def _cells(jobs: Any, by: tuple[str, ...], cap: int) -> pd.DataFrame:
+    """One marginal's non-empty cells: key, n, establishments, x_max and the cap-clipped total."""
+    cells = jobs.cell_totals(by)
+    key = pd.DataFrame({d: getattr(jobs, d) for d in by}).assign(n=np.minimum(jobs.size, cap))
+    return cells.assign(n_capped=key.groupby(list(by), sort=True)["n"].sum().to_numpy())
 
 
 def run_task(cfg: Any, *, run_dir: Path) -> float:
@@ -100,39 +110,51 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     validate_lodes(conf)
     c, p = conf.lodes, conf.privacy
     jobs = simulate_jobs(conf.seed, establishments=c.establishments)
-    cells = jobs.cell_totals(("place", "sector", "ownership"))
-    capped = np.minimum(jobs.size, c.employer_cap)
-    key = pd.DataFrame({"place": jobs.place, "sector": jobs.sector, "ownership": jobs.ownership, "n": capped})
-    per = key.groupby(["place", "sector", "ownership"], sort=True)["n"].sum().to_numpy()
-    cells = cells.assign(n_capped=per)
-    secret = Randomness.fresh()
-    tables = {name: release(name, cells, conf, secret.numpy(f"lodes-{name}")) for name in MECHANISMS}
-    for name, table in tables.items():
-        where = run_dir / "tables" if name == c.publish else private_dir(run_dir) / "tables"
-        where.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(where / f"{name}.csv", table.to_csv(index=False, float_format="%.6g"))
-    comparison = compare(tables, cells)
+    budget = per_table(p.epsilon, p.delta, c.marginals)
+    names = feasible(c.alpha, *budget)
+    secret, rows, published = Randomness.fresh(), [], {}
+    for by in marginal_sets(c.marginals):
+        cells, label = _cells(jobs, by, c.employer_cap), "__".join(by)
+        tables = {n: release(n, cells, conf, budget, secret.numpy(f"lodes-{n}-{label}")) for n in names}
+        for name, table in tables.items():
+            where = run_dir / "tables" if name == c.publish else private_dir(run_dir) / "tables" / name
+            where.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(where / f"{label}.csv", table.to_csv(index=False, float_format="%.6g"))
+        published[f"tables/{label}.csv"] = len(cells)
+        rows += compare(tables, cells, label)
+    comparison = pd.DataFrame(rows)
     atomic_write_text(private_dir(run_dir) / "comparison.csv", comparison.to_csv(index=False, float_format="%.6g"))
-    g = guarantees(c.alpha, p.epsilon, p.delta, c.employer_cap)
-    chosen = g[c.publish]
-    report = {"task": "lodes", "published": c.publish, "guarantee": f"{chosen['guarantee']}: {chosen['protects']}; "
-              f"bias: {chosen['bias']}; one table of disjoint cells (each establishment in one cell: parallel "
-              "composition)", "mechanisms": g, "alpha": c.alpha, "epsilon": p.epsilon, "delta": p.delta,
-              "public": "each establishment's existence, place, sector and ownership (so the list of non-empty "
-                        "cells), the simulator's seed", "cells": int(len(cells)),
-              "noise": "numpy's floating-point Laplace and the exact rejection sampler of the quartic noise "
-                       "(not OpenDP's integer samplers)"}
+    report = _report(conf, budget, names, published)
     write_json(run_dir / "privacy.json", report)
     atomic_write_text(run_dir / "privacy.txt", report["guarantee"] + "\n")
-    private = {f"private/tables/{n}.csv": "another mechanism's table (publishing it too composes the guarantees; "
-               "laplace_worker's is not ER-EE)" for n in MECHANISMS if n != c.publish}
-    private.update({"private/comparison.csv": "every mechanism against the exact totals, per size band",
+    private = {f"private/tables/{n}/": "another mechanism's tables (publishing them too composes the guarantees; "
+               "laplace_worker's are not ER-EE)" for n in names if n != c.publish}
+    private.update({"private/comparison.csv": "every mechanism against the exact totals, per marginal and size band",
                     "private/dptrain.log": "the log"})
     write_manifest(run_dir, publishable={"privacy.json, privacy.txt": "this report",
-                                         f"tables/{c.publish}.csv": "the published table (covered by the guarantee)",
+                                         "tables/": f"the published tables ({c.publish}; covered by the guarantee)",
                                          "FILES.txt": "this list", ".hydra/": "the configuration"},
                    private=private, guarantee=report["guarantee"], report="privacy.json")
-    log.info("lodes: %d jobs, %d establishments, %d cells (place x sector x ownership); published %s: %s",
-             jobs.n_jobs, jobs.n_establishments, len(cells), c.publish, chosen["guarantee"])
+    log.info("lodes: %d jobs, %d establishments, %d tables (%s); published %s: %s", jobs.n_jobs,
+             jobs.n_establishments, len(published), c.marginals, c.publish, report["guarantee"].split(":")[0])
     mine = comparison[comparison.mechanism == c.publish]
     return float((mine.mae * mine.cells).sum() / mine.cells.sum())
+
+
+def _report(conf: LodesRunConfig, budget: tuple[float, float], names: tuple[str, ...],
+            published: dict[str, int]) -> dict[str, Any]:
+    c, p = conf.lodes, conf.privacy
+    m = len(published)
+    whole = guarantees(c.alpha, p.epsilon, p.delta, c.employer_cap)[c.publish]
+    each = guarantees(c.alpha, *budget, c.employer_cap)[c.publish]
+    how = ("one table of disjoint cells (each establishment in one cell: parallel composition)" if m == 1 else
+           f"{m} tables (every marginal of place x sector x ownership), each {each['guarantee']}, composed "
+           "sequentially (an establishment is in one cell of each table)")
+    return {"task": "lodes", "published": c.publish, "guarantee": f"{whole['guarantee']} in all: {whole['protects']};"
+            f" bias: {whole['bias']}; {how}", "tables": published, "per_table": {"epsilon": budget[0],
+            "delta": budget[1]}, "mechanisms": guarantees(c.alpha, *budget, c.employer_cap), "run": list(names),
+            "not_run": [n for n in MECHANISMS if n not in names], "alpha": c.alpha, "epsilon": p.epsilon,
+            "delta": p.delta, "public": "each establishment's existence, place, sector and ownership (so the list "
+            "of non-empty cells), the simulator's seed",
+            "noise": "numpy's floating-point Laplace and the exact rejection sampler of the quartic noise (not "
+                     "OpenDP's integer samplers)"}
