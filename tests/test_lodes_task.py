@@ -66,3 +66,18 @@ def test_a_published_mechanism_undefined_at_its_alpha_is_refused(tmp_path, capsy
     assert stop.value.code == 2 and "lodes.publish" in capsys.readouterr().err and not (tmp_path / "run").exists()
     run = _run(tmp_path / "ok", "lodes.alpha=0.5")
     assert json.loads((run / "privacy.json").read_text())["not_run"] == ["smooth_gamma", "smooth_laplace"]
+
+
+def test_sector_medians_by_smooth_sensitivity(tmp_path):
+    """lodes.median: each sector's median establishment size by the NRS smooth-sensitivity median,
+    clamped into the public bounds; its epsilon adds to the run's in the report; the exact medians
+    stay under private/."""
+    run = _run(tmp_path, "lodes.median=true", "lodes.establishments=20000")
+    report = json.loads((run / "privacy.json").read_text())
+    assert "median establishment size" in report["guarantee"] and "(0.1, 5)-er_ee in all" in report["guarantee"]
+    released = pd.read_csv(run / "tables" / "median_size_by_sector.csv")
+    exact = pd.read_csv(run / "private" / "median_exact.csv")
+    assert "exact" not in released.columns and released.median_size.between(1, 30000).all()
+    big = exact.establishments > 1000  # large sectors: the median within a few workers
+    err = abs(exact.median_size - exact.exact)[big]  # heavy-tailed noise: its 99.9% point is 10-15 workers here
+    assert big.any() and (err < 40).all() and err.median() < 2, exact

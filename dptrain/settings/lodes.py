@@ -25,6 +25,11 @@ class LodesConfig:
     marginals: str = setting("finest", help="the tables released: finest (place x sector x ownership) | all (its 7 "
                              "marginals: each of the three, each pair, and the finest; the epsilon and delta are "
                              "shared evenly among them, sequential composition)", allowed="finest | all")
+    median: bool = setting(False, help="also release each NAICS sector's median establishment size by the smooth-"
+                           "sensitivity median (Nissim, Raskhodnikova and Smith; replace-one establishment, sizes in "
+                           "the public [1, 30000]) at lodes.median_epsilon", allowed="true | false")
+    median_epsilon: float = setting(1.0, help="the sector medians' epsilon (it adds to the tables')",
+                                    allowed="a number in (0, 100]")
     publish: str = setting("log_laplace", help="the mechanism whose table is written at the top of the run folder; "
                            "the others go under private/ (publishing two tables composes their guarantees)",
                            allowed=" | ".join(MECHANISMS))
@@ -62,6 +67,9 @@ def validate_lodes(cfg: LodesRunConfig) -> None:
     real("privacy.epsilon", p.epsilon, "must be a number in (0, 100]", lo=0, hi=100, lo_open=True)
     real("privacy.delta", p.delta, "must be a number in (0, 1e-3]", lo=0, hi=1e-3, lo_open=True)
     one_of("lodes.marginals", c.marginals, ("finest", "all"))
+    if not isinstance(c.median, bool):
+        raise bad("lodes.median", c.median, "true | false")
+    real("lodes.median_epsilon", c.median_epsilon, "must be a number in (0, 100]", lo=0, hi=100, lo_open=True)
     eps, delta = per_table(p.epsilon, p.delta, c.marginals)
     if c.publish not in feasible(c.alpha, eps, delta):
         raise bad("lodes.publish", c.publish, f"{c.publish} needs its beta above ln(1 + alpha) at each table's "

@@ -16,9 +16,10 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from dptrain.core.neighbours import Neighbours
-from dptrain.data.jobs import simulate_jobs
+from dptrain.data.jobs import SECTOR_LABELS, simulate_jobs
 from dptrain.privacy.randomness import Randomness
 from dptrain.release.employer import mechanisms as mech
+from dptrain.release.employer.mechanisms import smooth_median
 from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json, write_manifest
 from dptrain.settings.lodes import MECHANISMS, LodesRunConfig, feasible, marginal_sets, per_table, validate_lodes
 
@@ -97,6 +98,26 @@ def compare(tables: dict[str, pd.DataFrame], cells: pd.DataFrame, marginal: str)
     return rows
 
 
+#: the public bounds of an establishment's size for the sector medians
+SIZE_BOUNDS = (1.0, 30_000.0)
+
+
+def sector_medians(jobs: Any, epsilon: float, rng: np.random.Generator) -> pd.DataFrame:
+    """Each sector's median establishment size by the smooth-sensitivity median: epsilon-DP under
+    replace-one establishment (any size in the public bounds), the sectors disjoint (parallel
+    composition), clamped into the bounds (post-processing: a sector of few establishments gets noise
+    of the bounds' scale); ``exact`` (PRIVATE) beside it for the comparison. ``establishments``
+    (per sector) is public: each establishment's existence and sector are."""
+    rows = []
+    for code, label in enumerate(SECTOR_LABELS):
+        sizes = jobs.size[jobs.sector == code]
+        if sizes.size:
+            released = float(np.clip(smooth_median(sizes, *SIZE_BOUNDS, epsilon, rng), *SIZE_BOUNDS))
+            rows.append({"sector": label, "median_size": released, "establishments": int(sizes.size),
+                         "exact": float(np.sort(sizes)[(sizes.size + 1) // 2 - 1])})
+    return pd.DataFrame(rows)
+
+
 def _cells(jobs: Any, by: tuple[str, ...], cap: int) -> pd.DataFrame:
     """One marginal's non-empty cells: key, n, establishments, x_max and the cap-clipped total."""
     cells = jobs.cell_totals(by)
@@ -122,6 +143,11 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
             atomic_write_text(where / f"{label}.csv", table.to_csv(index=False, float_format="%.6g"))
         published[f"tables/{label}.csv"] = len(cells)
         rows += compare(tables, cells, label)
+    if c.median:
+        medians = sector_medians(jobs, c.median_epsilon, secret.numpy("lodes-median"))
+        atomic_write_text(run_dir / "tables" / "median_size_by_sector.csv",
+                          medians.drop(columns="exact").to_csv(index=False, float_format="%.6g"))
+        atomic_write_text(private_dir(run_dir) / "median_exact.csv", medians.to_csv(index=False, float_format="%.6g"))
     comparison = pd.DataFrame(rows)
     atomic_write_text(private_dir(run_dir) / "comparison.csv", comparison.to_csv(index=False, float_format="%.6g"))
     report = _report(conf, budget, names, published)
@@ -129,10 +155,13 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     atomic_write_text(run_dir / "privacy.txt", report["guarantee"] + "\n")
     private = {f"private/tables/{n}/": "another mechanism's tables (publishing them too composes the guarantees; "
                "laplace_worker's are not ER-EE)" for n in names if n != c.publish}
+    if c.median:
+        private["private/median_exact.csv"] = "the sector medians beside their exact values"
     private.update({"private/comparison.csv": "every mechanism against the exact totals, per marginal and size band",
                     "private/dptrain.log": "the log"})
     write_manifest(run_dir, publishable={"privacy.json, privacy.txt": "this report",
-                                         "tables/": f"the published tables ({c.publish}; covered by the guarantee)",
+                                         "tables/": f"the published tables ({c.publish}; covered by the guarantee; "
+                                                    "median_size_by_sector.csv with lodes.median)",
                                          "FILES.txt": "this list", ".hydra/": "the configuration"},
                    private=private, guarantee=report["guarantee"], report="privacy.json")
     log.info("lodes: %d jobs, %d establishments, %d tables (%s); published %s: %s", jobs.n_jobs,
@@ -150,6 +179,10 @@ def _report(conf: LodesRunConfig, budget: tuple[float, float], names: tuple[str,
     how = ("one table of disjoint cells (each establishment in one cell: parallel composition)" if m == 1 else
            f"{m} tables (every marginal of place x sector x ownership), each {each['guarantee']}, composed "
            "sequentially (an establishment is in one cell of each table)")
+    if c.median:
+        how += (f"; and each sector's median establishment size, ({c.median_epsilon:g}, 0)-DP under replace-one "
+                f"establishment (sizes in the public [1, 30000]; implies ER-EE at the same epsilon): the run is "
+                f"({c.alpha:g}, {p.epsilon + c.median_epsilon:g})-er_ee in all with it")
     return {"task": "lodes", "published": c.publish, "guarantee": f"{whole['guarantee']} in all: {whole['protects']};"
             f" bias: {whole['bias']}; {how}", "tables": published, "per_table": {"epsilon": budget[0],
             "delta": budget[1]}, "mechanisms": guarantees(c.alpha, *budget, c.employer_cap), "run": list(names),
