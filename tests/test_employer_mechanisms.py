@@ -87,7 +87,8 @@ def test_intervals_cover_at_95_percent():
     lo, hi = mech.log_laplace_interval(mech.log_laplace(n, 0.1, 1.0, rng), 0.1, 1.0)
     assert np.mean((lo <= n) & (n <= hi)) == pytest.approx(0.95, abs=0.008)
     lo, hi = mech.laplace_worker_interval(mech.laplace_worker(n, 1.0, rng), 1.0)
-    assert np.mean((lo <= n) & (n <= hi)) == pytest.approx(0.95, abs=0.008)
+    # integer noise: the least half-width with coverage >= 95% (3 at epsilon 1) covers 97.3%
+    assert 0.95 <= np.mean((lo <= n) & (n <= hi)) - 0.004 and np.mean((lo <= n) & (n <= hi)) < 0.985
     lo, hi = mech.employer_laplace_interval(mech.employer_laplace(n, 500.0, 1.0, rng), 500.0, 1.0)
     assert np.mean((lo <= n) & (n <= hi)) == pytest.approx(0.95, abs=0.008)
     s = mech.smooth_sensitivity(np.full(n.size, 30.0), 0.01, mech.smooth_laplace_params(1.0, 1e-6)[0])

@@ -189,5 +189,6 @@ def _report(conf: LodesRunConfig, budget: tuple[float, float], names: tuple[str,
             "not_run": [n for n in MECHANISMS if n not in names], "alpha": c.alpha, "epsilon": p.epsilon,
             "delta": p.delta, "public": "each establishment's existence, place, sector and ownership (so the list "
             "of non-empty cells), the simulator's seed",
-            "noise": "numpy's floating-point Laplace and the exact rejection sampler of the quartic noise (not "
-                     "OpenDP's integer samplers)"}
+            "noise": "worker- and employer-level: OpenDP's exact discrete Laplace on the integer counts; "
+                     "log-Laplace: the grid Laplace on ln(n + 1/alpha); smooth mechanisms: floating-point noise "
+                     "(their scale depends on the private smooth sensitivity)"}

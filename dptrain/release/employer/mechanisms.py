@@ -19,6 +19,12 @@ max(alpha x, 1) when its establishment of size x changes. Every mechanism here u
   (:func:`smooth_sensitivity`) of the total under strong alpha-neighbours; unbiased.
 * :func:`smooth_median`: the Nissim-Raskhodnikova-Smith median (replace-one neighbours).
 
+Noise: worker- and employer-level Laplace draw OpenDP's exact discrete Laplace on the integer
+counts (no floating-point Laplace whose low bits could carry the count: Mironov 2012); log-Laplace
+adds the grid Laplace of :mod:`dptrain.release.noise` to ln(n + gamma) (a function of one integer,
+its scale inflated by the grid's step so that epsilon holds exactly); the smooth mechanisms' scale
+depends on the private smooth sensitivity, so they add floating-point noise (the report says so).
+
 Intervals (``*_interval``): 95% (``level``) intervals for the true count given the release. For
 the smooth mechanisms the noise scale depends on the private largest establishment, so an
 interval needs a PUBLIC upper bound on S (e.g. S at the top of the largest public size class:
@@ -31,6 +37,9 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+
+from dptrain.privacy.samplers import discrete_laplace
+from dptrain.release.noise import add_noise, calibrate
 
 QUARTIC_NORM = math.pi / math.sqrt(2.0)  # integral of 1 / (1 + z^4) over the real line
 QUARTIC_ENVELOPE = 1.0 / (2.0 * math.sqrt(2.0) - 2.0)  # max (1 + z^2) / (1 + z^4), at z^2 = sqrt 2 - 1
@@ -50,6 +59,25 @@ def _counts(n) -> np.ndarray:
     return n
 
 
+def _integer_counts(n) -> np.ndarray:
+    n = _counts(n)
+    if np.any(n != np.rint(n)):
+        raise ValueError("worker- and employer-level Laplace add integer noise to integer counts")
+    return np.rint(n).astype(np.int64)
+
+
+def _discrete_laplace_half_width(scale: float, level: float) -> float:
+    """The least integer m with P(|K| <= m) >= level for K discrete Laplace of scale ``scale``:
+    P(|K| > m) = 2 q^(m + 1) / (1 + q), q = exp(-1 / scale)."""
+    q = math.exp(-1.0 / scale)
+    m = max(0, math.ceil(math.log((1.0 - level) * (1.0 + q) / 2.0) / math.log(q)) - 1)
+    while 2.0 * q ** (m + 1) / (1.0 + q) > 1.0 - level:
+        m += 1
+    while m > 0 and 2.0 * q**m / (1.0 + q) <= 1.0 - level:
+        m -= 1
+    return float(m)
+
+
 def _laplace_half_width(scale: float, level: float) -> float:
     """t with P(|Laplace(scale)| <= t) = level: t = scale ln(1 / (1 - level))."""
     return scale * math.log(1.0 / (1.0 - level))
@@ -65,35 +93,36 @@ def max_change(x, alpha: float) -> np.ndarray:
 
 # ------------------------------------------------------------------ worker- and employer-level Laplace
 def laplace_worker(n, epsilon: float, rng: np.random.Generator) -> np.ndarray:
-    """Worker-level add/remove DP: n + Laplace(1/epsilon) (one job moves a count by 1). Unbiased.
+    """Worker-level add/remove DP: n + discrete Laplace(1/epsilon) (one job moves a count by 1;
+    OpenDP's exact sampler: ``rng`` is not used). Unbiased.
     It does NOT protect an establishment's size: a change x -> (1 + alpha) x moves n by alpha x,
     so its privacy loss is alpha x epsilon, unbounded in x."""
     _positive(epsilon=epsilon)
-    n = _counts(n)
-    return n + rng.laplace(0.0, 1.0 / epsilon, size=n.shape)
+    return discrete_laplace(_integer_counts(n), 1.0 / epsilon).astype(float)
 
 
 def laplace_worker_interval(released, epsilon: float, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-    """Exact ``level`` interval for n: released -/+ ln(1/(1 - level)) / epsilon."""
-    t = _laplace_half_width(1.0 / epsilon, level)
+    """``level`` interval for n: released -/+ m, m the discrete Laplace's least half-width with
+    coverage >= level (exact law; at least ``level``, the integer steps make it a little more)."""
+    t = _discrete_laplace_half_width(1.0 / epsilon, level)
     released = np.asarray(released, dtype=float)
     return released - t, released + t
 
 
 def employer_laplace(n, max_size: float, epsilon: float, rng: np.random.Generator) -> np.ndarray:
-    """Employer-level DP (add/remove one establishment) with a PUBLIC size cap: n + Laplace(cap /
-    epsilon). ``n`` must be the sum of sizes clipped at ``max_size`` (the caller clips; clipping
-    biases n downwards by the mass above the cap); given that, the release is unbiased. The
+    """Employer-level DP (add/remove one establishment) with a PUBLIC integer size cap: n + discrete
+    Laplace(cap / epsilon) (OpenDP's exact sampler: ``rng`` is not used). ``n`` must be the sum of
+    sizes clipped at ``max_size`` (the caller clips; clipping biases n downwards by the mass above
+    the cap); given that, the release is unbiased. The
     baseline that destroys utility: the noise is of the order of the largest establishment."""
     _positive(epsilon=epsilon, max_size=max_size)
-    n = _counts(n)
-    return n + rng.laplace(0.0, max_size / epsilon, size=n.shape)
+    return discrete_laplace(_integer_counts(n), max_size / epsilon).astype(float)
 
 
 def employer_laplace_interval(released, max_size: float, epsilon: float,
                               level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-    """Exact ``level`` interval for the clipped n: released -/+ cap ln(1/(1 - level)) / epsilon."""
-    t = _laplace_half_width(max_size / epsilon, level)
+    """``level`` interval for the clipped n (the discrete Laplace's, as :func:`laplace_worker_interval`)."""
+    t = _discrete_laplace_half_width(max_size / epsilon, level)
     released = np.asarray(released, dtype=float)
     return released - t, released + t
 
@@ -113,10 +142,10 @@ def log_laplace(n, alpha: float, epsilon: float, rng: np.random.Generator) -> np
     pure (alpha, epsilon)-ER-EE (the output's density ratio is exp(|l - l'| / b) <= e^epsilon).
     BIASED upwards: E = (n + gamma) / (1 - b^2) - gamma for b < 1 (infinite for b >= 1), a
     multiplicative bias 1 / (1 - b^2) on n + gamma; :func:`log_laplace_unbiased` removes it."""
-    b = log_laplace_scale(alpha, epsilon)
+    t, step = calibrate(log_laplace_scale(alpha, epsilon) * epsilon, epsilon)  # sensitivity ln(1 + alpha)
     gamma = 1.0 / alpha
     n = _counts(n)
-    return np.exp(np.log(n + gamma) + rng.laplace(0.0, b, size=n.shape)) - gamma
+    return np.exp(add_noise(np.log(n + gamma), t, kind="laplace", rng=rng, step=step)) - gamma
 
 
 def log_laplace_density(y, n: float, alpha: float, epsilon: float) -> np.ndarray:
