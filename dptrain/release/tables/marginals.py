@@ -57,6 +57,8 @@ from dptrain.privacy.calibration import smallest_noise
 from dptrain.privacy.events import zcdp_event
 from dptrain.privacy.samplers import discrete_gaussian, discrete_laplace
 from dptrain.release.cell_domain import selection_threshold
+from dptrain.release.tables.projection import project_simplex as simplex_projection
+from dptrain.release.tables.projection import round_to_total
 
 __all__ = ["Column", "Marginal", "budget_weights", "consistent_tables", "gaussian_rho", "measure",
            "project_simplex", "round_keeping_sum", "round_matrix_keeping_margins", "stability_histogram", "workload"]
@@ -177,28 +179,18 @@ def mutually_consistent(marginals: list[Marginal]) -> list[np.ndarray]:
 
 
 def project_simplex(v: np.ndarray, total: float) -> np.ndarray:
-    """The Euclidean projection of ``v`` onto {x >= 0, sum x = total} (sort-based, O(n log n))."""
+    """The Euclidean projection of ``v`` (flattened) onto {x >= 0, sum x = total} (0 for a total
+    <= 0): :func:`dptrain.release.tables.projection.project_simplex`."""
     v = np.asarray(v, dtype=np.float64).reshape(-1)
-    if total <= 0:
-        return np.zeros_like(v)
-    u = np.sort(v)[::-1]
-    css = np.cumsum(u) - total
-    idx = np.arange(1, v.size + 1)
-    rho = np.flatnonzero(u - css / idx > 0)[-1]
-    return np.maximum(v - css[rho] / (rho + 1), 0.0)
+    return np.zeros_like(v) if total <= 0 else simplex_projection(v, float(total))
 
 
 def round_keeping_sum(x: np.ndarray, total: int) -> np.ndarray:
-    """Nonnegative ``x`` (summing to ``total`` up to rounding) as integers summing to ``total``:
-    floors, then one more to the largest remainders."""
+    """Nonnegative ``x`` summing to ``total`` (up to floating error) as integers summing to
+    ``total``: :func:`dptrain.release.tables.projection.round_to_total` (floors, then the largest
+    remainders)."""
     x = np.maximum(np.asarray(x, dtype=np.float64), 0.0)
-    base = np.floor(x).astype(np.int64)
-    left = int(total) - int(base.sum())
-    if left > 0:
-        base[np.argsort(-(x - base), kind="stable")[:left]] += 1
-    elif left < 0:  # only from floating error: take from the largest entries
-        base[np.argsort(-base, kind="stable")[:-left]] -= 1
-    return base
+    return round_to_total(x * (float(total) / x.sum()) if x.sum() > 0 else x, int(total))
 
 
 def rake(table: np.ndarray, rows: np.ndarray, cols: np.ndarray, *, iterations: int = 200) -> np.ndarray:
