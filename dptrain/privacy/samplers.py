@@ -38,26 +38,29 @@ def _counts(values: np.ndarray) -> list[int]:
     return [int(v) for v in arr.reshape(-1)]
 
 
+def _add_noise(counts: np.ndarray, scale: float, *, law: str) -> np.ndarray:
+    """``counts`` (integers) plus i.i.d. noise of OpenDP's exact ``law`` (laplace: L1 metric,
+    gaussian: L2) with scale ``scale``; same shape, int64."""
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"discrete {law} scale must be a finite number > 0, got {scale!r}")
+    dp = _opendp()
+    arr = np.asarray(counts)
+    space = dp.vector_domain(dp.atom_domain(T=int))
+    meas = (dp.m.make_laplace(space, dp.l1_distance(T=int), scale=float(scale)) if law == "laplace" else
+            dp.m.make_gaussian(space, dp.l2_distance(T=int), scale=float(scale)))
+    return np.asarray(meas(_counts(arr)), dtype=np.int64).reshape(arr.shape)
+
+
 def discrete_laplace(counts: np.ndarray, scale: float) -> np.ndarray:
     """``counts`` (integers) plus i.i.d. discrete Laplace noise of scale ``scale`` (OpenDP's exact
     sampler); same shape, int64."""
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"discrete Laplace scale must be a finite number > 0, got {scale!r}")
-    dp = _opendp()
-    arr = np.asarray(counts)
-    meas = dp.m.make_laplace(dp.vector_domain(dp.atom_domain(T=int)), dp.l1_distance(T=int), scale=float(scale))
-    return np.asarray(meas(_counts(arr)), dtype=np.int64).reshape(arr.shape)
+    return _add_noise(counts, scale, law="laplace")
 
 
 def discrete_gaussian(counts: np.ndarray, sigma: float) -> np.ndarray:
     """``counts`` (integers) plus i.i.d. discrete Gaussian noise of scale ``sigma`` (OpenDP's exact
     sampler); same shape, int64."""
-    if not (math.isfinite(sigma) and sigma > 0):
-        raise ValueError(f"discrete Gaussian scale must be a finite number > 0, got {sigma!r}")
-    dp = _opendp()
-    arr = np.asarray(counts)
-    meas = dp.m.make_gaussian(dp.vector_domain(dp.atom_domain(T=int)), dp.l2_distance(T=int), scale=float(sigma))
-    return np.asarray(meas(_counts(arr)), dtype=np.int64).reshape(arr.shape)
+    return _add_noise(counts, sigma, law="gaussian")
 
 
 def pmf_discrete_laplace(k: np.ndarray, scale: float) -> np.ndarray:

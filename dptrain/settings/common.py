@@ -10,6 +10,7 @@ from dptrain.core.validation import (
     bad,
     flag,
     integer,
+    real,
 )
 from dptrain.settings.data import as_source
 
@@ -43,3 +44,11 @@ def check_common(cfg: Any) -> None:
     flag("overwrite", getattr(cfg, "overwrite", False))
     if cfg.task != "predict" and isinstance(getattr(cfg, "data", None), Mapping):
         cfg.data = as_source(cfg.data)
+
+
+def check_budget(privacy: Any, *, delta: bool = True) -> None:
+    """A one-shot release's ``privacy.epsilon`` (in (0, 100]: above, it protects nothing) and, when
+    the release has one, ``privacy.delta`` (in (0, 1e-3]). Raises ConfigError."""
+    real("privacy.epsilon", privacy.epsilon, "must be a number in (0, 100]", lo=0, hi=100, lo_open=True)
+    if delta:
+        real("privacy.delta", privacy.delta, "must be a number in (0, 1e-3]", lo=0, hi=1e-3, lo_open=True)

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from dptrain.core.validation import bad, integer, one_of, real, setting
-from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, check_common
+from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, check_budget, check_common
 
 #: the mechanisms a run releases a table with (one of them is published: lodes.publish)
 MECHANISMS = ("log_laplace", "smooth_gamma", "smooth_laplace", "laplace_worker", "employer_laplace")
@@ -64,8 +64,7 @@ def validate_lodes(cfg: LodesRunConfig) -> None:
     real("lodes.alpha", c.alpha, "must be a number in (0, 1]", lo=0, hi=1, lo_open=True)
     integer("lodes.employer_cap", c.employer_cap, 1)
     one_of("lodes.publish", c.publish, MECHANISMS)
-    real("privacy.epsilon", p.epsilon, "must be a number in (0, 100]", lo=0, hi=100, lo_open=True)
-    real("privacy.delta", p.delta, "must be a number in (0, 1e-3]", lo=0, hi=1e-3, lo_open=True)
+    check_budget(p)
     one_of("lodes.marginals", c.marginals, ("finest", "all"))
     if not isinstance(c.median, bool):
         raise bad("lodes.median", c.median, "true | false")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dptrain.core.validation import bad, integer, one_of, real, setting
-from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, check_common
+from dptrain.core.validation import bad, integer, one_of, setting
+from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, check_budget, check_common
 from dptrain.settings.data import check_source
 
 #: the synthesizers task=synthesize runs
@@ -59,8 +59,7 @@ def validate_synthesize(cfg: Any) -> None:
         raise bad("data.path", getattr(cfg.data, "path", None), "data=table needs the path of a CSV, Parquet or "
                   ".dta file")
     p, s = cfg.privacy, cfg.synthesize
-    real("privacy.epsilon", p.epsilon, "must be a number in (0, 100]", lo=0, hi=100, lo_open=True)
-    real("privacy.delta", p.delta, "must be a number in (0, 1e-3]", lo=0, hi=1e-3, lo_open=True)
+    check_budget(p)
     one_of("synthesize.method", s.method, METHODS)
     if integer("synthesize.bins", s.bins, 2, "an integer in 2..200") > 200:
         raise bad("synthesize.bins", s.bins, "an integer in 2..200")

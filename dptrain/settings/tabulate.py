@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dptrain.core.validation import bad, flag, integer, one_of, real, setting
-from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, check_common
+from dptrain.core.validation import bad, flag, integer, one_of, setting
+from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, check_budget, check_common
 from dptrain.settings.data import check_source
 
 #: the largest number of cells one run releases (the domain is declared: every cell gets noise)
@@ -74,7 +74,6 @@ def validate_tabulate(cfg: Any) -> None:
                   ".dta file")
     p = cfg.privacy
     one_of("privacy.mechanism", p.mechanism, ("gaussian", "laplace"))
-    real("privacy.epsilon", p.epsilon, "must be a number in (0, 100]", lo=0, hi=100, lo_open=True)
     t = cfg.tabulate
     if integer("tabulate.bins", t.bins, 2, "an integer in 2..200") > 200:
         raise bad("tabulate.bins", t.bins, "an integer in 2..200")
@@ -84,8 +83,7 @@ def validate_tabulate(cfg: Any) -> None:
     if t.sparse and (p.mechanism != "laplace" or t.consistent):
         raise bad("tabulate.sparse", t.sparse, "the stability-based histogram needs privacy.mechanism=laplace and "
                   "tabulate.consistent=false (its listed cells are released as noisy counts)")
-    if t.sparse or p.mechanism == "gaussian":
-        real("privacy.delta", p.delta, "must be a number in (0, 1e-3]", lo=0, hi=1e-3, lo_open=True)
+    check_budget(p, delta=t.sparse or p.mechanism == "gaussian")
     m = t.marginals
     if not (isinstance(m, int) and not isinstance(m, bool) and m >= 1) and not (
             isinstance(m, (list, tuple)) and m and all(isinstance(s, (list, tuple)) and s and all(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dptrain.core.validation import bad, integer, one_of, real, setting
-from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, check_common
+from dptrain.core.validation import bad, integer, one_of, setting
+from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, check_budget, check_common
 
 
 @dataclass
@@ -55,5 +55,4 @@ def validate_topdown(cfg: TopDownRunConfig) -> None:
     if len(shares) != 4 or any(not isinstance(s, (int, float)) or s < 0 for s in shares) or sum(shares) <= 0:
         raise bad("topdown.shares", shares, "four numbers >= 0 (nation, state, county, tract), at least one > 0")
     one_of("topdown.invariants", t.invariants, ("none", "nation", "states"))
-    real("privacy.epsilon", p.epsilon, "must be a number in (0, 100]", lo=0, hi=100, lo_open=True)
-    real("privacy.delta", p.delta, "must be a number in (0, 1e-3]", lo=0, hi=1e-3, lo_open=True)
+    check_budget(p)
