@@ -46,15 +46,26 @@ def no_hang():
     signal.signal(signal.SIGALRM, old)
 
 
+def _pattern(needle: str) -> re.Pattern:
+    """A sentinel as it would appear if leaked: a numeric one not inside a longer run of digits (a
+    noisy released float's digits, e.g. 0.3987654..., are not the planted value; CI once matched
+    one by chance), the integer one not followed by a digit either; a text one anywhere."""
+    if not re.fullmatch(r"[0-9.]+", needle):
+        return re.compile(re.escape(needle))
+    tail = r"(?![0-9])" if needle.isdigit() else ""
+    return re.compile(r"(?<![0-9.])" + re.escape(needle) + tail)
+
+
 def assert_clean(text: str | bytes, where: str) -> None:
     if isinstance(text, bytes):
         for s in NEEDLES:
-            for enc in (s.encode("utf-8"), s.encode("utf-16-le")):
-                assert enc not in text, f"private value {s!r} found in {where}"
+            pattern = _pattern(s)
+            assert not re.search(pattern.pattern.encode("utf-8"), text), f"private value {s!r} found in {where}"
+            assert s.encode("utf-16-le") not in text, f"private value {s!r} found in {where} (utf-16)"
         return
     for s in NEEDLES:
-        assert s not in text, (
-            f"private value {s!r} found in {where}: ...{text[max(0, text.find(s) - 200):text.find(s) + 200]}...")
+        m = _pattern(s).search(text)
+        assert m is None, f"private value {s!r} found in {where}: ...{text[max(0, m.start() - 200):m.start() + 200]}..."
 
 
 def assert_run_folder_clean(run_dir: Path) -> None:
