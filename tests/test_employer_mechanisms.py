@@ -282,3 +282,90 @@ def test_lodes_attack_worker_level_fails_er_ee_holds():
     big = attack.attack(draws=200_000, seed=1)
     assert big["erree_power_mc"] == pytest.approx(big["erree_power"], abs=0.005)
     assert attack.main(["--draws", "500"]) == 0
+
+
+# ------------------------------------------------------------------ the smooth mechanisms' public grid
+def test_smooth_outputs_lie_on_a_public_grid_whatever_the_count():
+    """Mironov's attack reads the count from the low-order bits of fl(n + noise): with continuous
+    noise added in floating point, the set of doubles the output takes depends on n. Here every
+    output is an exact multiple of a step fixed by epsilon (and delta) alone, for any n and any x_max."""
+    rng = np.random.default_rng(11)
+    gamma_step = mech.smooth_grid_step(1.0 / mech.smooth_gamma_params(2.0)[1])
+    laplace_step = mech.smooth_grid_step(mech.smooth_laplace_params(2.0, 1e-6)[1])
+    assert gamma_step == 2.0 ** -19 and laplace_step == 2.0 ** -20  # 1 / a = 2, 2 / epsilon = 1
+    for n in (0.0, 7.0, 1_000_003.0):
+        for x_max in (1.0, 40.0, 5000.0):
+            for out, step in ((mech.smooth_gamma(np.full(500, n), x_max, 0.05, 2.0, rng), gamma_step),
+                              (mech.smooth_laplace(np.full(500, n), x_max, 0.01, 2.0, 1e-6, rng), laplace_step)):
+                units = out / step
+                assert np.array_equal(units, np.rint(units)) and np.unique(out).size > 450
+    with pytest.raises(ValueError, match="integer counts"):
+        mech.smooth_gamma([3.5], 4.0, 0.05, 2.0, rng)
+
+
+def test_the_float_sum_would_leak_and_the_grid_does_not():
+    """The leak the grid removes, reproduced: with continuous noise w, fl(1 + w) near 0 is always a
+    multiple of 2^-53 (the exact sum's last bit), while fl(0 + w) = w near 0 almost never is, so an
+    output near 0 tells n = 0 from n = 1 whatever the noise scale. On the grid both counts give
+    multiples of one public step, and the test that separated them no longer does."""
+    rng = np.random.default_rng(12)
+    w = rng.laplace(0.0, 1.0, 40_000)
+
+    def coarse_share(y):
+        y = y[np.abs(y) < 0.25]
+        return np.mean(y * 2.0 ** 53 == np.rint(y * 2.0 ** 53))
+
+    assert coarse_share(1.0 + w) == 1.0 and coarse_share(0.0 + w) < 0.5
+    step = mech.smooth_grid_step(mech.smooth_laplace_params(1.0, 1e-6)[1])
+    for n in (0.0, 1.0):
+        out = mech.smooth_laplace(np.full(40_000, n), 10.0, 0.01, 1.0, 1e-6, rng)
+        assert coarse_share(out) == 1.0 and np.array_equal(out / step, np.rint(out / step))
+
+
+def test_smooth_noise_law_unchanged_by_the_grid():
+    rng = np.random.default_rng(13)
+    _, a = mech.smooth_gamma_params(1.0)
+    s = float(mech.smooth_sensitivity(np.array([40.0]), 0.05, mech.smooth_gamma_params(1.0)[0])[0])
+    z = (mech.smooth_gamma(np.full(40_000, 100.0), 40.0, 0.05, 1.0, rng) - 100.0) * a / s
+    assert stats.kstest(z, mech.quartic_cdf).pvalue > 1e-3
+    _, per_s = mech.smooth_laplace_params(1.0, 1e-6)
+    s = float(mech.smooth_sensitivity(np.array([40.0]), 0.01, mech.smooth_laplace_params(1.0, 1e-6)[0])[0])
+    z = (mech.smooth_laplace(np.full(40_000, 100.0), 40.0, 0.01, 1.0, 1e-6, rng) - 100.0) / (per_s * s)
+    assert stats.kstest(z, stats.laplace.cdf).pvalue > 1e-3
+
+
+def test_smooth_median_on_its_grid():
+    rng = np.random.default_rng(14)
+    step = mech.smooth_grid_step((37.3 - 0.1) / mech.smooth_gamma_params(1.0)[1])
+    for _ in range(50):
+        out = mech.smooth_median(rng.uniform(0, 40, 31), 0.1, 37.3, 1.0, rng)
+        assert out / step == round(out / step)
+    with pytest.raises(ValueError, match="bounds"):
+        mech.smooth_median([1.0], 2.0, 2.0, 1.0, rng)
+
+
+def test_smooth_intervals_from_the_public_size_class_cover():
+    """The task's intervals use S at the top of the cell's largest public size class (a bound that
+    is public and >= S): they cover at least 95% on the simulator's cells, and for a cell whose
+    largest establishment sits at the top of its class they are exact (95%)."""
+    from dptrain.data.jobs import simulate_jobs
+
+    cells = simulate_jobs(5, establishments=4000).cell_totals(("place", "sector"))
+    n, x_max, x_bound = (cells[c].to_numpy(float) for c in ("n", "x_max", "x_bound"))
+    rng = np.random.default_rng(15)
+    reps = 40
+    for beta, draw, interval in (
+            (mech.smooth_gamma_params(4.0)[0], lambda: mech.smooth_gamma(n, x_max, 0.1, 4.0, rng),
+             lambda y, sb: mech.smooth_gamma_interval(y, sb, 4.0)),
+            (mech.smooth_laplace_params(4.0, 1e-6)[0], lambda: mech.smooth_laplace(n, x_max, 0.1, 4.0, 1e-6, rng),
+             lambda y, sb: mech.smooth_laplace_interval(y, sb, 4.0, 1e-6))):
+        s_bound = mech.smooth_sensitivity(x_bound, 0.1, beta)
+        assert np.all(s_bound >= mech.smooth_sensitivity(x_max, 0.1, beta))
+        covered = np.mean([np.mean((lambda lo_hi: (lo_hi[0] <= n) & (n <= lo_hi[1]))(interval(draw(), s_bound)))
+                           for _ in range(reps)])
+        assert 0.95 <= covered < 1.0
+    # a cell whose largest establishment (99) is the top of its class (50-99): the bound is S, 95% exactly
+    total, rng = np.full(40_000, 500.0), np.random.default_rng(16)
+    s99 = mech.smooth_sensitivity(np.array([99.0]), 0.1, mech.smooth_gamma_params(4.0)[0])
+    lo, hi = mech.smooth_gamma_interval(mech.smooth_gamma(total, 99.0, 0.1, 4.0, rng), s99, 4.0)
+    assert np.mean((lo <= total) & (total <= hi)) == pytest.approx(0.95, abs=0.006)

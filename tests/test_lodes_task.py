@@ -32,7 +32,11 @@ def test_lodes_sim_publishes_one_table_and_keeps_the_comparison_private(tmp_path
     assert {"place", "sector", "ownership", "released", "ci_low", "ci_high"} <= set(top.columns)
     assert (top.ci_low <= top.released).all() and (top.released <= top.ci_high).all()
     for other in ("smooth_gamma", "smooth_laplace", "laplace_worker", "employer_laplace"):
-        assert (run / "private" / "tables" / other / "place__sector__ownership.csv").is_file()
+        table = pd.read_csv(run / "private" / "tables" / other / "place__sector__ownership.csv")
+        assert (table.ci_low <= table.released).all() and (table.released <= table.ci_high).all()
+        if other.startswith("smooth"):  # continuous noise: a proper interval around every cell
+            assert (table.ci_high - table.ci_low > 1).all()
+    assert "size class" in report["public"] and "public grid" in report["noise"]
     assert sorted(p.name for p in (run / "tables").iterdir()) == ["place__sector__ownership.csv"]
     comparison = pd.read_csv(run / "private" / "comparison.csv")
     assert set(comparison.mechanism) == {"log_laplace", "smooth_gamma", "smooth_laplace", "laplace_worker",

@@ -80,6 +80,9 @@ _OWNERSHIP_BY_SECTOR = {
 _OWNERSHIP_SIZE_FACTOR = (1.0, 2.5, 2.5, 2.0)  # government establishments are larger
 
 ESTABLISHMENT_DIMS = ("place", "sector", "ownership")
+#: the lower edges of the PUBLIC coarse size classes (1-4, 5-9, ..., 500-999, 1000 and up to the
+#: simulator's public largest size): an establishment's class is public, its exact size is not
+SIZE_CLASS_EDGES = (1, 5, 10, 20, 50, 100, 250, 500, 1000)
 WORKER_DIMS = ("age", "sex", "race")
 
 
@@ -144,6 +147,16 @@ class Jobs:
     def establishment_id(self) -> np.ndarray:
         return np.arange(self.n_establishments, dtype=np.int32)
 
+    @property
+    def size_class(self) -> np.ndarray:
+        """int8, establishment -> its public size class (an index into SIZE_CLASS_EDGES)."""
+        return (np.searchsorted(SIZE_CLASS_EDGES, self.size, side="right") - 1).astype(np.int8)
+
+    def class_upper(self, size_class) -> np.ndarray:
+        """The largest size in each public class (the last class ends at ``config.max_size``)."""
+        uppers = np.array([e - 1 for e in SIZE_CLASS_EDGES[1:]] + [self.config.max_size], dtype=np.int64)
+        return uppers[np.asarray(size_class, dtype=np.int64)]
+
     def labels(self, dim: str) -> tuple[str, ...]:
         """The public labels of one dimension (place, sector, ownership, age, sex, race)."""
         table = {"place": self.place_labels, "sector": SECTOR_LABELS, "ownership": OWNERSHIP_LABELS,
@@ -165,8 +178,9 @@ class Jobs:
 
     def cell_totals(self, by: tuple[str, ...] = ESTABLISHMENT_DIMS) -> pd.DataFrame:
         """Per non-empty cell of the cross product of establishment attributes ``by``: the cell
-        key (categorical columns named as ``by``), ``n`` (total jobs), ``establishments`` and
-        ``x_max`` (the largest establishment's size), sorted by the key."""
+        key (categorical columns named as ``by``), ``n`` (total jobs), ``establishments``,
+        ``x_max`` (the largest establishment's size, PRIVATE) and ``x_bound`` (the top of the largest
+        public size class in the cell: a public bound on x_max), sorted by the key."""
         by = tuple(by)
         bad = [d for d in by if d not in ESTABLISHMENT_DIMS]
         if bad or not by:
@@ -178,8 +192,11 @@ class Jobs:
         count = np.bincount(inverse, minlength=cells.size).astype(np.int64)
         x_max = np.zeros(cells.size, dtype=np.int64)
         np.maximum.at(x_max, inverse, self.size)
+        top_class = np.zeros(cells.size, dtype=np.int64)
+        np.maximum.at(top_class, inverse, self.size_class)
         out = self._frame(by, list(np.unravel_index(cells, dims)))
         out["n"], out["establishments"], out["x_max"] = n, count, x_max
+        out["x_bound"] = self.class_upper(top_class)
         return out
 
     def worker_counts(self, by: tuple[str, ...] = ("sector", "sex"), *, complete: bool = False) -> pd.DataFrame:

@@ -57,18 +57,24 @@ def guarantees(alpha: float, epsilon: float, delta: float, cap: int) -> dict[str
 def release(name: str, cells: pd.DataFrame, conf: LodesRunConfig, budget: tuple[float, float],
             rng: np.random.Generator) -> pd.DataFrame:
     """One mechanism's table at ``budget`` = (epsilon, delta): the released count per cell (the
-    cell's key columns first) and, where the law allows, a 95% interval."""
+    cell's key columns first) and a 95% interval (the smooth mechanisms' from the public bound on
+    the smooth sensitivity at the top of the cell's largest public size class: conservative)."""
     c, (eps, delta) = conf.lodes, budget
     n, x_max = cells["n"].to_numpy(float), cells["x_max"].to_numpy(float)
-    out = cells[[k for k in cells.columns if k not in ("n", "x_max", "n_capped", "establishments")]].copy()
+    x_bound = cells["x_bound"].to_numpy(float)  # public: the top of the cell's largest size class
+    out = cells[[k for k in cells.columns if k not in ("n", "x_max", "x_bound", "n_capped", "establishments")]].copy()
     lo = hi = None
     if name == "log_laplace":
         out["released"] = mech.log_laplace(n, c.alpha, eps, rng)
         lo, hi = mech.log_laplace_interval(out["released"].to_numpy(), c.alpha, eps)
     elif name == "smooth_gamma":
         out["released"] = mech.smooth_gamma(n, x_max, c.alpha, eps, rng)
+        s_bound = mech.smooth_sensitivity(x_bound, c.alpha, mech.smooth_gamma_params(eps)[0])
+        lo, hi = mech.smooth_gamma_interval(out["released"].to_numpy(), s_bound, eps)
     elif name == "smooth_laplace":
         out["released"] = mech.smooth_laplace(n, x_max, c.alpha, eps, delta, rng)
+        s_bound = mech.smooth_sensitivity(x_bound, c.alpha, mech.smooth_laplace_params(eps, delta)[0])
+        lo, hi = mech.smooth_laplace_interval(out["released"].to_numpy(), s_bound, eps, delta)
     elif name == "laplace_worker":
         out["released"] = mech.laplace_worker(n, eps, rng)
         lo, hi = mech.laplace_worker_interval(out["released"].to_numpy(), eps)
@@ -187,8 +193,13 @@ def _report(conf: LodesRunConfig, budget: tuple[float, float], names: tuple[str,
             f" bias: {whole['bias']}; {how}", "tables": published, "per_table": {"epsilon": budget[0],
             "delta": budget[1]}, "mechanisms": guarantees(c.alpha, *budget, c.employer_cap), "run": list(names),
             "not_run": [n for n in MECHANISMS if n not in names], "alpha": c.alpha, "epsilon": p.epsilon,
-            "delta": p.delta, "public": "each establishment's existence, place, sector and ownership (so the list "
-            "of non-empty cells), the simulator's seed",
-            "noise": "worker- and employer-level: OpenDP's exact discrete Laplace on the integer counts; "
-                     "log-Laplace: the grid Laplace on ln(n + 1/alpha); smooth mechanisms: floating-point noise "
-                     "(their scale depends on the private smooth sensitivity)"}
+            "delta": p.delta, "public": PUBLIC, "noise": NOISE}
+
+
+PUBLIC = ("each establishment's existence, place, sector, ownership and size class (1-4, 5-9, 10-19, 20-49, 50-99, "
+          "100-249, 250-499, 500-999, 1000+; so the list of non-empty cells and each cell's largest class, which "
+          "bounds the smooth mechanisms' intervals), the simulator's seed")
+NOISE = ("worker- and employer-level: OpenDP's exact discrete Laplace on the integer counts; log-Laplace: the grid "
+         "Laplace on ln(n + 1/alpha); smooth mechanisms: continuous noise (its scale is the private smooth "
+         "sensitivity) rounded with the count onto a public grid (step about 2^-20 of the noise scale per unit of "
+         "S), a post-processing of the real-valued mechanism")

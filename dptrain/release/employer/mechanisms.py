@@ -23,12 +23,19 @@ Noise: worker- and employer-level Laplace draw OpenDP's exact discrete Laplace o
 counts (no floating-point Laplace whose low bits could carry the count: Mironov 2012); log-Laplace
 adds the grid Laplace of :mod:`dptrain.release.noise` to ln(n + gamma) (a function of one integer,
 its scale inflated by the grid's step so that epsilon holds exactly); the smooth mechanisms' scale
-depends on the private smooth sensitivity, so they add floating-point noise (the report says so).
+depends on the private smooth sensitivity, so their noise is continuous, and their output is rounded
+onto a grid whose step depends only on PUBLIC quantities (:func:`smooth_grid_step`: epsilon, delta
+and the fact S >= 1): output = step (n / step + rint(W / step)), W the noise, n / step an exact
+integer. That equals step rint((n + W) / step), a post-processing of the real-valued mechanism
+n + W, so the privacy proof is the real-arithmetic one, and the output's low-order bits are those of
+an integer on a public grid, whatever n (Mironov's attack needs a support that moves with n). The
+median snaps the values to its public grid first (a per-row map: neighbours stay neighbours).
 
 Intervals (``*_interval``): 95% (``level``) intervals for the true count given the release. For
 the smooth mechanisms the noise scale depends on the private largest establishment, so an
-interval needs a PUBLIC upper bound on S (e.g. S at the top of the largest public size class:
-S is increasing in x_max); with it the interval is conservative.
+interval needs a PUBLIC upper bound on S: S at the top of the largest public size class of the
+cell's establishments (S is increasing in x_max; ``Jobs.cell_totals``' ``x_bound``); with it the
+interval is conservative (it covers at least ``level``), and it widens by the grid's half step.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dptrain.privacy.samplers import discrete_laplace
-from dptrain.release.noise import add_noise, calibrate
+from dptrain.release.noise import add_noise, calibrate, grid_step
 
 QUARTIC_NORM = math.pi / math.sqrt(2.0)  # integral of 1 / (1 + z^4) over the real line
 QUARTIC_ENVELOPE = 1.0 / (2.0 * math.sqrt(2.0) - 2.0)  # max (1 + z^2) / (1 + z^4), at z^2 = sqrt 2 - 1
@@ -62,7 +69,7 @@ def _counts(n) -> np.ndarray:
 def _integer_counts(n) -> np.ndarray:
     n = _counts(n)
     if np.any(n != np.rint(n)):
-        raise ValueError("worker- and employer-level Laplace add integer noise to integer counts")
+        raise ValueError("the count mechanisms release integer counts (a cell total is a whole number of jobs)")
     return np.rint(n).astype(np.int64)
 
 
@@ -193,6 +200,24 @@ def log_laplace_interval(released, alpha: float, epsilon: float,
 
 
 # ------------------------------------------------------------------ smooth sensitivity of a total
+def smooth_grid_step(min_scale: float) -> float:
+    """The public grid step of a smooth mechanism whose noise scale is at least ``min_scale`` (a
+    public number: the scale per unit of S, since S >= 1): grid_step(min_scale) (about 2^-20 of
+    it), at most 1 so that an integer count is an exact multiple of it."""
+    return float(min(grid_step(float(min_scale)), 1.0))
+
+
+def _on_grid(center, noise, step: float) -> np.ndarray:
+    """step (center / step + rint(noise / step)): center must be an exact multiple of step (an
+    integer count, or a value already snapped); the sum is one of two exact integers scaled by a
+    power of two, so the output's bits carry M + K only."""
+    center = np.asarray(center, dtype=float)
+    units = center / step
+    if not np.array_equal(units, np.rint(units)):
+        raise ValueError("the value to release is not on the grid (an integer count is needed)")
+    return (units + np.rint(np.asarray(noise, dtype=float) / step)) * step
+
+
 def local_sensitivity(x_max, alpha: float) -> np.ndarray:
     """LS(D) of a cell total under strong alpha-neighbours: max_e max_change(x_e) = max_change(x_max)."""
     return max_change(x_max, alpha)
@@ -241,19 +266,22 @@ def smooth_laplace_params(epsilon: float, delta: float) -> tuple[float, float]:
 def smooth_laplace(n, x_max, alpha: float, epsilon: float, delta: float, rng: np.random.Generator) -> np.ndarray:
     """n + Laplace(2 S(D) / epsilon), S the beta-smooth sensitivity with beta = epsilon / (2 ln(2 /
     delta)): (alpha, epsilon, delta)-ER-EE (Nissim-Raskhodnikova-Smith). Unbiased. Needs beta >
-    ln(1 + alpha) (else S is infinite and this raises): small alpha or large delta."""
+    ln(1 + alpha) (else S is infinite and this raises): small alpha or large delta. The output is
+    rounded onto the public grid ``smooth_grid_step(2 / epsilon)`` (module docstring)."""
     beta, per_s = smooth_laplace_params(epsilon, delta)
-    n = _counts(n)
+    n = _integer_counts(n).astype(float)
     s = smooth_sensitivity(np.broadcast_to(np.asarray(x_max, dtype=float), n.shape), alpha, beta)
-    return n + rng.laplace(0.0, 1.0, size=n.shape) * per_s * s
+    return _on_grid(n, rng.laplace(0.0, 1.0, size=n.shape) * per_s * s, smooth_grid_step(per_s))
 
 
 def smooth_laplace_interval(released, s_bound, epsilon: float, delta: float,
                             level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-    """``level`` interval for n given a PUBLIC bound s_bound >= S(D): released -/+ 2 s_bound
-    ln(1/(1 - level)) / epsilon (exact when s_bound = S(D), conservative otherwise)."""
+    """``level`` interval for n given a PUBLIC bound s_bound >= S(D): released -/+ (2 s_bound
+    ln(1/(1 - level)) / epsilon + half the grid step) (conservative; exact up to the grid when
+    s_bound = S(D))."""
     _, per_s = smooth_laplace_params(epsilon, delta)
-    t = _laplace_half_width(1.0, level) * per_s * np.asarray(s_bound, dtype=float)
+    t = (_laplace_half_width(1.0, level) * per_s * np.asarray(s_bound, dtype=float)
+         + 0.5 * smooth_grid_step(per_s))
     released = np.asarray(released, dtype=float)
     return released - t, released + t
 
@@ -317,24 +345,27 @@ def smooth_gamma(n, x_max, alpha: float, epsilon: float, rng: np.random.Generato
     and variance 1). This is the Nissim-Raskhodnikova-Smith pure-epsilon admissible noise
     (1 / (1 + |z|^gamma), gamma = 4); the issue calls it "smooth Gamma" after its exponent gamma,
     which is how we read the name: it is NOT a Gamma-distributed noise. Needs epsilon / 10 >
-    ln(1 + alpha) (e.g. alpha <= 0.105 at epsilon 1)."""
+    ln(1 + alpha) (e.g. alpha <= 0.105 at epsilon 1). The output is rounded onto the public grid
+    ``smooth_grid_step(1 / a)`` (module docstring)."""
     beta, a = smooth_gamma_params(epsilon)
-    n = _counts(n)
+    n = _integer_counts(n).astype(float)
     s = smooth_sensitivity(np.broadcast_to(np.asarray(x_max, dtype=float), n.shape), alpha, beta)
-    return n + quartic_sample(n.shape, rng) * s / a
+    return _on_grid(n, quartic_sample(n.shape, rng) * s / a, smooth_grid_step(1.0 / a))
 
 
 def smooth_gamma_density(y, n: float, s: float, epsilon: float) -> np.ndarray:
-    """Exact density of :func:`smooth_gamma`'s output for a cell with total n and smooth sensitivity s."""
+    """Exact density of :func:`smooth_gamma`'s continuous output (before the grid, which is
+    post-processing) for a cell with total n and smooth sensitivity s."""
     _, a = smooth_gamma_params(epsilon)
     return (a / s) * quartic_pdf(a * (np.asarray(y, dtype=float) - n) / s)
 
 
 def smooth_gamma_interval(released, s_bound, epsilon: float, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-    """``level`` interval for n given a PUBLIC bound s_bound >= S(D): released -/+ q s_bound / a, q
-    the (1 + level)/2 quantile of the quartic law (1.98 at 95%)."""
+    """``level`` interval for n given a PUBLIC bound s_bound >= S(D): released -/+ (q s_bound / a +
+    half the grid step), q the (1 + level)/2 quantile of the quartic law (1.98 at 95%)."""
     _, a = smooth_gamma_params(epsilon)
-    t = quartic_quantile(0.5 + level / 2.0) * np.asarray(s_bound, dtype=float) / a
+    t = (quartic_quantile(0.5 + level / 2.0) * np.asarray(s_bound, dtype=float) / a
+         + 0.5 * smooth_grid_step(1.0 / a))
     released = np.asarray(released, dtype=float)
     return released - t, released + t
 
@@ -368,9 +399,18 @@ def smooth_median(values, lower: float, upper: float, epsilon: float, rng: np.ra
     """The (lower) median of values clipped to public [lower, upper] plus (S / a) Z with the same
     pure-epsilon admissible noise as :func:`smooth_gamma` (beta = epsilon / 10, a = epsilon / 4):
     epsilon-DP under replace-one neighbours (n public). Median-unbiased for the clipped median (Z is
-    symmetric); the noise scale depends on the data, so no interval from the release alone."""
+    symmetric); the noise scale depends on the data, so no interval from the release alone.
+
+    Grid: the values (after clipping) and the bounds are snapped to the public step
+    ``smooth_grid_step((upper - lower) / a)`` (a per-row map, so the guarantee is unchanged; it
+    moves a value by at most half a step, about 2^-21 of the range), so the median is an exact grid
+    point and the output is a grid point (module docstring)."""
     beta, a = smooth_gamma_params(epsilon)
-    x = np.clip(np.asarray(values, dtype=float).ravel(), lower, upper)
-    s = median_smooth_sensitivity(x, lower, upper, beta)
+    if not (np.isfinite(lower) and np.isfinite(upper) and upper > lower):
+        raise ValueError(f"the median's bounds [{lower}, {upper}] must be finite with lower < upper")
+    step = smooth_grid_step((upper - lower) / a)
+    lo, hi = np.rint(lower / step) * step, np.rint(upper / step) * step
+    x = np.rint(np.clip(np.asarray(values, dtype=float).ravel(), lower, upper) / step) * step
+    s = median_smooth_sensitivity(x, lo, hi, beta)
     median = float(np.sort(x)[(x.size + 1) // 2 - 1])
-    return median + float(quartic_sample(1, rng)[0]) * s / a
+    return float(_on_grid(median, quartic_sample(1, rng)[0] * s / a, step))
