@@ -155,10 +155,10 @@ LAZY_THIRD_PARTY = {
     "dptrain.privacy.dpsgd.engine": {"opacus"},  # engine=opacus only (models the fast engine cannot take)
     "dptrain.privacy.dpsgd.model_check": {"opacus.validators"},
     "dptrain.inference.intervals": {"scipy"},
-    "dptrain.inference.newton": {"scipy"},  # a run's interval quantiles only
+    "dptrain.inference.newton": {"scipy.special"},  # a run's interval quantiles only
     "dptrain.privacy.samplers": {"opendp.prelude"},  # the one-shot table releases only
     "dptrain.release.tables.marginals": {"scipy.sparse", "scipy.sparse.csgraph"},  # consistent 2-way tables only
-    "dptrain.training.estimators": {"scipy"},  # conf_int() only
+    "dptrain.training.estimators": {"scipy.special"},  # conf_int() only
     "dptrain.inference.audit_bound": {"scipy"},  # task=audit only  # estimator=subsample_aggregate only
     "dptrain.tasks.tune": {"scipy.optimize"},  # task=tune only
     "dptrain.release.methods.suppression": {"scipy.stats"},  # the suppression baseline of a release only

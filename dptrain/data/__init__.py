@@ -44,6 +44,7 @@ from dptrain.data.table import (
     encode_features,
     numeric_spec,
     read_table,
+    release_arrow_memory,
 )
 from dptrain.data.table import schema_from_config as _schema_from_declaration
 from dptrain.runfolder.tracking import private_dir, write_json
@@ -246,7 +247,10 @@ def load_dataset(cfg: Any, *, seed: int) -> Dataset:
                             delimiter=_get(cfg, "delimiter", ",") or ",")
             kind = detect_format(path, fmt)
         source = f"user table {str(path)!r} ({kind}); attribution/licence: as given by the data owner"
-        return build_dataset(df, schema, seed=seed, source=source, origin=f"data.path={str(path)!r}")
+        dataset = build_dataset(df, schema, seed=seed, source=source, origin=f"data.path={str(path)!r}")
+        del df  # the raw columns: only the encoded rows are kept
+        release_arrow_memory()
+        return dataset
     if name == "synthetic":
         n_rows, n_features, _ = _synthetic_schema(cfg)
         schema = schema_from_config(cfg)

@@ -161,8 +161,8 @@ def _encode_shard(pset: ParquetSet, pieces: list[Piece], schema: Schema, seed: i
                         "holding rows as processes")
     if len(parts) == 1:
         return parts[0]
-    return EncodedRows(x=np.concatenate([r.x for r in parts]), y=np.concatenate([r.y for r in parts]),
-                       is_test=np.concatenate([r.is_test for r in parts]),
+    return EncodedRows(**{k: np.concatenate([getattr(r, k) for r in parts])
+                          for k in ("x_train", "y_train", "x_test", "y_test")},
                        facts=combine_facts([r.facts for r in parts], schema))
 
 
@@ -208,8 +208,7 @@ def load_shard(data_cfg: Any, pset: ParquetSet, *, seed: int, dist: Any) -> Data
     pieces = shard_pieces(pset, rank, world)
     try:
         rows = _encode_shard(pset, pieces, schema, seed)
-        mine: dict[str, Any] = {"facts": rows.facts, "train": int((~rows.is_test).sum()),
-                                "test": int(rows.is_test.sum())}
+        mine: dict[str, Any] = {"facts": rows.facts, "train": len(rows.y_train), "test": len(rows.y_test)}
     except DPTrainError as exc:
         mine = _outcome(exc)
     except Exception as exc:  # not left waiting: the others raise too
@@ -224,7 +223,7 @@ def load_shard(data_cfg: Any, pset: ParquetSet, *, seed: int, dist: Any) -> Data
         log.info("data: sharded read of %s: %d processes, each reads only its own Parquet row groups", pset.origin(),
                  world)
     source = f"user table {str(pset.path)!r} (parquet); attribution/licence: as given by the data owner"
-    return dataset_from_rows(rows.x, rows.y, rows.is_test, schema, source=source,
+    return dataset_from_rows(rows, schema, source=source,
                              diagnostics={"clipped": facts["clipped"]}, shard=(rank, world),
                              global_n_train=sum(o["train"] for o in everyone),
                              global_n_test=sum(o["test"] for o in everyone))

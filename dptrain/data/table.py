@@ -57,7 +57,7 @@ import logging
 import lzma
 import math
 import sys
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,7 @@ import torch
 
 from dptrain.core.errors import DPTrainError
 from dptrain.core.validation import ConfigError, closest
+from dptrain.data.blocks import hash_scores, keyed_word, map_blocks, round_keys, row_blocks, take
 from dptrain.models.objectives import DataSpec
 
 log = logging.getLogger("dptrain.data")
@@ -533,7 +534,10 @@ def read_table(path: str | Path, *, fmt: str = "auto", columns: Sequence[str] | 
             _check_duplicates(p, names)
             file_columns = list(names)
             cols = None if wanted is None else [n for n in names if n.strip() in wanted]
-            df = pd.read_parquet(p, columns=cols)
+            # pyarrow's own conversion, freeing each Arrow column as it is converted (peak memory:
+            # about one copy of the columns read, not two); the same frame as pd.read_parquet
+            df = pq.read_table(p, columns=cols).to_pandas(split_blocks=True, self_destruct=True)
+            release_arrow_memory()  # the file's compressed pages and the decoding's scratch
         except DataError:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -551,6 +555,15 @@ def read_table(path: str | Path, *, fmt: str = "auto", columns: Sequence[str] | 
         df = df[[c for c in df.columns if c in wanted]]
     df.attrs["file_columns"] = file_columns
     return df
+
+
+def release_arrow_memory() -> None:
+    """Hand the memory Arrow's allocator kept after a Parquet read back to the operating system
+    (the frame's columns lived in Arrow buffers; freed, they stay in the pool for a while): call it
+    once the frame is gone. Nothing happens where pyarrow was never imported."""
+    pa = sys.modules.get("pyarrow")
+    if pa is not None:
+        pa.default_memory_pool().release_unused()
 
 
 # --------------------------------------------------------------------------------------------
@@ -586,14 +599,20 @@ def _has_nested(col: pd.Series) -> bool:
     return bool(col.map(lambda v: isinstance(v, _NESTED)).any())
 
 
-def label_codes(col: pd.Series, labels: Sequence[str], *, lower: bool = False,
-                setting: str | None = None) -> np.ndarray:
-    """Index of each cell's stripped-string label in ``labels``; -1 if absent or missing.
-    Vectorised: only the distinct values are converted to strings. ``lower``: compare the
-    cells lower-cased (``labels`` must then be lower-case). A column of nested values (lists,
-    structs) is refused with a DataError naming ``setting`` (no value, no count)."""
+def _factorize(col: pd.Series) -> tuple[np.ndarray, Any]:
+    """(codes, uniques) of a column, -1 for missing: a categorical column's own codes (no pass
+    over the rows), else ``pd.factorize``."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        return col.cat.codes.to_numpy(), col.cat.categories
+    return pd.factorize(col, use_na_sentinel=True)
+
+
+def label_lookup(col: pd.Series, labels: Sequence[str], *, lower: bool = False,
+                 setting: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, lookup): ``lookup[codes]`` is each cell's index in ``labels`` (-1 if absent or
+    missing; :func:`label_codes`). Only the distinct values are converted to strings."""
     try:
-        codes, uniques = pd.factorize(col, use_na_sentinel=True)
+        codes, uniques = _factorize(col)
     except TypeError:  # unhashable cells: Parquet lists / structs / maps (no value is quoted)
         where = setting or f"column {col.name!r}"
         what = "nested entries (lists/structs/maps)" if _has_nested(col) else "values that cannot be compared as labels"
@@ -602,7 +621,7 @@ def label_codes(col: pd.Series, labels: Sequence[str], *, lower: bool = False,
             "(text or number) per row"
         ) from None
     if len(uniques) == 0:
-        return np.full(len(col), -1, dtype=np.int64)
+        return codes, np.array([-1], dtype=np.int64)
     as_str = [_label(u) for u in uniques]
     if lower:
         as_str = [s.lower() if s is not None else None for s in as_str]
@@ -617,8 +636,17 @@ def label_codes(col: pd.Series, labels: Sequence[str], *, lower: bool = False,
             if lookup[j] < 0 and isinstance(u, (int, float, np.integer, np.floating)) and not isinstance(
                     u, (bool, np.bool_)):
                 lookup[j] = by_number.get(float(u), -1)
-    lookup = np.append(lookup, -1)  # code -1 (missing) -> last entry -> -1
-    return lookup[codes].astype(np.int64)
+    return codes, np.append(lookup, -1).astype(np.int64)  # code -1 (missing) -> last entry -> -1
+
+
+def label_codes(col: pd.Series, labels: Sequence[str], *, lower: bool = False,
+                setting: str | None = None) -> np.ndarray:
+    """Index of each cell's stripped-string label in ``labels``; -1 if absent or missing.
+    Vectorised: only the distinct values are converted to strings. ``lower``: compare the
+    cells lower-cased (``labels`` must then be lower-case). A column of nested values (lists,
+    structs) is refused with a DataError naming ``setting`` (no value, no count)."""
+    codes, lookup = label_lookup(col, labels, lower=lower, setting=setting)
+    return lookup[codes]
 
 
 def _as_number(label: Any) -> float | None:
@@ -651,11 +679,21 @@ def numeric_values(col: pd.Series, setting: str, hint: str = LABELS_HINT) -> np.
 
 
 def _scale(v: np.ndarray, spec: NumericSpec) -> np.ndarray:
+    """``v`` clipped into the declared bounds (log1p of value and bounds with ``transform: log1p``)
+    and scaled to [0, 1], in float64 (a new array)."""
+    return _scale_in_place(np.array(v, dtype=np.float64), spec)
+
+
+def _scale_in_place(v: np.ndarray, spec: NumericSpec) -> np.ndarray:
+    """:func:`_scale` overwriting the float64 array ``v`` (the same operations, the same bits)."""
     lo, hi = spec.lower, spec.upper
-    v = np.clip(v, lo, hi)
+    np.clip(v, lo, hi, out=v)
     if spec.transform == "log1p":
-        v, lo, hi = np.log1p(v), math.log1p(lo), math.log1p(hi)
-    return (v - lo) / (hi - lo)
+        np.log1p(v, out=v)
+        lo, hi = math.log1p(lo), math.log1p(hi)
+    v -= lo
+    v /= hi - lo
+    return v
 
 
 def _target(col: pd.Series, schema: Schema, rows: np.ndarray, numeric: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -664,13 +702,14 @@ def _target(col: pd.Series, schema: Schema, rows: np.ndarray, numeric: Mapping[s
         return _class_target(col, schema, rows)
     if schema.target_bounds is not None:  # finite on ``rows`` (_numeric_columns), clipped and scaled
         lo, hi = schema.target_bounds
-        return _scale(numeric[schema.target][rows], NumericSpec(schema.target, lo, hi)).astype(np.float32)
+        values = np.asarray(numeric[schema.target][rows], dtype=np.float64)  # exact from any real dtype
+        return _scale(values, NumericSpec(schema.target, lo, hi)).astype(np.float32)
     if schema.positive is not None:  # whether ANY row has the label: check_rows (over every row)
         return (label_codes(col, [schema.positive], setting=setting) == 0)[rows].astype(np.float32)
-    v = numeric_values(col.iloc[rows], f"{setting} (data.positive=null)",
+    v = _native(col if _all_rows(rows, len(col)) else col.iloc[rows], f"{setting} (data.positive=null)",
                        "0/1 for a binary target; for a target of text labels name the positive class with "
                        "data.positive=LABEL (rows with that label get 1, every other row 0)")
-    if bool(np.isnan(v).any()):
+    if v.dtype.kind == "f" and bool(np.isnan(v).any()):
         raise DataError(
             f"{setting}: column {schema.target!r} has missing entries; allowed "
             "with data.positive=null: 0 or 1 in every row (or set data.positive to the positive label)"
@@ -723,39 +762,31 @@ def split_salt(seed: int) -> bytes:
     return hashlib.blake2b(str(_seed(seed)).encode(), digest_size=16, person=b"dptrain-split").digest()
 
 
-_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-
-
-def _mix(h: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser on a uint64 array (a bijection of 64-bit words)."""
-    h = h ^ (h >> np.uint64(30))
-    h = h * _M1
-    h = h ^ (h >> np.uint64(27))
-    h = h * _M2
-    return h ^ (h >> np.uint64(31))
-
-
-def _word(salt: bytes, data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8, key=salt).digest(), "little")
-
-
-def _label_words(col: pd.Series, rows: np.ndarray, salt: bytes) -> np.ndarray:
-    """One keyed 64-bit word per row: BLAKE2b of the cell's stripped-string label (one marker,
-    not valid UTF-8, for a missing cell). Only the distinct values are hashed."""
-    codes, uniques = pd.factorize(col, use_na_sentinel=True)
+def _label_words(col: pd.Series, rows: np.ndarray | None, salt: bytes) -> Callable[[int, int], np.ndarray]:
+    """Per block of the kept rows, one keyed 64-bit word per row: BLAKE2b of the cell's
+    stripped-string label (one marker, not valid UTF-8, for a missing cell). Only the distinct
+    values are hashed (once, for every block)."""
+    codes, uniques = _factorize(col)
     labels = [_label(u) for u in uniques]
-    words = [_word(salt, b"\xff" if s is None else s.encode("utf-8", "surrogatepass")) for s in labels]
-    lookup = np.array(words + [_word(salt, b"\xff")], dtype=np.uint64)  # code -1 -> missing
-    return lookup[codes[rows]]
+    words = [keyed_word(salt, b"\xff" if s is None else s.encode("utf-8", "surrogatepass")) for s in labels]
+    lookup = np.array(words + [keyed_word(salt, b"\xff")], dtype=np.uint64)  # code -1 -> missing
+    return lambda start, stop: lookup[take(codes, rows, start, stop)]
 
 
-def _column_words(col: pd.Series, rows: np.ndarray, salt: bytes) -> np.ndarray:
-    """One 64-bit word per row of a key column: a numeric column's float64 bits (-0.0 as 0.0, every
-    missing value one NaN; one vectorised pass), any other column's keyed label words."""
+def _column_words(col: pd.Series, rows: np.ndarray | None, salt: bytes) -> Callable[[int, int], np.ndarray]:
+    """Per block, one 64-bit word per row of a key column: a numeric column's float64 bits (-0.0 as
+    0.0, every missing value one NaN), any other column's keyed label words."""
     if pd.api.types.is_numeric_dtype(col.dtype) and not pd.api.types.is_bool_dtype(col.dtype):
-        v = col.to_numpy(dtype=np.float64, na_value=np.nan)[rows] + 0.0
-        v[np.isnan(v)] = np.nan
-        return v.view(np.uint64)
+        plain = isinstance(col.dtype, np.dtype)  # numpy-backed: a view, converted block by block
+        values = col.to_numpy(copy=False) if plain else col.to_numpy(dtype=np.float64, na_value=np.nan)
+
+        def words(start: int, stop: int) -> np.ndarray:
+            v = take(values, rows, start, stop).astype(np.float64)
+            v += 0.0
+            v[np.isnan(v)] = np.nan
+            return v.view(np.uint64)
+
+        return words
     return _label_words(col, rows, salt)
 
 
@@ -769,20 +800,16 @@ def split_scores(df: pd.DataFrame, schema: Schema, *, seed: int, rows: np.ndarra
     or their order. A numeric column's cell enters as its float64 bits, any other cell as its
     stripped string (missing values as one marker). The columns' words are combined with SplitMix64
     rounds keyed by :func:`split_salt`, in numpy uint64 arithmetic (no dependence on pandas'
-    hashing)."""
-    if rows is None:
-        rows = np.arange(len(df))
+    hashing), block by block and in place (:func:`dptrain.data.blocks.hash_scores`)."""
+    if rows is not None and len(rows) == len(df) and (len(rows) == 0 or (rows[0] == 0 and rows[-1] == len(df) - 1)):
+        rows = None  # every row, in order (rows comes from flatnonzero: sorted and distinct)
+    n = len(df) if rows is None else len(rows)
     salt = split_salt(seed)
     key = schema.split_key if schema.split_key is not None else sorted(df.columns)
-    words = [_column_words(df[col], rows, salt) for col in key]
-    def keyed(x: np.ndarray, name: bytes) -> np.ndarray:  # two keyed SplitMix64 rounds
-        return _mix(_mix(x ^ np.uint64(_word(salt, name + b"/1"))) ^ np.uint64(_word(salt, name + b"/2")))
 
-    h = np.full(len(rows), _word(salt, b"start"), dtype=np.uint64)
-    for j, w in enumerate(words):
-        h = _mix(h ^ keyed(w, b"column %d" % j))
-    h = keyed(h, b"end")
-    return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    words = [_column_words(df[col], rows, salt) for col in key]
+    return hash_scores(n, words, [round_keys(salt, b"column %d" % j) for j in range(len(key))],
+                       keyed_word(salt, b"start"), round_keys(salt, b"end"), workers=torch.get_num_threads())
 
 
 def _split(df: pd.DataFrame, schema: Schema, idx: np.ndarray, seed: int) -> np.ndarray:
@@ -824,25 +851,93 @@ def encode_features(df: pd.DataFrame, schema: Schema, rows: np.ndarray | None = 
                     numeric: dict[str, np.ndarray] | None = None) -> np.ndarray:
     """Encode ``df`` (rows ``rows``, default all) with the public schema -> float32 (n, d).
 
-    Numeric columns must be finite here (``numeric`` may pass pre-parsed float64 columns)."""
-    if rows is None:
-        rows = np.arange(len(df))
-    n = len(rows)
-    x = np.zeros((n, len(schema.feature_names)), dtype=np.float32)
-    j = 0
-    for spec in schema.numeric:
-        v = numeric[spec.name] if numeric is not None else numeric_values(df[spec.name], f"data.numeric.{spec.name}")
-        x[:, j] = _scale(v[rows], spec)
-        j += 1
-    ar = np.arange(n)
+    Numeric columns must be finite here (``numeric`` may pass pre-parsed columns)."""
+    if numeric is None:
+        numeric = {s.name: _native(df[s.name], f"data.numeric.{s.name}", LABELS_HINT) for s in schema.numeric}
+    kept = None if rows is None or _all_rows(rows, len(df)) else np.asarray(rows)
+    n = len(df) if kept is None else len(kept)
+    return _encode_blocks(schema, numeric, _category_codes(df, schema), kept, None, n)[0][0]
+
+
+def _all_rows(rows: np.ndarray, n: int) -> bool:
+    """Whether ``rows`` (sorted, distinct: from np.flatnonzero or np.arange) is every row of n."""
+    return len(rows) == n and (n == 0 or (int(rows[0]) == 0 and int(rows[-1]) == n - 1))
+
+
+def _category_codes(df: pd.DataFrame, schema: Schema) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per declared categorical column, (its codes, the lookup from a code to its slot): the
+    index of the row's label in the declared list, or len(list) (the ``<other>`` slot) for any
+    other label or a missing one (:func:`label_lookup`; the blocks gather the slots)."""
+    out = []
     for col, cats in schema.categorical:
         if len(cats) == 0:
             raise ConfigError(f"data.categorical.{col}=[] is not allowed: a category list must not be empty")
-        codes = label_codes(df[col], cats, setting=f"data.categorical.{col}")[rows]
-        codes[codes < 0] = len(cats)  # the other slot
-        x[ar, j + codes] = 1.0
-        j += len(cats) + 1
-    return x
+        codes, lookup = label_lookup(df[col], cats, setting=f"data.categorical.{col}")
+        out.append((codes, np.where(lookup < 0, len(cats), lookup).astype(np.int64)))
+    return out
+
+
+#: rows per block of the encoding pass: a block of 16 float32 features is 1 MiB, and every
+#: temporary of a block stays below glibc's mmap threshold (a larger block's fresh pages cost more
+#: than its work)
+ENCODE_BLOCK_ROWS = 1 << 14
+
+
+def _encode_blocks(schema: Schema, nums: Mapping[str, np.ndarray], codes: Sequence[tuple[np.ndarray, np.ndarray]],
+                   rows: np.ndarray | None, is_test: np.ndarray | None, n: int) -> tuple[list[np.ndarray], dict]:
+    """The encoded matrices and the PRIVATE facts of the feature columns (clipped counts, whether
+    each categorical column matched a declared label), in one pass over blocks of the kept rows
+    (:func:`dptrain.data.blocks.map_blocks`, on torch's number of threads): each block's numeric
+    values are converted to float64 (exact), clipped, scaled in place and written as float32, its
+    one-hot slots set, and its rows copied to their place in the train or the test matrix
+    (``is_test`` None: one matrix of every kept row), in row order. ``codes``: per categorical
+    column, (the column's codes, the lookup from a code to its slot). Preallocated outputs: no
+    whole-table temporary."""
+    d = len(schema.feature_names)
+    if is_test is None:
+        is_test = np.zeros(0, dtype=bool)
+        outs = [np.empty((n, d), dtype=np.float32)]
+    else:
+        n_test = int(np.count_nonzero(is_test))
+        outs = [np.empty((n - n_test, d), dtype=np.float32), np.empty((n_test, d), dtype=np.float32)]
+    # where each block's test rows start in the test matrix: the test rows before the block
+    tests_before = np.concatenate([[0], np.cumsum(is_test, dtype=np.int64)]) if len(outs) == 2 else None
+
+    def block(start: int, stop: int) -> tuple[list[tuple[int, int]], list[bool]]:
+        x = np.zeros((stop - start, d), dtype=np.float32)
+        clipped = []
+        for j, spec in enumerate(schema.numeric):
+            v = take(nums[spec.name], rows, start, stop).astype(np.float64)
+            clipped.append((int(np.count_nonzero(v < spec.lower)), int(np.count_nonzero(v > spec.upper))))
+            x[:, j] = _scale_in_place(v, spec)
+        j, base, flat, matched = len(schema.numeric), np.arange(stop - start) * d, x.reshape(-1), []
+        for (_, cats), (column_codes, lookup) in zip(schema.categorical, codes):
+            slot = lookup[take(column_codes, rows, start, stop)]
+            matched.append(bool(np.any(slot < len(cats))))
+            flat[base + (j + slot)] = 1.0
+            j += len(cats) + 1
+        if tests_before is None:
+            outs[0][start:stop] = x
+        else:  # np.take into fresh pages: several times faster than np.compress or a boolean mask here
+            test, t0, t1 = is_test[start:stop], int(tests_before[start]), int(tests_before[stop])
+            np.take(x, np.flatnonzero(~test), axis=0, out=outs[0][start - t0:stop - t1])
+            np.take(x, np.flatnonzero(test), axis=0, out=outs[1][t0:t1])
+        return clipped, matched
+
+    results = map_blocks(n, block, torch.get_num_threads(), size=ENCODE_BLOCK_ROWS)
+    clipped = {s.name: {"below_lower": sum(r[0][i][0] for r in results),
+                        "above_upper": sum(r[0][i][1] for r in results)} for i, s in enumerate(schema.numeric)}
+    matched = {col: any(r[1][i] for r in results) for i, (col, _) in enumerate(schema.categorical)}
+    return outs, {"clipped": clipped, "categories_matched": matched}
+
+
+def _native(col: pd.Series, setting: str, hint: str) -> np.ndarray:
+    """A numeric column's values: pandas' own numpy array (a view, no copy: float32 stays float32,
+    integers stay integers; the blocks convert them to float64, which is exact) where pandas holds
+    one, else :func:`numeric_values`' float64 (nullable, object columns: parsed, or refused)."""
+    if isinstance(col.dtype, np.dtype) and col.dtype.kind in "fiub":
+        return col.to_numpy(copy=False)
+    return numeric_values(col, setting, hint)
 
 
 def _numeric_settings(schema: Schema) -> list[tuple[str, NumericSpec]]:
@@ -855,15 +950,16 @@ def _numeric_settings(schema: Schema) -> list[tuple[str, NumericSpec]]:
 
 
 def _numeric_columns(df: pd.DataFrame, schema: Schema) -> tuple[dict[str, np.ndarray], np.ndarray, list[str]]:
-    """(numeric columns as float64, indices of the rows kept, the columns where rows were
-    dropped): NaN/inf refused, or their rows dropped with ``data.nonfinite=drop`` (each row on
-    its own; :func:`check_rows` logs the columns, never how many rows: a private count)."""
+    """(numeric columns as numpy arrays (:func:`_native`: views where possible), indices of the rows
+    kept, the columns where rows were dropped): NaN/inf refused, or their rows dropped with
+    ``data.nonfinite=drop`` (each row on its own; :func:`check_rows` logs the columns, never how
+    many rows: a private count)."""
     nums: dict[str, np.ndarray] = {}
     bad_rows = np.zeros(len(df), dtype=bool)
     dropped_in = []
     for setting, spec in _numeric_settings(schema):
-        v = numeric_values(df[spec.name], setting, LABELS_HINT if setting.startswith("data.numeric") else
-                           "(a continuous target with data.target_bounds holds numbers)")
+        v = _native(df[spec.name], setting, LABELS_HINT if setting.startswith("data.numeric") else
+                    "(a continuous target with data.target_bounds holds numbers)")
         nonfin = ~np.isfinite(v)
         if nonfin.any():
             if schema.nonfinite == "error":
@@ -878,18 +974,20 @@ def _numeric_columns(df: pd.DataFrame, schema: Schema) -> tuple[dict[str, np.nda
             bad_rows |= nonfin
             dropped_in.append(spec.name)
         nums[spec.name] = v
-    return nums, np.flatnonzero(~bad_rows), dropped_in
+    return nums, (np.flatnonzero(~bad_rows) if dropped_in else np.arange(len(df))), dropped_in
 
 
 @dataclass
 class EncodedRows:
-    """Rows encoded with the public schema, before the checks that need EVERY row of the data
-    set (:func:`check_rows`): a whole table's, or one shard's of a sharded read
-    (:mod:`dptrain.data.shards`), whose ``facts`` are combined across ranks first."""
+    """Rows encoded with the public schema and split, before the checks that need EVERY row of the
+    data set (:func:`check_rows`): a whole table's, or one shard's of a sharded read
+    (:mod:`dptrain.data.shards`), whose ``facts`` are combined across ranks first. The train and
+    test rows are each in the table's row order."""
 
-    x: np.ndarray  # (n, d) float32, the kept rows
-    y: np.ndarray  # (n,)
-    is_test: np.ndarray  # (n,) bool
+    x_train: np.ndarray  # (n_train, d) float32
+    y_train: np.ndarray  # (n_train,)
+    x_test: np.ndarray  # (n_test, d) float32
+    y_test: np.ndarray  # (n_test,)
     # PRIVATE facts about the rows, for the checks and the diagnostics only (never logged, never in
     # an error): kept (any row kept), dropped_in (columns with dropped rows), positive_seen,
     # any_train, any_test, classes_seen (distinct labels among the training rows), clipped counts
@@ -913,29 +1011,25 @@ def encode_rows(df: pd.DataFrame, schema: Schema, *, seed: int) -> EncodedRows:
     """Parse, encode and split ``df``'s rows, each on its own (the declared columns are in
     ``df``). Raises DataError for what one row can be refused for (non-numeric / non-finite
     entries, a label outside data.classes, a bad split entry, nested labels); the checks over
-    every row are :func:`check_rows`'."""
+    every row are :func:`check_rows`'. The numeric columns are read in place and the encoded
+    rows written straight into their train or test matrix (:func:`_encode_blocks`)."""
     seed = _seed(seed)
     nums, idx, dropped_in = _numeric_columns(df, schema)
+    kept = None if _all_rows(idx, len(df)) else idx
     y = _target(df[schema.target], schema, idx, nums)
-    x = encode_features(df, schema, idx, nums)
+    codes = _category_codes(df, schema)
     is_test = _split(df, schema, idx, seed)
-    y_train = y[~is_test]
+    (x_train, x_test), seen = _encode_blocks(schema, nums, codes, kept, is_test, len(idx))
+    clipped = seen["clipped"]
+    if schema.target_bounds is not None:
+        clipped.update(clipped_counts(schema, nums, idx, only=schema.target))
+    y_train, y_test = y[~is_test], y[is_test]
     facts = {"kept": len(idx) > 0, "dropped_in": dropped_in,
              "positive_seen": bool(y.any()) if schema.positive is not None else None,
-             "any_train": bool((~is_test).any()), "any_test": bool(is_test.any()),
+             "any_train": len(y_train) > 0, "any_test": len(y_test) > 0,
              "classes_seen": set() if schema.target_kind == "continuous" else set(np.unique(y_train).tolist()),
-             "clipped": clipped_counts(schema, nums, idx), "categories_matched": matched_categories(x, schema)}
-    return EncodedRows(x=x, y=y, is_test=is_test, facts=facts)
-
-
-def matched_categories(x: np.ndarray, schema: Schema) -> dict[str, bool]:
-    """Per declared categorical column, whether any row has one of its declared labels (a one in
-    the column's declared slots of the encoded rows ``x``; the other slot excluded)."""
-    out, j = {}, len(schema.numeric)
-    for col, cats in schema.categorical:
-        out[col] = bool(x.shape[0] and x[:, j:j + len(cats)].any())
-        j += len(cats) + 1
-    return out
+             "clipped": clipped, "categories_matched": seen["categories_matched"]}
+    return EncodedRows(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, facts=facts)
 
 
 def _check_categories_matched(matched: Mapping[str, bool], schema: Schema) -> None:
@@ -992,18 +1086,17 @@ def build_dataset(df: pd.DataFrame, schema: Schema, *, seed: int, source: str, o
         raise DataError(f"{origin} has 0 rows (header only); allowed: at least one row")
     rows = encode_rows(df, schema, seed=seed)
     check_rows(rows.facts, schema, origin)
-    return dataset_from_rows(rows.x, rows.y, rows.is_test, schema, source=source,
-                             diagnostics={"clipped": rows.facts["clipped"]})
+    return dataset_from_rows(rows, schema, source=source, diagnostics={"clipped": rows.facts["clipped"]})
 
 
-def dataset_from_rows(x: np.ndarray, y: np.ndarray, is_test: np.ndarray, schema: Schema, *, source: str,
-                      diagnostics: dict, **shard: Any) -> Dataset:
-    """The :class:`Dataset` of encoded rows (``shard``: its shard fields on a sharded read)."""
+def dataset_from_rows(rows: EncodedRows, schema: Schema, *, source: str, diagnostics: dict, **shard: Any) -> Dataset:
+    """The :class:`Dataset` of encoded rows, sharing their memory (``shard``: its shard fields on a
+    sharded read)."""
     return Dataset(
-        x_train=torch.from_numpy(np.ascontiguousarray(x[~is_test])),
-        y_train=torch.from_numpy(np.ascontiguousarray(y[~is_test])),
-        x_test=torch.from_numpy(np.ascontiguousarray(x[is_test])),
-        y_test=torch.from_numpy(np.ascontiguousarray(y[is_test])),
+        x_train=torch.from_numpy(np.ascontiguousarray(rows.x_train)),
+        y_train=torch.from_numpy(np.ascontiguousarray(rows.y_train)),
+        x_test=torch.from_numpy(np.ascontiguousarray(rows.x_test)),
+        y_test=torch.from_numpy(np.ascontiguousarray(rows.y_test)),
         feature_names=schema.feature_names,
         source=source,
         diagnostics=diagnostics,
@@ -1029,13 +1122,22 @@ def missing_column_error(missing: list[tuple[str, str]], file_columns: Sequence[
     )
 
 
-def clipped_counts(schema: Schema, nums: Mapping[str, np.ndarray], rows: np.ndarray) -> dict[str, dict[str, int]]:
-    """Per numeric column (and a continuous target, under its column's name), how many values of
-    the kept ``rows`` lay below ``lower`` / above ``upper`` and were clipped into the declared
-    bounds. PRIVATE counts: they go to private/data_diagnostics.json only; the log
-    (:func:`check_rows`) names the columns, never a count."""
+def clipped_counts(schema: Schema, nums: Mapping[str, np.ndarray], rows: np.ndarray, *,
+                   only: str | None = None) -> dict[str, dict[str, int]]:
+    """Per numeric column (and a continuous target, under its column's name; ``only``: that column
+    alone), how many values of the kept ``rows`` lay below ``lower`` / above ``upper`` and were
+    clipped into the declared bounds, compared in float64 block by block. PRIVATE counts: they go
+    to private/data_diagnostics.json only; the log (:func:`check_rows`) names the columns, never a
+    count."""
     out: dict[str, dict[str, int]] = {}
     for _, spec in _numeric_settings(schema):
-        v = nums[spec.name][rows]
-        out[spec.name] = {"below_lower": int((v < spec.lower).sum()), "above_upper": int((v > spec.upper).sum())}
+        if only is not None and spec.name != only:
+            continue
+        kept = None if _all_rows(rows, len(nums[spec.name])) else rows
+        below = above = 0
+        for start, stop in row_blocks(len(rows)):
+            v = take(nums[spec.name], kept, start, stop).astype(np.float64)
+            below += int(np.count_nonzero(v < spec.lower))
+            above += int(np.count_nonzero(v > spec.upper))
+        out[spec.name] = {"below_lower": below, "above_upper": above}
     return out

@@ -34,11 +34,10 @@ from dptrain.inference.coefficients import (
 )
 from dptrain.inference.intervals import Interval, aggregate_parts, coefficient_frame, format_table
 from dptrain.inference.newton import (
+    design_statistics,
     layer_weights,
-    linear_predictor,
     model_parameters,
     radius2,
-    reduced_design,
     term_intervals,
 )
 from dptrain.inference.ssp import ssp_config_check
@@ -47,7 +46,7 @@ from dptrain.inference.subsample import fit_parts, part_mechanism
 from dptrain.models.objectives import build_objective
 from dptrain.privacy.accounting import history_epsilon
 from dptrain.privacy.events import gaussian_event
-from dptrain.privacy.newton import BOUNDS, private_newton, release_noise_multiplier, statistics
+from dptrain.privacy.newton import BOUNDS, private_newton, release_noise_multiplier
 from dptrain.privacy.randomness import Randomness
 from dptrain.settings.inference import MAX_PARTS
 from dptrain.settings.train import MAX_TARGET_EPSILON
@@ -396,12 +395,11 @@ def newton_refit(conf: Any, data: Any, result: Any, *, launch: Any) -> Any:
     enc = encoder_for_config(conf)
     kind = objective_kind(conf.objective.name)
     layer = linear_layer(result.model)
-    z = reduced_design(data.x_train.double().numpy(), enc)
-    y = data.y_train.double().numpy()
+    x, y = data.x_train.numpy(), data.y_train.numpy()
     theta = model_parameters(layer.weight.detach().double().numpy(), layer.bias.detach().double().numpy(), enc)
     sigma = newton_noise(conf, result)
     randomness = bound_to_rows(launch.randomness if launch.randomness is not None else Randomness.fresh(), data)
-    fit_ = private_newton(theta, lambda th: statistics(z, y, linear_predictor(z, th, kind), kind), kind=kind,
+    fit_ = private_newton(theta, lambda th: design_statistics(x, y, th, enc, kind), kind=kind,
                           radius_sq=radius2(enc),
                           noise_multiplier=sigma, rng=randomness.numpy("newton-interval"))
     if conf.privacy.enabled:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dptrain.data.table import _mix, _word
+from dptrain.data.blocks import hash_scores, keyed_word, round_keys
 from dptrain.privacy.dpsgd.mechanism import DPSGDMechanism
 from dptrain.privacy.randomness import Randomness
 from dptrain.training.fit import LaunchConfig, bound_to_rows, fit
@@ -53,16 +53,11 @@ def row_uniform(x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, *, s
     over rows with distinct content."""
     xa = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
     ya = np.asarray(y, dtype=np.float32).reshape(len(y), -1)
-    words = (np.concatenate([xa, ya], axis=1) + np.float32(0.0)).view(np.uint32).astype(np.uint64)  # -0.0 -> 0.0
+    bits = (np.concatenate([xa, ya], axis=1) + np.float32(0.0)).view(np.uint32)  # -0.0 -> 0.0
     key = part_key(seed, person)
-
-    def keyed(h: np.ndarray, name: bytes) -> np.ndarray:
-        return _mix(_mix(h ^ np.uint64(_word(key, name + b"/1"))) ^ np.uint64(_word(key, name + b"/2")))
-
-    h = np.full(len(xa), _word(key, b"start"), dtype=np.uint64)
-    for j in range(words.shape[1]):
-        h = _mix(h ^ keyed(words[:, j], b"column %d" % j))
-    return (keyed(h, b"end") >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    words = [lambda start, stop, j=j: bits[start:stop, j].astype(np.uint64) for j in range(bits.shape[1])]
+    return hash_scores(len(xa), words, [round_keys(key, b"column %d" % j) for j in range(bits.shape[1])],
+                       keyed_word(key, b"start"), round_keys(key, b"end"))
 
 
 def random_parts(n_rows: int, *, parts: int, randomness: Randomness) -> np.ndarray:

@@ -354,7 +354,9 @@ def summary_lines(result: Any, report: dict[str, Any], *, dist_ctx: Any, run_dir
     lines = ["   ".join(f"test {k.split('/', 1)[1] if k != 'test/acc' else 'accuracy'}: {v:.4f}"
                         .replace("test auc", "test AUC") for k, v in m.items() if k.startswith("test/"))]
     if "baseline/nonprivate_acc" in m:
-        lines.append(f"non-private baseline (sklearn LogisticRegression, same features/split): "
+        rows = m.get("baseline/fit_rows")
+        lines.append(f"non-private baseline (sklearn LogisticRegression, same features/split"
+                     f"{f', fitted on {int(rows):,} training rows' if rows is not None else ''}): "
                      f"{m['baseline/nonprivate_acc']:.4f}   majority class: {m['baseline/majority_acc']:.4f}")
     one_release = report.get("estimator", {}).get("name") == "ssp"  # one noisy Z'Z: no sampling, no steps
     if "epsilon" in report:

@@ -201,11 +201,16 @@ class TrainerConfig:
     engine: str = setting("auto", help="how clipped per-example gradients are computed: auto = the fast engine "
                           "when the model allows, else Opacus", allowed="auto | fast | opacus, or a registered name")
     eval_every: int = setting(50, help="steps between test-set evaluations", allowed="an integer > 0")
+    eval_rows: int = setting(1_000_000, help="the test rows each evaluation DURING training uses (the first this "
+                             "many, for the TensorBoard test/ curves; 0: every one); the final test metrics always use "
+                             "every test row", allowed="an integer >= 0")
     log_every: int = setting(10, help="steps between TensorBoard scalars (with trainer.dp_curves, also between "
                              "releases of the dp/ curve, each paid for in epsilon)", allowed="an integer > 0")
     baseline: bool = setting(False, help="also fit a NON-private sklearn baseline on the same features (its "
                              "numbers stay in private/); off by default: it imports scikit-learn and "
-                             "scipy.stats (about a second) and fits on every training row",
+                             "scipy.stats (about a second); fitted on every training row up to 1,000,000, beyond "
+                             "that on a random 1,000,000 of them drawn with the seed (baseline/fit_rows says how "
+                             "many)",
                              allowed="true | false")
     progress: bool = setting(True, help="show a progress bar", allowed="true | false")
     threads: int = setting(0, help="torch threads; 0 leaves torch's default", allowed="an integer >= 0")
@@ -254,6 +259,7 @@ def check_trainer(t: TrainerConfig) -> None:
          f"must be a finite number > 0 (and give at most {MAX_STEPS:,} steps = epochs * N / B)", lo=0, lo_open=True)
     integer("trainer.batch_size", t.batch_size, 1, "must be an integer > 0 (and <= N)")
     integer("trainer.eval_every", t.eval_every, 1, "must be an integer > 0")
+    integer("trainer.eval_rows", t.eval_rows, 0, "must be an integer >= 0 (0: every test row)")
     integer("trainer.log_every", t.log_every, 1, "must be an integer > 0")
     integer("trainer.threads", t.threads, 0, "must be an integer >= 0 (0 = torch default)")
     integer("trainer.checkpoint_every", t.checkpoint_every, 0, "must be an integer >= 0 (0: only at the end)")

@@ -589,9 +589,9 @@ class _NewtonIntervals:
             raise DPTrainError(f"{type(self).__name__}.conf_int: no intervals were computed: interval_share="
                                f"{self.interval_share!r}; allowed: fit with interval_share in (0, 0.9] (e.g. 0.25, "
                                "the default: that share of epsilon pays for the intervals)")
-        from scipy import stats  # here, not at the top: only intervals need scipy.stats
+        from scipy.special import stdtrit  # here, not at the top: only intervals need scipy
 
-        q = stats.t.ppf(1.0 - alpha / 2.0, self.interval_dof_.to_numpy())
+        q = stdtrit(self.interval_dof_.to_numpy(), 1.0 - alpha / 2.0)  # Student's t quantile
         est = self._terms()
         return pd.DataFrame({"lower": est - q * self.bse_.to_numpy(), "upper": est + q * self.bse_.to_numpy()},
                             index=self._term_names())

@@ -358,7 +358,7 @@ def _steps(run: _Run, data: Dataset, tracker: Tracker, bar: Any, private_step: P
             _log_step(run, tracker, bar, step, stats, sizes / window)
             sizes, window = 0, 0
         if step % t.eval_every == 0 and step != run.steps and (run.main or data.shard is not None):
-            tracker.scalars({f"test/{k}": v for k, v in evaluate(run, data).items()}, step=step)
+            tracker.scalars({f"test/{k}": v for k, v in evaluate(run, data, rows=t.eval_rows).items()}, step=step)
         if t.checkpoint_every > 0 and step % t.checkpoint_every == 0 and step != run.steps:
             _checkpoint(run, step)
         bar.update(1)
@@ -411,12 +411,15 @@ def _checkpoint(run: _Run, step: int) -> None:
 
 
 @torch.no_grad()
-def evaluate(run: _Run, data: Dataset) -> dict[str, float]:
+def evaluate(run: _Run, data: Dataset, *, rows: int = 0) -> dict[str, float]:
     """The objective's metrics on the held-out rows: outputs computed on the run's device, the
     metrics on the CPU; a sharded read's test rows are every rank's, gathered (a collective, so
-    every rank calls it)."""
-    x = run.x_test if run.x_test is not None else data.x_test
-    outputs, y = run.model(x).cpu(), data.y_test
+    every rank calls it). ``rows`` > 0: only the first that many test rows (an evaluation during
+    training, ``trainer.eval_rows``; not on a sharded read)."""
+    x, y = (run.x_test if run.x_test is not None else data.x_test), data.y_test
+    if rows > 0 and data.shard is None and len(y) > rows:
+        x, y = x[:rows], y[:rows]
+    outputs = run.model(x).cpu()
     if data.shard is not None:
         outputs, y = run.launch.dist.gather_rows(outputs, y)
     return run.objective.metrics(outputs, y)
