@@ -29,6 +29,16 @@ def yaml_declaration() -> str:
             f"'++data.categorical={{region:[{','.join(REGIONS)}],sector:[{','.join(SECTORS)}]}}'")
 
 
+def write_data_config(folder: Path, table: Path, name: str = "big") -> Path:
+    """``<folder>/data/<name>.yaml``: a data config for the table (``--config-dir <folder> data=<name>``)."""
+    out = folder / "data" / f"{name}.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    nums = "\n".join(f"  {c}: {{lower: 0, upper: 1}}" for c in NUMERIC)
+    out.write_text(f"defaults:\n  - table\n  - _self_\n\npath: {table}\ntarget: y\npositive: null\nnumeric:\n{nums}\n"
+                   f"categorical:\n  region: [{', '.join(REGIONS)}]\n  sector: [{', '.join(SECTORS)}]\n")
+    return out
+
+
 def _group(rng: np.random.Generator, n: int) -> pa.Table:
     x = rng.random((n, len(NUMERIC)), dtype=np.float32)
     region = rng.integers(0, len(REGIONS), n)
@@ -61,10 +71,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=20_000_000)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--config-dir", type=Path, help="also write <dir>/data/big.yaml, a data config for the table")
     args = ap.parse_args()
     make_table(args.out, args.rows)
     print(f"{args.out}: {args.rows} rows, {args.out.stat().st_size / 2**20:.0f} MiB")
-    print("read it with:", yaml_declaration())
+    if args.config_dir:
+        print(f"read it with: --config-dir {args.config_dir} data=big ({write_data_config(args.config_dir, args.out)})")
+    else:
+        print("read it with:", yaml_declaration())
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ import yaml
 
 from dptrain.core.validation import ConfigError
 from dptrain.data import synthetic
+from dptrain.data.cache import cache_key, check_writable
+from dptrain.data.cache import load as load_cached
+from dptrain.data.cache import store as store_cached
 from dptrain.data.parquet import read_folder
 from dptrain.data.table import (
     OTHER,
@@ -40,7 +43,11 @@ from dptrain.data.table import (
     Schema,
     _seed,
     build_dataset,
+    check_file,
+    check_rows,
+    dataset_from_rows,
     detect_format,
+    encode_checked,
     encode_features,
     numeric_spec,
     read_table,
@@ -234,23 +241,7 @@ def load_dataset(cfg: Any, *, seed: int) -> Dataset:
         df = load_adult_frame(columns=schema.read_columns)
         return build_dataset(df, schema, seed=seed, source=ADULT_SOURCE, origin="the shipped Adult file")
     if name == "table":
-        path = _get(cfg, "path")
-        if not path:
-            raise ConfigError(f"data.path={path!r} is not allowed: "
-                              "data=table needs the path of a CSV, Parquet or .dta file")
-        schema = schema_from_config(cfg)
-        fmt = _get(cfg, "format", "auto") or "auto"
-        if Path(path).is_dir():  # a partitioned Parquet data set, read whole (dptrain.data.parquet)
-            df, kind = read_folder(path, schema, fmt), "parquet"
-        else:
-            df = read_table(path, fmt=fmt, columns=schema.read_columns,  # checks existence first
-                            delimiter=_get(cfg, "delimiter", ",") or ",")
-            kind = detect_format(path, fmt)
-        source = f"user table {str(path)!r} ({kind}); attribution/licence: as given by the data owner"
-        dataset = build_dataset(df, schema, seed=seed, source=source, origin=f"data.path={str(path)!r}")
-        del df  # the raw columns: only the encoded rows are kept
-        release_arrow_memory()
-        return dataset
+        return _load_table(cfg, seed=seed)
     if name == "synthetic":
         n_rows, n_features, _ = _synthetic_schema(cfg)
         schema = schema_from_config(cfg)
@@ -261,6 +252,43 @@ def load_dataset(cfg: Any, *, seed: int) -> Dataset:
         )
         return build_dataset(df, schema, seed=seed, source=source, origin="the synthetic data")
     raise ConfigError(f"data.name={name!r} is not allowed: must be one of adult, table, synthetic")
+
+
+def _load_table(cfg: Any, *, seed: int) -> Dataset:
+    """data=table: the file (or Parquet folder) read and encoded, or its encoded rows from
+    ``data.cache`` (:mod:`dptrain.data.cache`: keyed by the file's bytes, the declaration and the
+    seed; written after the first encoding). The same checks run either way."""
+    path = _get(cfg, "path")
+    if not path:
+        raise ConfigError(f"data.path={path!r} is not allowed: "
+                          "data=table needs the path of a CSV, Parquet or .dta file")
+    schema = schema_from_config(cfg)
+    fmt, delimiter = _get(cfg, "format", "auto") or "auto", _get(cfg, "delimiter", ",") or ","
+    folder = Path(path).is_dir()  # a partitioned Parquet data set, read whole (dptrain.data.parquet)
+    origin = f"data.path={str(path)!r}"
+    cache, key, rows = _get(cfg, "cache"), None, None
+    if cache:
+        if not folder:
+            check_file(path)
+        check_writable(cache)
+        key = cache_key(path, schema, seed=_seed(seed), fmt=fmt, delimiter=delimiter)
+        rows = load_cached(cache, key)
+    if rows is None:
+        df = read_folder(path, schema, fmt) if folder else read_table(path, fmt=fmt, columns=schema.read_columns,
+                                                                         delimiter=delimiter)
+        rows = encode_checked(df, schema, seed=seed, origin=origin)
+        del df  # the raw columns: only the encoded rows are kept
+        release_arrow_memory()
+        if cache:
+            store_cached(cache, key, rows)
+            log.info("data: encoded rows written to data.cache (later runs with this file, schema and seed read "
+                     "them from there)")
+    else:
+        check_rows(rows.facts, schema, origin)
+        log.info("data: encoded rows read from data.cache (the same file, schema and seed)")
+    kind = "parquet" if folder else detect_format(path, fmt)
+    source = f"user table {str(path)!r} ({kind}); attribution/licence: as given by the data owner"
+    return dataset_from_rows(rows, schema, source=source, diagnostics={"clipped": rows.facts["clipped"]})
 
 
 def write_data_diagnostics(run_dir: str | Path, data: Dataset) -> dict[str, str]:

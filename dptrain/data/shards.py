@@ -141,6 +141,10 @@ def sharding_plan(conf: Any, *, world: int | None) -> ParquetSet | None:
         raise bad("trainer.baseline", True, "on a sharded read (trainer.distributed=true on a partitioned Parquet "
                   "data set): the non-private sklearn baseline needs every training row in one process; allowed: "
                   "trainer.baseline=false, or data.sharding=off (every process reads the whole table)")
+    if _setting(conf.data, "cache", None):
+        raise bad("data.cache", conf.data.cache, "on a sharded read (trainer.distributed=true on a partitioned Parquet "
+                  "data set) each process encodes only its own row groups, so there is no whole table to cache; "
+                  "allowed: data.cache=null, or data.sharding=off (every process reads the whole table, or its cache)")
     estimator = _setting(_setting(conf, "estimator"), "name", "dpsgd")
     if estimator != "dpsgd":
         raise bad("estimator", estimator, "on a sharded read: only estimator=dpsgd trains across processes")

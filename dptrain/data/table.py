@@ -38,6 +38,11 @@ which label or how many rows) or with one class only among the training rows, a 
 with non-numeric entries (non-finite ones follow ``data.nonfinite``), a split with no train or no
 test row.
 
+Large tables: the rows are encoded in blocks straight into preallocated train and test matrices,
+and the split's hash runs in place by blocks (:mod:`dptrain.data.blocks`); a numeric column is
+read where pandas holds it, widened to float64 one block at a time. The results are those of the
+whole-array computation, bit for bit (docs/large_tables.md).
+
 Error messages and log lines name the setting and the column, say what was found in words and
 what is allowed. They quote no value read from the file (a headerless file's "column names" are
 row values, so those are not quoted either) and no count of rows or of entries (bad entries,
@@ -501,6 +506,16 @@ def _read_csv(p: Path, delimiter: str, wanted: set[str] | None) -> tuple[pd.Data
     return df, header
 
 
+def check_file(path: str | Path) -> Path:
+    """``path`` as a Path; DataError when it does not exist or is a folder."""
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"data.path={str(path)!r}: no such file; allowed: an existing CSV, Parquet or .dta file")
+    if p.is_dir():
+        raise DataError(f"data.path={str(path)!r}: is a folder; allowed: a CSV, Parquet or .dta file")
+    return p
+
+
 def read_table(path: str | Path, *, fmt: str = "auto", columns: Sequence[str] | None = None,
                delimiter: str = ",") -> pd.DataFrame:
     """Read a CSV (``.csv``, ``.csv.gz``/``.bz2``/``.xz``), Parquet (``.parquet``, ``.pq``) or
@@ -513,11 +528,7 @@ def read_table(path: str | Path, *, fmt: str = "auto", columns: Sequence[str] | 
     (``data.delimiter``). Raises :class:`DataError` (missing file, empty file, unreadable,
     non-UTF-8 CSV, ragged CSV rows, one-column header holding another separator, duplicate
     names) or ConfigError (bad ``fmt`` or ``delimiter``)."""
-    p = Path(path)
-    if not p.exists():
-        raise DataError(f"data.path={str(path)!r}: no such file; allowed: an existing CSV, Parquet or .dta file")
-    if p.is_dir():
-        raise DataError(f"data.path={str(path)!r}: is a folder; allowed: a CSV, Parquet or .dta file")
+    p = check_file(path)
     kind = detect_format(p, fmt)
     if p.stat().st_size == 0:
         raise DataError(f"data.path={str(path)!r}: the file is empty (0 bytes, 0 rows); "
@@ -1078,6 +1089,13 @@ def build_dataset(df: pd.DataFrame, schema: Schema, *, seed: int, source: str, o
     """Check ``df`` against the schema, encode, split. ``origin`` names the data in messages
     (e.g. ``data.path='x.csv'``). Errors and the log name settings and columns, never a count
     of rows (module docstring)."""
+    rows = encode_checked(df, schema, seed=seed, origin=origin)
+    return dataset_from_rows(rows, schema, source=source, diagnostics={"clipped": rows.facts["clipped"]})
+
+
+def encode_checked(df: pd.DataFrame, schema: Schema, *, seed: int, origin: str) -> EncodedRows:
+    """:func:`encode_rows` after the checks of the frame (declared columns present, at least one
+    row) and before the checks over every row (:func:`check_rows`)."""
     seed = _seed(seed)
     missing = missing_columns(schema, df.columns)
     if missing:
@@ -1086,7 +1104,7 @@ def build_dataset(df: pd.DataFrame, schema: Schema, *, seed: int, source: str, o
         raise DataError(f"{origin} has 0 rows (header only); allowed: at least one row")
     rows = encode_rows(df, schema, seed=seed)
     check_rows(rows.facts, schema, origin)
-    return dataset_from_rows(rows, schema, source=source, diagnostics={"clipped": rows.facts["clipped"]})
+    return rows
 
 
 def dataset_from_rows(rows: EncodedRows, schema: Schema, *, source: str, diagnostics: dict, **shard: Any) -> Dataset:

@@ -130,6 +130,10 @@ class TableDataConfig:
                             "row groups (docs/distributed.md); auto: when the data set has at least 2 row groups; "
                             "row_groups: always (refused when it cannot); off: every process reads the whole table",
                             allowed="auto | row_groups | off")
+    cache: str | None = setting(None, help="a folder for the ENCODED rows (PRIVATE: keep it beside the data, never "
+                                "publish it): the first run with this file, schema and seed writes them there, later "
+                                "runs (a sweep) memory-map them instead of reading and encoding the file "
+                                "(docs/large_tables.md); null: no cache", allowed="a folder path | null")
 
 
 @dataclass
@@ -194,6 +198,7 @@ class DataConfig:
     split_key: list[str] | None = None  # the hash split's key columns; None: every column of the file
     test_public: bool = False
     sharding: str = "auto"  # table only: auto | row_groups | off (dptrain.data.shards)
+    cache: str | None = None  # table only: a folder for the encoded rows (dptrain.data.cache)
     n_rows: int = 20000  # synthetic only
     n_features: int = 10  # synthetic only
     generator: str = "atlas"  # atlas only: atlas | figure2
@@ -257,6 +262,9 @@ def check_data(d: Any) -> None:
          lo_open=True, hi_open=True)
     flag("data.test_public", d.test_public)
     one_of("data.sharding", getattr(d, "sharding", "auto"), ("auto", "row_groups", "off"))
+    cache = getattr(d, "cache", None)
+    if cache is not None and (not isinstance(cache, (str, os.PathLike)) or not str(cache).strip()):
+        raise bad("data.cache", cache, "a folder path for the encoded rows, or null")
     if not isinstance(getattr(d, "numeric", {}), Mapping) or not isinstance(getattr(d, "categorical", {}), Mapping):
         raise bad("data.numeric/data.categorical", (d.numeric, d.categorical),
                   "must map column names to {lower: ..., upper: ...} / to lists of category labels")
