@@ -653,3 +653,21 @@ def test_round2_item2_declared_labels_that_match_no_row_are_refused(tmp_path):
     assert "North" not in msg and "1200" not in msg
     cli.run(_compose([*base, "++data.categorical={region: [North, south]}"]), run_dir=tmp_path / "ok")  # one matches
     assert (tmp_path / "ok" / "privacy.json").is_file()
+
+
+def test_a_sweep_whose_folder_names_would_be_too_long_is_refused_first(capsys):
+    """A schema written on the command line made each sweep folder's name longer than a file system
+    allows, and Hydra stopped at the first run with an OSError; now the sweep is refused before
+    anything runs, with the two ways out."""
+    numeric = ",".join(f"column_{j}:{{lower:0,upper:1}}" for j in range(12))
+    argv = ["-m", "experiment=logit", "data=table", "data.path=t.csv", f"++data.numeric={{{numeric}}}",
+            "privacy.noise_multiplier=1,2"]
+    with pytest.raises(SystemExit) as stop:
+        cli.check_sweep_folders(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "characters long (at most 255)" in err and "hydra.sweep.subdir=${hydra.job.num}" in err
+    cli.check_sweep_folders([*argv, "hydra.sweep.subdir=${hydra.job.num}"])  # numbered folders: fine
+    cli.check_sweep_folders(argv[1:])  # not a sweep: one run folder, named by hydra.run.dir
+    cli.check_sweep_folders(["-m", "--config-dir", "x" * 300, "experiment=logit", "privacy.noise_multiplier=1,2"])
+    cli.check_sweep_folders(["-m", "experiment=logit", f"data.cache=/{'c' * 300}", "privacy.noise_multiplier=1,2"])

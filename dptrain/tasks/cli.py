@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import difflib
+import importlib.resources
 import importlib.util
 import logging
 import os
@@ -353,6 +354,55 @@ def _override_value(value: Any) -> str:
         ".", "").replace("/", "").isalnum() else "'" + text.replace("'", "\\'") + "'"
 
 
+#: the longest name of one folder on the file systems a run folder lives on (ext4, xfs, btrfs)
+MAX_FOLDER_NAME = 255
+#: options of Hydra's that take the next argument as their value
+_VALUE_OPTIONS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn")
+
+
+def check_sweep_folders(argv: list[str]) -> None:
+    """A sweep (``-m``) names each run's folder after its overrides (conf/config.yaml:
+    ``hydra.sweep.subdir``, keys in ``exclude_keys`` left out). Refuse, before anything runs, a
+    sweep whose folder name would be longer than a file system allows (a schema written on the
+    command line, ``++data.numeric={...}``, easily is): Hydra would stop at the first run with an
+    OSError. No check when ``hydra.sweep.subdir`` is set on the command line."""
+    if not any(a in ("-m", "--multirun") for a in argv):
+        return
+    texts, skip = [], False
+    for a in argv:
+        if skip or a.startswith("-"):
+            skip = a in _VALUE_OPTIONS
+            continue
+        texts.append(a)
+    try:
+        parsed = OverridesParser.create().parse_overrides(texts)
+    except (OverrideParseException, HydraException):
+        return  # Hydra's own message follows
+    if any(o.is_hydra_override() and o.key_or_group == "hydra.sweep.subdir" for o in parsed):
+        return
+    excluded = set(OmegaConf.select(_packaged_config(), "hydra.job.config.override_dirname.exclude_keys") or [])
+    items = []
+    for text, override in zip(texts, parsed):
+        if override.is_hydra_override() or override.key_or_group in excluded:
+            continue
+        values = [_override_value(v) for v in override.sweep_iterator()] if override.is_sweep_override() else None
+        items.append(text if values is None else f"{text.split('=', 1)[0]}={max(values, key=len)}")
+    longest = max((len(part.encode()) for part in ",".join(sorted(items)).split("/")), default=0)
+    if longest > MAX_FOLDER_NAME:
+        print(f"dptrain: error: -m: each run of this sweep would get a folder named after its overrides, "
+              f"{longest} characters long (at most {MAX_FOLDER_NAME}); allowed: the long settings (a schema's "
+              "data.numeric / data.categorical) in a data config file (--config-dir DIR data=NAME, "
+              "docs/quickstart.md), or hydra.sweep.subdir=${hydra.job.num} (folders numbered 0, 1, ...)",
+              file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _packaged_config() -> DictConfig:
+    """conf/config.yaml as shipped (the data package dptrain.conf), unresolved."""
+    with importlib.resources.as_file(importlib.resources.files("dptrain.conf") / "config.yaml") as path:
+        return OmegaConf.load(path)
+
+
 def check_composition(argv: list[str]) -> None:
     """Compose the command line's config before Hydra does, so that every mistake Hydra would
     report in its own words (a misspelt key written ``key=value``, a value of the wrong type, a
@@ -418,6 +468,7 @@ def main() -> None:
     check_launcher(sys.argv[1:])
     preload_plugins(sys.argv[1:])
     check_composition(sys.argv[1:])
+    check_sweep_folders(sys.argv[1:])
     if _rank() > 0:
         # torchrun starts one process per rank; only rank 0 writes a run folder. The others get
         # no Hydra output folder and no log file (and so cannot race rank 0 for its files).
