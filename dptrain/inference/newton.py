@@ -28,12 +28,17 @@ def _blocks(enc: CoefficientEncoder) -> list[tuple[int, int]]:
 
 
 def reduced_design(x: np.ndarray, enc: CoefficientEncoder) -> np.ndarray:
-    """``z`` per row (module docstring): [1, numeric columns, non-reference level indicators]."""
-    x = np.asarray(x, dtype=np.float64)
-    cols = [np.ones((len(x), 1)), x[:, :len(enc.numeric)]]
+    """``z`` per row (module docstring): [1, numeric columns, non-reference level indicators], float64."""
+    x = np.asarray(x)
+    k = len(enc.numeric)
+    z = np.empty((len(x), 1 + k + sum(width - 1 for _, width in _blocks(enc))), dtype=np.float64, order="F")
+    z[:, 0] = 1.0
+    z[:, 1:1 + k] = x[:, :k]
+    j = 1 + k
     for start, width in _blocks(enc):
-        cols.append(x[:, start + 1:start + width])
-    return np.concatenate(cols, axis=1)
+        z[:, j:j + width - 1] = x[:, start + 1:start + width]
+        j += width - 1
+    return z  # column-major: each column contiguous, so z.T is a row-major matrix (statistics' products)
 
 
 def radius2(enc: CoefficientEncoder) -> float:

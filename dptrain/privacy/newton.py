@@ -65,7 +65,10 @@ def statistics(z: np.ndarray, y: np.ndarray, eta: np.ndarray, kind: str) -> tupl
         r, w = p - y, p * (1.0 - p)
     else:
         r, w = np.clip(eta, 0.0, 1.0) - np.clip(y, 0.0, 1.0), np.ones_like(eta)
-    return z.T @ r, (z * w[:, None]).T @ z, (z * (r * r)[:, None]).T @ z
+    zt = z.T if z.T.flags.c_contiguous else np.ascontiguousarray(z.T)  # (d, n): rows of one column each
+    d = zt.shape[0]
+    both = (zt[None, :, :] * np.stack([w, r * r])[:, None, :]).reshape(2 * d, -1) @ zt.T  # H and S in one product
+    return zt @ r, both[:d], both[d:]
 
 
 def _multinomial(z: np.ndarray, y: np.ndarray, eta: np.ndarray) -> tuple[np.ndarray, ...]:
