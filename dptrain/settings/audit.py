@@ -12,7 +12,7 @@ from dptrain.core.validation import (
     one_of,
     setting,
 )
-from dptrain.settings.common import check_common
+from dptrain.settings.common import TASKS_ALLOWED, check_common
 from dptrain.settings.train import TrainRunConfig, check_training
 
 
@@ -77,8 +77,7 @@ def check_audit(cfg: AuditRunConfig) -> None:
 class AuditRunConfig(TrainRunConfig):
     """task=audit: the training run plus the audit's canaries."""
 
-    task: str = setting("audit", help="what the run does (a config group)", allowed="train | audit | release | "
-                        "predict | tune")
+    task: str = setting("audit", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
     audit: AuditConfig = setting(help="the one-run audit", factory=AuditConfig)
 
 

@@ -12,7 +12,7 @@ from dptrain.core.validation import (
     integer,
     real,
 )
-from dptrain.settings.data import as_source
+from dptrain.settings.data import as_source, check_source
 
 
 def check_noise_seed_file(path: Any) -> None:
@@ -23,6 +23,9 @@ def check_noise_seed_file(path: Any) -> None:
 SEED_HELP = ("seeds the model's initialisation, the train/test split and generated data; NEVER the noise or the "
              "sampler (fresh from the OS CSPRNG, or privacy.noise_seed_file)")
 
+
+#: every task=... a run can name (the task setting's allowed values, one list for every task)
+TASKS_ALLOWED = "train | audit | release | predict | tune | tabulate | synthesize | topdown | lodes"
 
 PLUGINS_HELP = "modules imported before the config is checked: they register extensions (docs/extending.md)"
 
@@ -52,3 +55,12 @@ def check_budget(privacy: Any, *, delta: bool = True) -> None:
     real("privacy.epsilon", privacy.epsilon, "must be a number in (0, 100]", lo=0, hi=100, lo_open=True)
     if delta:
         real("privacy.delta", privacy.delta, "must be a number in (0, 1e-3]", lo=0, hi=1e-3, lo_open=True)
+
+
+def check_table_source(data: Any, what: str) -> None:
+    """The data of a one-shot release read from rows (``what``, e.g. "a tabulation"): adult, table or
+    synthetic, and data=table with a path."""
+    check_source(data, ("adult", "table", "synthetic"), what)
+    if data.name == "table" and not getattr(data, "path", None):
+        raise bad("data.path", getattr(data, "path", None), "data=table needs the path of a CSV, Parquet or "
+                  ".dta file")

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from dptrain.core.validation import bad, integer, one_of, real, setting
-from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, check_budget, check_common
+from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, TASKS_ALLOWED, check_budget, check_common
 
 #: the mechanisms a run releases a table with (one of them is published: lodes.publish)
 MECHANISMS = ("log_laplace", "smooth_gamma", "smooth_laplace", "laplace_worker", "employer_laplace")
@@ -48,7 +48,7 @@ class LodesRunConfig:
     """task=lodes: jobs by place x NAICS sector x ownership on the simulated jobs data."""
 
     task: str = setting("lodes", help="what the run does (a config group)",
-                        allowed="train | audit | release | predict | tune | tabulate | synthesize | topdown | lodes")
+                        allowed=TASKS_ALLOWED)
     seed: int = setting(0, help="seeds the jobs simulator (PUBLIC); NEVER the noise", allowed="an integer >= 0")
     plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)
     overwrite: bool = setting(False, help=OVERWRITE_HELP, allowed="true | false")

@@ -12,7 +12,7 @@ from dptrain.core.validation import (
     setting,
 )
 from dptrain.runfolder.tracking import MODEL_FILENAME, model_path_in
-from dptrain.settings.common import check_common
+from dptrain.settings.common import TASKS_ALLOWED, check_common
 from dptrain.settings.data import check_delimiter
 
 
@@ -40,7 +40,7 @@ class PredictRunConfig:
     """task=predict: the trained run folder (``run``, holding model.pt) and the new rows."""
 
     task: str = setting("predict", help="what the run does (a config group)",
-                        allowed="train | audit | release | predict | tune")
+                        allowed=TASKS_ALLOWED)
     seed: int = setting(0, help="unused by predict (scoring draws no randomness)", allowed="an integer >= 0")
     plugins: list[str] = setting(help="modules imported first: the module of a custom model or objective",
                                  allowed="a list of importable module names", factory=list)

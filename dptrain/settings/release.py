@@ -26,7 +26,7 @@ from dptrain.core.validation import finite_positive as _finite_positive
 from dptrain.core.validation import integer as _integer
 from dptrain.core.validation import is_real as _is_real
 from dptrain.core.validation import one_of as _one_of
-from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, check_common, check_noise_seed_file
+from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, TASKS_ALLOWED, check_common, check_noise_seed_file
 from dptrain.settings.data import check_delimiter, check_source
 
 DOMAIN_HELP = ("PUBLIC bounds of (x, y), declared from documentation or domain knowledge (never from the rows). "
@@ -311,8 +311,7 @@ class ReleasePrivacyConfig:
 class ReleaseRunConfig:
     """task=release: small-cell regression releases (docs/release.md)."""
 
-    task: str = setting("release", help="what the run does (a config group)", allowed="train | audit | release | "
-                        "predict | tune")
+    task: str = setting("release", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
     seed: int = setting(0, help="seeds the simulator (data=atlas); NEVER the release's noise", allowed="an integer "
                         ">= 0")
     plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)

@@ -6,8 +6,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from dptrain.core.validation import bad, integer, one_of, setting
-from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, check_budget, check_common
-from dptrain.settings.data import check_source
+from dptrain.settings.common import (
+    OVERWRITE_HELP,
+    PLUGINS_HELP,
+    TASKS_ALLOWED,
+    check_budget,
+    check_common,
+    check_table_source,
+)
 
 #: the synthesizers task=synthesize runs
 METHODS = ("mst", "mwem")
@@ -40,7 +46,7 @@ class SynthesizeRunConfig:
     """task=synthesize: a synthetic file with the input's declared schema (docs/synthesis.md)."""
 
     task: str = setting("synthesize", help="what the run does (a config group)",
-                        allowed="train | audit | release | predict | tune | tabulate | synthesize")
+                        allowed=TASKS_ALLOWED)
     seed: int = setting(0, help="seeds data=synthetic's generator; NEVER the noise, the selections or the sampling "
                         "(the operating system's CSPRNG)", allowed="an integer >= 0")
     plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)
@@ -54,10 +60,7 @@ class SynthesizeRunConfig:
 def validate_synthesize(cfg: Any) -> None:
     """Every setting of a ``task=synthesize`` run, before any row is read. Raises ConfigError."""
     check_common(cfg)
-    check_source(cfg.data, ("adult", "table", "synthetic"), "a synthetic release")
-    if cfg.data.name == "table" and not getattr(cfg.data, "path", None):
-        raise bad("data.path", getattr(cfg.data, "path", None), "data=table needs the path of a CSV, Parquet or "
-                  ".dta file")
+    check_table_source(cfg.data, "a synthetic release")
     p, s = cfg.privacy, cfg.synthesize
     check_budget(p)
     one_of("synthesize.method", s.method, METHODS)

@@ -7,8 +7,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from dptrain.core.validation import bad, flag, integer, one_of, setting
-from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, check_budget, check_common
-from dptrain.settings.data import check_source
+from dptrain.settings.common import (
+    OVERWRITE_HELP,
+    PLUGINS_HELP,
+    TASKS_ALLOWED,
+    check_budget,
+    check_common,
+    check_table_source,
+)
 
 #: the largest number of cells one run releases (the domain is declared: every cell gets noise)
 MAX_CELLS = 5_000_000
@@ -54,7 +60,7 @@ class TabulateRunConfig:
     """task=tabulate: DP marginals of a table over its declared domain (docs/tables.md)."""
 
     task: str = setting("tabulate", help="what the run does (a config group)",
-                        allowed="train | audit | release | predict | tune | tabulate")
+                        allowed=TASKS_ALLOWED)
     seed: int = setting(0, help="seeds data=synthetic's generator; NEVER the noise (OpenDP's CSPRNG)",
                         allowed="an integer >= 0")
     plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)
@@ -68,10 +74,7 @@ class TabulateRunConfig:
 def validate_tabulate(cfg: Any) -> None:
     """Every setting of a ``task=tabulate`` run, before any row is read. Raises ConfigError."""
     check_common(cfg)
-    check_source(cfg.data, ("adult", "table", "synthetic"), "a tabulation")
-    if cfg.data.name == "table" and not getattr(cfg.data, "path", None):
-        raise bad("data.path", getattr(cfg.data, "path", None), "data=table needs the path of a CSV, Parquet or "
-                  ".dta file")
+    check_table_source(cfg.data, "a tabulation")
     p = cfg.privacy
     one_of("privacy.mechanism", p.mechanism, ("gaussian", "laplace"))
     t = cfg.tabulate

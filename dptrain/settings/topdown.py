@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dptrain.core.validation import bad, integer, one_of, setting
-from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, check_budget, check_common
+from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, TASKS_ALLOWED, check_budget, check_common
 
 
 @dataclass
@@ -35,7 +35,7 @@ class TopDownRunConfig:
     """task=topdown: noisy counts at every level of a simulated geography, made consistent top down."""
 
     task: str = setting("topdown", help="what the run does (a config group)",
-                        allowed="train | audit | release | predict | tune | tabulate | synthesize | topdown")
+                        allowed=TASKS_ALLOWED)
     seed: int = setting(0, help="seeds the geography simulator (PUBLIC); NEVER the noise", allowed="an integer >= 0")
     plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)
     overwrite: bool = setting(False, help=OVERWRITE_HELP, allowed="true | false")

@@ -36,6 +36,7 @@ from dptrain.settings.common import (
     OVERWRITE_HELP,
     PLUGINS_HELP,
     SEED_HELP,
+    TASKS_ALLOWED,
     check_common,
     check_noise_seed_file,
 )
@@ -293,8 +294,7 @@ class LoggerConfig:
 class TrainRunConfig:
     """task=train: a DP-SGD (or non-private) training run."""
 
-    task: str = setting("train", help="what the run does (a config group)", allowed="train | audit | release | "
-                        "predict | tune")
+    task: str = setting("train", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
     seed: int = setting(0, help=SEED_HELP, allowed="an integer >= 0")
     plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)
     overwrite: bool = setting(False, help=OVERWRITE_HELP, allowed="true | false")

@@ -13,7 +13,7 @@ from dptrain.core.validation import (
     real,
     setting,
 )
-from dptrain.settings.common import check_common
+from dptrain.settings.common import TASKS_ALLOWED, check_common
 from dptrain.settings.train import TrainRunConfig, check_training
 
 
@@ -46,8 +46,7 @@ class TuneConfig:
 class TuneRunConfig(TrainRunConfig):
     """task=tune: a private search over training settings; ONE model released."""
 
-    task: str = setting("tune", help="what the run does (a config group)", allowed="train | audit | release | "
-                        "predict | tune")
+    task: str = setting("tune", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
     tune: TuneConfig = setting(help="the private search", factory=TuneConfig)
 
 
