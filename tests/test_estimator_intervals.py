@@ -78,7 +78,7 @@ def test_logistic_intervals_match_statsmodels_robust_standard_errors():
     assert _covers(ci, params), (ci, params)
     estimate = pd.Series([clf.intercept_[0], *clf.coef_[0]], index=terms)
     assert (((estimate - params) / bse).abs() < 1.0).all()  # the privacy noise is far below the sampling error
-    assert clf.intervals_claimed_ and clf.interval_check_.startswith("privacy-noise variance")
+    assert clf.intervals_claimed_ and clf.claimed_.all() and clf.interval_check_.startswith("every term's checks")
     # coef_ / intercept_ are the Newton estimate, in the units of X: what the model predicts
     assert np.allclose(clf.decision_function(x), x.to_numpy() @ clf.coef_[0] + clf.intercept_[0], atol=1e-4)
     # Student's t with the noisy variance's degrees of freedom: many at epsilon 20 (nearly normal)
@@ -196,9 +196,12 @@ def test_pipelines_clone_and_get_params():
     pipe = make_pipeline(PublicBoundsScaler(bounds=BOUNDS), reg)
     fitted = clone(pipe).fit(x, y)
     last = fitted[-1]
-    assert list(last.bse_.index if last.intervals_claimed_ else last._term_names()) == ["intercept", "x0", "x1"]
-    if not last.intervals_claimed_:  # epsilon 1 on 5,000 rows: often not claimed, and then no interval is given
-        with pytest.raises(DPTrainError, match="NOT CLAIMED"):
+    # the feature names survive the Pipeline (issue 42: its summary() named them x0, x1)
+    names = ["intercept", *x.columns]
+    assert list(last.bse_.index if last.intervals_claimed_ else last._term_names()) == names
+    assert list(fitted[0].get_feature_names_out()) == list(x.columns) and all(n in last.summary() for n in x.columns)
+    if not last.intervals_claimed_:  # epsilon 1 on 5,000 rows: not planned (or not claimed), and then no interval
+        with pytest.raises(DPTrainError, match="NOT CLAIMED|no intervals were computed"):
             last.conf_int()
     assert fitted.predict(x.iloc[:5]).shape == (5,) and not hasattr(reg, "coef_")  # clone fitted a copy
     # the same model with the bounds set directly: coefficients in the units of X

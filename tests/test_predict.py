@@ -53,7 +53,8 @@ def new_rows(tmp_path_factory) -> Path:
 def test_model_file_holds_weights_and_the_resolved_public_schema_only(logit_run):
     state = torch.load(logit_run / "model.pt", weights_only=True)
     assert state["format"] == "dptrain-model-v2" and state["objective"] == "binary"
-    assert state["model"]["_target_"] == "dptrain.models.networks.logit" and state["in_features"] == 112
+    # the logit preset keeps one coding of education (data.exclude=[education_num]): 111 features
+    assert state["model"]["_target_"] == "dptrain.models.networks.logit" and state["in_features"] == 111
     schema = state["schema"]
     declared = schema_from_config(OmegaConf.to_object(_compose(["experiment=logit"])).data)
     assert schema["target"] == declared.target == "income" and schema["positive"] == declared.positive == ">50K"
@@ -62,13 +63,16 @@ def test_model_file_holds_weights_and_the_resolved_public_schema_only(logit_run)
     assert schema["numeric"][0] == {"name": "age", "lower": 17.0, "upper": 90.0, "transform": "none"}
     assert {c["name"]: tuple(c["labels"]) for c in schema["categorical"]} == dict(declared.categorical)
     assert "Married-civ-spouse" in dict(declared.categorical)["marital_status"]
-    assert state["feature_names"] == schema["feature_names"] and len(state["feature_names"]) == 112
+    assert state["feature_names"] == schema["feature_names"] and len(state["feature_names"]) == 111
     privacy = json.loads((logit_run / "privacy.json").read_text())
     assert state["guarantee"] == privacy["guarantee"] and state["privacy"]["epsilon"] == privacy["epsilon"]
     # the data config's other settings (paths, split, sizes) are not in the model file
     assert set(schema) == {"target", "positive", "numeric", "categorical", "feature_names"}
     assert set(state) == {"format", "state_dict", "model", "in_features", "objective", "schema", "feature_names",
-                          "guarantee", "privacy"}
+                          "guarantee", "privacy", "coefficients"}
+    # the coefficient table (publishable, as coefficients.csv) travels with the model: load_model(run).coefficients()
+    table = pd.read_csv(logit_run / "coefficients.csv")
+    assert state["coefficients"]["table"]["term"] == table.term.tolist()
 
 
 def test_loaded_model_encodes_like_training_and_scores_like_the_trained_model(logit_run):

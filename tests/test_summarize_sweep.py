@@ -248,7 +248,8 @@ def test_readme_sweep_does_not_crash(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().out.startswith("4 runs, 4 settings, 1 seed each: ")
     calls = _QuickDPLogit.calls
     assert [c["epsilon"] for c in calls] == [1, 2, 4, 8]  # one fit per epsilon of the sweep, one seed
-    assert [c["data_norm"] for c in calls] == [pytest.approx(math.sqrt(5 + 8))] * 4  # Adult: 5 numeric, 8 categorical
+    # the logit preset's Adult: 4 numeric (education_num excluded: one coding of education), 8 categorical
+    assert [c["data_norm"] for c in calls] == [pytest.approx(math.sqrt(4 + 8))] * 4
     assert all(c["y"] == [0.0, 1.0] and c["x"][0] > 10000 for c in calls)
     private = pd.read_csv(sweep / "private" / "summary.csv")
     assert (private.model == "diffprivlib LogisticRegression").sum() == 4

@@ -234,7 +234,8 @@ def test_diverged_candidate_is_not_released_over_a_finite_one(tmp_path, monkeypa
     draws = iter([{"optim.lr": 3e38}, {"optim.lr": 0.2}])
     monkeypatch.setattr(CandidateLaw, "sample", lambda self, rng: 2)
     monkeypatch.setattr(tune, "draw_settings", lambda secret, space: next(draws))
-    overrides = ["experiment=linreg", "trainer.epochs=1", "trainer.progress=false", "trainer.baseline=false",
+    overrides = ["experiment=linreg", "estimator=dpsgd", "trainer.epochs=1", "trainer.progress=false",
+                 "trainer.baseline=false",
                  "logger.tensorboard=false", "privacy.target_epsilon=1", "++tune.space={optim: {lr: [3e38, 0.2]}}"]
     score = cli.run(_compose(overrides), run_dir=tmp_path)
     candidates = [json.loads(line) for line in (tmp_path / "private" / "candidates.jsonl").read_text().splitlines()]

@@ -178,6 +178,14 @@ def _shipped_declaration(cfg: Any, key: Any) -> dict[str, Any]:
                               "declares the columns); use data=table to declare your own")
     out = {"nonfinite": "error", "test_fraction": 0.25, "positive": None, "split_column": None, "split_key": None,
            "classes": None, "target_bounds": None, **shipped_schema(key)}
+    exclude = [str(c).strip() for c in (_get(cfg, "exclude") or [])]
+    columns = [*out["numeric"], *out["categorical"]]
+    for c in exclude:
+        if c not in columns:
+            raise ConfigError(f"data.exclude={exclude!r} is not allowed: {c!r} is not a feature column of the shipped "
+                              f"schema {key!r}; allowed: a list of {', '.join(columns)}")
+    out["numeric"] = {c: v for c, v in out["numeric"].items() if c not in exclude}
+    out["categorical"] = {c: v for c, v in out["categorical"].items() if c not in exclude}
     target, positive = _get(cfg, "target"), _get(cfg, "positive")
     bounds = _get(cfg, "target_bounds")
     bounds = None if bounds is None or (_get(bounds, "lower") is None and _get(bounds, "upper") is None) else bounds

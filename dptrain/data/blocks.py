@@ -13,9 +13,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
+import pandas as pd
 
 #: rows per block: 65,536 rows of 8-byte words are 512 KiB, a few such arrays fit in L2/L3
 BLOCK_ROWS = 1 << 16
@@ -81,25 +83,89 @@ def round_keys(key: bytes, name: bytes) -> tuple[int, int]:
     return keyed_word(key, name + b"/1"), keyed_word(key, name + b"/2")
 
 
-def hash_scores(n: int, words: Sequence[Callable[[int, int], np.ndarray]], column_keys: Sequence[tuple[int, int]],
-                start_word: int, end_keys: tuple[int, int], *, workers: int = 1) -> np.ndarray:
-    """u in [0, 1) per row: h = start_word; for each column j, h = mix(h ^ keyed_j(word_j));
+def occurrences(words: np.ndarray, groups: np.ndarray | None = None) -> np.ndarray:
+    """Per entry of ``words`` (uint64), how many earlier entries (in array order) hold the same
+    word (and, with ``groups``, the same group): 0 for the first copy of a value, 1 for the second,
+    and so on. Adding or removing one entry changes the numbers of that value's later copies only,
+    so the multiset of (word, occurrence) pairs changes by exactly one pair. Linear time (a hash
+    table, pandas' factorize); the sort runs over the repeated values only."""
+    n = len(words)
+    out = np.zeros(n, dtype=np.int64)
+    if n < 2:
+        return out
+    keys = words if groups is None else pd.MultiIndex.from_arrays([words, groups])
+    codes, uniques = pd.factorize(keys)
+    if len(uniques) == n:
+        return out  # every value once: the common case of a table with a continuous column
+    counts = np.bincount(codes, minlength=len(uniques))
+    repeated = np.flatnonzero(counts[codes] > 1)  # ascending: array order within each value
+    sub = codes[repeated]
+    order = np.argsort(sub, kind="stable")
+    ordered = sub[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    rank = np.arange(len(sub)) - np.repeat(starts, np.diff(np.r_[starts, len(sub)]))
+    out[repeated[order]] = rank
+    return out
+
+
+@dataclass(frozen=True)
+class HashKeys:
+    """The keys of :func:`hash_scores`: one pair per column, the start word, the end pair and
+    (telling identical rows apart) the occurrence pair."""
+
+    columns: Sequence[tuple[int, int]]
+    start: int
+    end: tuple[int, int]
+    occurrence: tuple[int, int] | None = None
+
+    @classmethod
+    def derive(cls, key: bytes, columns: int, *, occurrence: bool = True) -> HashKeys:
+        """Every key derived from one secret-or-public ``key`` (:func:`round_keys`, :func:`keyed_word`)."""
+        return cls([round_keys(key, b"column %d" % j) for j in range(columns)], keyed_word(key, b"start"),
+                   round_keys(key, b"end"), round_keys(key, b"occurrence") if occurrence else None)
+
+
+def hash_scores(n: int, words: Sequence[Callable[[int, int], np.ndarray]], keys: HashKeys, *, workers: int = 1,
+                groups: np.ndarray | None = None) -> np.ndarray:
+    """u in [0, 1) per row: h = keys.start; for each column j, h = mix(h ^ keyed_j(word_j));
     then keyed_end(h), whose top 53 bits scaled by 2^-53 are u. ``words[j](start, stop)`` returns
     column j's uint64 words for the block, as a fresh array (it is overwritten). Used by the hash
     split (:func:`dptrain.data.table.split_scores`) and task=tune's validation rows
-    (:func:`dptrain.inference.subsample.row_uniform`)."""
-    out = np.empty(n, dtype=np.float64)
+    (:func:`dptrain.inference.subsample.row_uniform`).
 
-    def block(start: int, stop: int) -> None:
+    With ``keys.occurrence``, identical rows are told apart by their occurrence number among the
+    rows of the same content (:func:`occurrences`; within each of ``groups`` when given): the k-th
+    copy (k >= 1) hashes ``h ^ keyed_occ(k)`` (with ``groups``: ``keyed_occ(k ^ keyed_occ(group))``),
+    so every copy's u is an independent draw, while the first copy's u (and every row of a table
+    without repeats) is the plain content hash."""
+    column_keys, start_word, end_keys, occurrence_keys = keys.columns, keys.start, keys.end, keys.occurrence
+    out = np.empty(n, dtype=np.float64)
+    h_all = out.view(np.uint64)  # the content words live in the output's memory until they become u
+
+    def content(start: int, stop: int) -> None:
         h = np.full(stop - start, start_word, dtype=np.uint64)
         tmp = np.empty_like(h)
         for word, keys in zip(words, column_keys):
             h ^= keyed_(word(start, stop), keys, tmp)
             mix_(h, tmp)
-        keyed_(h, end_keys, tmp)
+        h_all[start:stop] = h
+
+    def finish(start: int, stop: int) -> None:
+        h = h_all[start:stop].copy()
+        keyed_(h, end_keys, np.empty_like(h))
         h >>= np.uint64(11)
         out[start:stop] = h
         out[start:stop] *= 2.0**-53
 
-    map_blocks(n, block, workers)
+    map_blocks(n, content, workers)
+    if occurrence_keys is not None:
+        occ = occurrences(h_all, groups)
+        copies = np.flatnonzero(occ)
+        if copies.size:
+            k = occ[copies].astype(np.uint64)
+            if groups is not None:
+                g = np.asarray(groups)[copies].astype(np.uint64)
+                k ^= keyed_(g, occurrence_keys, np.empty_like(g))
+            h_all[copies] ^= keyed_(k, occurrence_keys, np.empty_like(k))
+    map_blocks(n, finish, workers)
     return out

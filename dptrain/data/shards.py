@@ -158,8 +158,15 @@ def _encode_shard(pset: ParquetSet, pieces: list[Piece], schema: Schema, seed: i
     """This process' pieces, read (declared columns only) and encoded one file at a time."""
     parts = []
     for file in sorted({p.file for p in pieces}):
-        df = read_rows(pset, file, [p.row_group for p in pieces if p.file == file], schema)
-        parts.append(encode_rows(df, schema, seed=seed))
+        mine = [p for p in pieces if p.file == file]
+        df = read_rows(pset, file, [p.row_group for p in mine], schema)
+        # each row's piece (file, row group): identical rows are numbered within their piece, so the
+        # split never depends on which process reads which piece (assign_pieces uses row counts)
+        groups = np.repeat([(p.file << 32) | p.row_group for p in mine], [p.rows for p in mine])
+        if len(groups) != len(df):
+            raise DataError(f"{pset.origin(file)}: the row groups hold other row counts than the file's metadata "
+                            "says; allowed: a Parquet file whose metadata matches its rows")
+        parts.append(encode_rows(df, schema, seed=seed, groups=groups))
     if not parts:  # not reached through sharding_plan (at least one piece per process)
         raise DataError(f"{pset.origin()}: a process was given no row group; allowed: at least as many row groups "
                         "holding rows as processes")

@@ -73,7 +73,7 @@ import torch
 
 from dptrain.core.errors import DPTrainError
 from dptrain.core.validation import ConfigError, closest
-from dptrain.data.blocks import hash_scores, keyed_word, map_blocks, round_keys, row_blocks, take
+from dptrain.data.blocks import HashKeys, hash_scores, keyed_word, map_blocks, row_blocks, take
 from dptrain.models.objectives import DataSpec
 
 log = logging.getLogger("dptrain.data")
@@ -801,17 +801,24 @@ def _column_words(col: pd.Series, rows: np.ndarray | None, salt: bytes) -> Calla
     return _label_words(col, rows, salt)
 
 
-def split_scores(df: pd.DataFrame, schema: Schema, *, seed: int, rows: np.ndarray | None = None) -> np.ndarray:
+def split_scores(df: pd.DataFrame, schema: Schema, *, seed: int, rows: np.ndarray | None = None,
+                 groups: np.ndarray | None = None) -> np.ndarray:
     """``u`` in [0, 1) for each of ``rows`` (default all): a keyed hash of the row's content in the
     split's key columns (``data.split_key``; by default every column of the file, in name order:
-    the whole raw row, so the split does not change with the declared feature set); a row is a
-    test row iff ``u < test_fraction``.
+    the whole raw row, so the split does not change with the declared feature set) AND of its
+    occurrence number among the rows of the same content (0 for the first copy, 1 for the second,
+    in file order); a row is a test row iff ``u < test_fraction``.
 
-    ``u`` depends on the row's own cells and the seed only, never on the other rows, their number
-    or their order. A numeric column's cell enters as its float64 bits, any other cell as its
+    Identical rows are different people: each copy gets its own, independent ``u``, so a table of
+    few distinct rows (a survey of discrete columns) is split row by row, not by whole combinations
+    of values. ``u`` depends on the row's cells, its occurrence number and the seed only, never on
+    the other rows' contents, their number or their order: adding or removing one row renumbers
+    only the later copies of that same content, so the training rows (a multiset) change by at most
+    that one row. A numeric column's cell enters as its float64 bits, any other cell as its
     stripped string (missing values as one marker). The columns' words are combined with SplitMix64
     rounds keyed by :func:`split_salt`, in numpy uint64 arithmetic (no dependence on pandas'
-    hashing), block by block and in place (:func:`dptrain.data.blocks.hash_scores`)."""
+    hashing), block by block and in place (:func:`dptrain.data.blocks.hash_scores`). ``groups``
+    (a sharded read: each row's Parquet piece) numbers the copies within each group."""
     if rows is not None and len(rows) == len(df) and (len(rows) == 0 or (rows[0] == 0 and rows[-1] == len(df) - 1)):
         rows = None  # every row, in order (rows comes from flatnonzero: sorted and distinct)
     n = len(df) if rows is None else len(rows)
@@ -819,12 +826,13 @@ def split_scores(df: pd.DataFrame, schema: Schema, *, seed: int, rows: np.ndarra
     key = schema.split_key if schema.split_key is not None else sorted(df.columns)
 
     words = [_column_words(df[col], rows, salt) for col in key]
-    return hash_scores(n, words, [round_keys(salt, b"column %d" % j) for j in range(len(key))],
-                       keyed_word(salt, b"start"), round_keys(salt, b"end"), workers=torch.get_num_threads())
+    return hash_scores(n, words, HashKeys.derive(salt, len(key)), workers=torch.get_num_threads(), groups=groups)
 
 
-def _split(df: pd.DataFrame, schema: Schema, idx: np.ndarray, seed: int) -> np.ndarray:
-    """For the kept rows ``idx`` (into df): True where the row is a test row."""
+def _split(df: pd.DataFrame, schema: Schema, idx: np.ndarray, seed: int,
+           groups: np.ndarray | None = None) -> np.ndarray:
+    """For the kept rows ``idx`` (into df): True where the row is a test row (``groups``: each
+    row's Parquet piece in a sharded read, :func:`split_scores`)."""
     if schema.split_column is not None:
         col = schema.split_column
         codes = label_codes(df[col], ["train", "test"], lower=True, setting=f"data.split_column={col!r}")[idx]
@@ -834,7 +842,8 @@ def _split(df: pd.DataFrame, schema: Schema, idx: np.ndarray, seed: int) -> np.n
                 "(or are missing); allowed: train / test in every row"
             )
         return codes == 1
-    return split_scores(df, schema, seed=seed, rows=idx) < schema.test_fraction
+    kept_groups = None if groups is None else np.asarray(groups)[idx]
+    return split_scores(df, schema, seed=seed, rows=idx, groups=kept_groups) < schema.test_fraction
 
 
 def _check_sides(any_train: bool, any_test: bool, schema: Schema) -> None:
@@ -1018,18 +1027,19 @@ def missing_columns(schema: Schema, names: Collection[str]) -> list[tuple[str, s
     ]
 
 
-def encode_rows(df: pd.DataFrame, schema: Schema, *, seed: int) -> EncodedRows:
+def encode_rows(df: pd.DataFrame, schema: Schema, *, seed: int, groups: np.ndarray | None = None) -> EncodedRows:
     """Parse, encode and split ``df``'s rows, each on its own (the declared columns are in
     ``df``). Raises DataError for what one row can be refused for (non-numeric / non-finite
     entries, a label outside data.classes, a bad split entry, nested labels); the checks over
     every row are :func:`check_rows`'. The numeric columns are read in place and the encoded
-    rows written straight into their train or test matrix (:func:`_encode_blocks`)."""
+    rows written straight into their train or test matrix (:func:`_encode_blocks`). ``groups``: a
+    sharded read's Parquet piece of each row (identical rows are numbered within their piece)."""
     seed = _seed(seed)
     nums, idx, dropped_in = _numeric_columns(df, schema)
     kept = None if _all_rows(idx, len(df)) else idx
     y = _target(df[schema.target], schema, idx, nums)
     codes = _category_codes(df, schema)
-    is_test = _split(df, schema, idx, seed)
+    is_test = _split(df, schema, idx, seed, groups)
     (x_train, x_test), seen = _encode_blocks(schema, nums, codes, kept, is_test, len(idx))
     clipped = seen["clipped"]
     if schema.target_bounds is not None:

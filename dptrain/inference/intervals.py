@@ -24,7 +24,7 @@ from dptrain.core.errors import DPTrainError
 __all__ = ["COLUMNS", "Interval", "aggregate_parts", "coefficient_frame", "format_table"]
 
 #: the columns of coefficients.csv
-COLUMNS = ("term", "estimate", "std_error", "ci_lower", "ci_upper", "claimed", "method")
+COLUMNS = ("term", "estimate", "std_error", "ci_lower", "ci_upper", "claimed", "reason", "method")
 
 
 @dataclass(frozen=True)
@@ -56,19 +56,31 @@ def aggregate_parts(estimates: np.ndarray, *, level: float = 0.95) -> Interval:
 
 
 def coefficient_frame(terms: list[str], estimate: np.ndarray, interval: Interval | None, *,
-                      method: str, claimed: Any = False) -> pd.DataFrame:
-    """The table of coefficients.csv: one row per term; empty SE / interval without an interval.
-    ``claimed``: whether each term's interval is claimed valid (one bool, or one per term)."""
+                      method: str, claimed: Any = False, reasons: Any = None) -> pd.DataFrame:
+    """The table of coefficients.csv: one row per term. ``claimed``: whether each term's interval
+    is claimed valid (one bool, or one per term); a term that is not claimed shows no standard error
+    or interval (an interval nobody vouches for is not published). ``reasons``: why, per term (one
+    text, or one per term; default: the claim in words)."""
     n = len(terms)
     if len(estimate) != n:
         raise DPTrainError(f"{len(estimate)} estimates for {n} terms")
     nan = np.full(n, np.nan)
     iv = interval
+    ok = np.broadcast_to(np.asarray(claimed, dtype=bool), (n,)) & (iv is not None)
+    if reasons is None:
+        reasons = ["claimed" if c else "NOT CLAIMED" if iv is not None else "no interval" for c in ok]
+    elif isinstance(reasons, str):
+        reasons = [reasons] * n
+
+    def shown(values: np.ndarray | None) -> np.ndarray:
+        return nan if values is None else np.where(ok, values, np.nan)
+
     return pd.DataFrame({
         "term": terms, "estimate": np.asarray(estimate, dtype=np.float64),
-        "std_error": iv.std_error if iv is not None else nan, "ci_lower": iv.lower if iv is not None else nan,
-        "ci_upper": iv.upper if iv is not None else nan,
-        "claimed": np.broadcast_to(np.asarray(claimed, dtype=bool), (n,)) & (iv is not None), "method": [method] * n,
+        "std_error": shown(iv.std_error if iv is not None else None),
+        "ci_lower": shown(iv.lower if iv is not None else None),
+        "ci_upper": shown(iv.upper if iv is not None else None),
+        "claimed": ok.copy(), "reason": list(reasons), "method": [method] * n,
     }, columns=list(COLUMNS))
 
 

@@ -8,11 +8,14 @@ weights and the reduced parameters, and the table's terms with their intervals.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from dptrain.data.blocks import row_blocks
 from dptrain.inference.coefficients import CoefficientEncoder, coefficient_map, coefficient_offset
 from dptrain.privacy.newton import NewtonFit, statistics
+from dptrain.privacy.newton_terms import TermClaims, predict_claims, reference_design, reference_statistics
 
 __all__ = ["embed", "layer_weights", "linear_predictor", "model_parameters", "radius2", "reduce", "reduced_design",
            "reduced_to_terms", "term_intervals"]
@@ -103,6 +106,14 @@ def term_intervals(fit: NewtonFit, enc: CoefficientEncoder, *, level: float) -> 
     return est, se, est - q * se, est + q * se, ok
 
 
+def quantile(level: float, dof: float | np.ndarray) -> float | np.ndarray:
+    """The two-sided ``level`` quantile of Student's t with ``dof`` degrees of freedom (the normal
+    one for an infinite ``dof``)."""
+    from scipy.special import stdtrit  # here, not at the top: a run without intervals never imports scipy
+
+    return stdtrit(dof, 0.5 + level / 2.0)
+
+
 def model_parameters(weight: np.ndarray, bias: np.ndarray, enc: CoefficientEncoder) -> np.ndarray:
     """The reduced parameters of a linear layer (``weight`` (K, d), ``bias`` (K,)): one output's
     :func:`reduce`; a multinomial model's classes 1..K-1 against class 0, class-major."""
@@ -150,3 +161,43 @@ def linear_predictor(z: np.ndarray, theta: np.ndarray, kind: str) -> np.ndarray:
         return z @ theta
     scores = z @ theta.reshape(-1, z.shape[1]).T
     return np.concatenate([np.zeros((len(z), 1)), scores], axis=1)
+
+
+def reference_moments(enc: CoefficientEncoder) -> np.ndarray:
+    """E[z z'] of the reduced design of ``enc`` under the PUBLIC reference design
+    (:func:`dptrain.privacy.newton_terms.reference_design`: numeric columns uniform over their
+    bounds, declared levels equally likely, independent columns)."""
+    return reference_design(len(enc.numeric), [len(levels) for _, levels in enc.categorical])
+
+
+def outcome_from_loss(kind: str, loss: float) -> tuple[float, float] | None:
+    """(w, r^2) of the reference design from a released mean training loss (a DP release: the dp/
+    curve): binary, the p whose binary entropy is ``loss`` gives w = r^2 = p (1 - p) (a model's
+    mean curvature is at most this, entropy and curvature being concave alike in p, and a loss above
+    the optimum's gives more); linear, r^2 = 2 loss (the loss is 0.5 (z - y)^2 on the [0, 1]
+    scale). None for a kind or loss it cannot read."""
+    if not math.isfinite(loss):
+        return None
+    if kind == "binary":
+        h = min(max(loss, 1e-6), math.log(2.0))
+        lo, hi = 1e-12, 0.5
+        for _ in range(60):  # binary entropy is increasing on (0, 1/2]
+            mid = (lo + hi) / 2.0
+            lo, hi = (mid, hi) if -(mid * math.log(mid) + (1 - mid) * math.log1p(-mid)) < h else (lo, mid)
+        p = (lo + hi) / 2.0
+        return p * (1 - p), p * (1 - p)
+    if kind == "linear":
+        return 1.0, min(max(2.0 * loss, 1e-6), 1.0)
+    return None
+
+
+def predicted_claims(enc: CoefficientEncoder, n: int, kind: str, sd: dict[str, float], *, classes: int = 2,
+                     outcome: tuple[float, float] | None = None) -> TermClaims:
+    """The plan (:func:`dptrain.privacy.newton_terms.predict_claims`) on the reference design of
+    ``enc`` with ``n`` rows and the release's noise sds ``sd``: which of the table's terms the release
+    could claim. Public inputs only."""
+    h, s = reference_statistics(reference_moments(enc), n, kind, classes=classes, outcome=outcome)
+    a, _ = reduced_to_terms(enc)
+    if kind == "multinomial":
+        a = np.kron(np.eye(classes - 1), a)
+    return predict_claims(h, s, a, sd)

@@ -32,25 +32,25 @@ from dptrain.inference.coefficients import (
     objective_kind,
     table_terms,
 )
-from dptrain.inference.intervals import Interval, aggregate_parts, coefficient_frame, format_table
-from dptrain.inference.newton import (
-    design_statistics,
-    layer_weights,
-    model_parameters,
-    radius2,
-    term_intervals,
+from dptrain.inference.intervals import aggregate_parts, coefficient_frame, format_table
+from dptrain.inference.newton_run import (
+    EXACT_METHOD,
+    NEWTON_METHOD,
+    dpsgd_settings,
+    exact_refit,
+    newton_refit,
+    plan_release,
+    refine_plan,
 )
 from dptrain.inference.ssp import ssp_config_check
 from dptrain.inference.ssp_run import run_ssp
 from dptrain.inference.subsample import fit_parts, part_mechanism
 from dptrain.models.objectives import build_objective
 from dptrain.privacy.accounting import history_epsilon
-from dptrain.privacy.events import gaussian_event
-from dptrain.privacy.newton import BOUNDS, private_newton, release_noise_multiplier
-from dptrain.privacy.randomness import Randomness
+from dptrain.privacy.newton import BOUNDS
 from dptrain.settings.inference import MAX_PARTS
 from dptrain.settings.train import MAX_TARGET_EPSILON
-from dptrain.training.fit import TrainResult, bound_to_rows, build_model, data_spec_from_config, fit, mechanism_for
+from dptrain.training.fit import TrainResult, build_model, data_spec_from_config, fit, mechanism_for
 
 __all__ = ["ESTIMATORS", "check_estimator", "check_estimator_size", "coefficient_section", "model_is_linear",
            "run_estimator"]
@@ -179,7 +179,8 @@ def estimator_report(conf: Any, result: Any, report: dict[str, Any], section: di
     out.update(ESTIMATORS.get(est.name).report(conf, result, eps=eps, delta=delta, accountant=acc,
                                                guarantee=report["guarantee"]))
     if not out.get("validity_check", {"claimed": True})["claimed"]:
-        log.warning("intervals NOT CLAIMED (estimator=%s): %s", est.name, out["validity_check"]["why"])
+        log.info("coefficient intervals NOT CLAIMED (estimator=%s): %s", est.name, out["validity_check"]["why"],
+                 extra={"console": False})  # the console's coefficients line says it once
     if section is not None:
         out["table"] = section["text"]
     return out
@@ -201,9 +202,9 @@ def check_estimator(cfg: Any) -> None:
         raise bad("estimator.bootstrap", e.bootstrap, "must be an integer in [100, 100000]")
     if not estimator.intervals:
         return
-    if not cfg.privacy.enabled:
+    if not cfg.privacy.enabled and not estimator.exact_without_privacy:
         raise bad("estimator", e.name, "needs privacy.enabled=true (its interval accounts for the privacy noise); "
-                  "allowed without privacy: estimator=dpsgd")
+                  "allowed without privacy: estimator=dpsgd or ssp (the exact non-private fit)")
     estimator.check_objective(cfg)
     if not model_is_linear(cfg):
         raise bad("estimator", e.name, "needs a linear model (model=logit: one Linear layer) whose coefficients "
@@ -235,31 +236,33 @@ def check_estimator_size(cfg: Any, n: int) -> None:
 
 
 class DPSGD:
-    """``dpsgd``: DP-SGD on all rows. With a linear model (objective=binary, multinomial or linear) and
-    ``estimator.interval_share`` > 0, two private Newton steps at DP-SGD's model give the table's
-    estimates and sandwich intervals (:mod:`dptrain.inference.newton`); otherwise estimates only."""
+    """``dpsgd``: DP-SGD on all rows. With a linear model (objective=binary, multinomial or linear)
+    and ``estimator.interval_share`` > 0, two private Newton steps at DP-SGD's model give the table's
+    estimates and sandwich intervals when the plan says they can be claimed
+    (:mod:`dptrain.inference.newton_run`); without privacy, the exact fit; otherwise estimates only."""
 
     intervals = False
+    #: without privacy the table is the exact fit (dpsgd, ssp); subsample_aggregate refuses to run
+    exact_without_privacy = True
 
     def run(self, conf: Any, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
-        reason = newton_reason(conf)
-        share = conf.estimator.interval_share
-        trained = conf
-        if reason is None and conf.privacy.enabled and conf.privacy.target_epsilon is not None:
-            trained = dataclasses.replace(conf, privacy=dataclasses.replace(
-                conf.privacy, target_epsilon=conf.privacy.target_epsilon * (1.0 - share)))
-        mechanism = mechanism_for(trained, dataset_size=data.n_train, delta=delta)
-        warn_large_epsilon(conf, mechanism, share=share if reason is None else 0.0)
-        result = fit(trained, data, mechanism=mechanism, tracker=tracker, launch=launch)
-        if reason is None and conf.privacy.enabled and not mechanism.private:
-            reason = "the run adds no noise (no finite epsilon to share)"
-        if reason is None and result.privacy.get("resumed_from_step", 0) >= max(result.privacy.get("steps", 0), 1):
-            # a resume of a run that had finished its steps: its interval release, if it was made and
-            # published, is not drawn again (a second draw would be a second, unaccounted release)
-            reason = ("trainer.resume of a run that had finished its steps: the interval release is not repeated; "
-                      "allowed: a new run folder for intervals")
-        if reason is not None:
-            result.inference = {"newton": None, "reason": reason}
+        if not conf.privacy.enabled:
+            result = fit(conf, data, mechanism=mechanism_for(conf, dataset_size=data.n_train, delta=delta),
+                         tracker=tracker, launch=launch)
+            return exact_refit(conf, data, result) if exact_reason(conf) is None else result
+        plan, mechanism = plan_release(conf, data.n_train, delta, newton_reason(conf))
+        share = conf.estimator.interval_share if plan.release else 0.0
+        _log_plan(conf, plan, share)
+        if conf.privacy.target_epsilon is not None:  # the run's target first, the shares as shares of it
+            log.info("%s", mechanism.calibration_line(conf.privacy.target_epsilon, share))
+        total = warn_large_epsilon(conf, mechanism, share=share)
+        launch = dataclasses.replace(launch, total_epsilon=total)
+        result = fit(dpsgd_settings(conf, share), data, mechanism=mechanism, tracker=tracker, launch=launch)
+        refined = refine_plan(conf, plan, result)
+        if not refined.release:
+            if plan.release:
+                log.info("coefficient intervals: not released: %s", refined.reason)
+            result.inference = {"newton": None, "reason": refined.reason}
             return result
         return newton_refit(conf, data, result, launch=launch)
 
@@ -273,48 +276,37 @@ class DPSGD:
         """Any N the training settings allow."""
 
     def table(self, conf: Any, result: Any, enc: Any, report: dict) -> Any:
-        newton = (result.inference or {}).get("newton")
-        if newton is None:
-            n_out = linear_layer(result.model).out_features
-            return coefficient_frame(table_terms(enc, n_out), model_coefficients(result.model, enc), None,
-                                     method=NO_INTERVAL)
-        claimed, why = newton.claim()
-        if not claimed:  # DP-SGD's model and estimates stand; the release's intervals are not shown
-            return coefficient_frame(table_terms(enc), model_coefficients(result.model, enc), None,
-                                     method=f"dpsgd: estimate only; the private Newton release's intervals are NOT "
-                                            f"CLAIMED ({why})")
-        est, se, lo, hi, ok = term_intervals(newton, enc, level=conf.estimator.level)
-        iv = Interval(est, se, lo, hi, conf.estimator.level)
-        return coefficient_frame(table_terms(enc, linear_layer(result.model).out_features), est, iv,
-                                 method=NEWTON_METHOD, claimed=ok)
+        inference = result.inference or {}
+        if "table" in inference:  # the release's or the exact fit's: ONE table for every output
+            return inference["table"]
+        n_out = linear_layer(result.model).out_features
+        reason = inference.get("reason", "estimator.interval_share=0")
+        return coefficient_frame(table_terms(enc, n_out), model_coefficients(result.model, enc), None,
+                                 method=NO_INTERVAL, reasons=f"no interval ({reason}): DP-SGD's estimate, its "
+                                 "convergence not checked")
 
     def report(self, conf: Any, result: Any, *, eps: Any, delta: Any, accountant: str, guarantee: str) -> dict:
         inference = result.inference or {}
+        if "exact" in inference:
+            return {"intervals": EXACT_METHOD[encoder_for_config(conf).kind], "guarantee": guarantee,
+                    "validity_check": _table_check(inference["table"], "non-private classical intervals")}
         newton = inference.get("newton")
         if newton is None:
             return {"intervals": f"none computed ({inference.get('reason', 'estimates only')})",
                     "guarantee": guarantee}
-        claimed, why = newton.claim()
         sigma, kind = inference["noise_multiplier"], inference["kind"]
-        enc = encoder_for_config(conf)
-        est, se, _, _, ok = term_intervals(newton, enc, level=conf.estimator.level)
+        table = inference["table"]
         out = {"intervals": NEWTON_METHOD, "interval_share": conf.estimator.interval_share,
                "interval_noise_multiplier": sigma, "interval_noise_sd": newton.noise_sd,
                "interval_sensitivity": ("||z||^2 <= 1 + numeric columns + categorical columns = "
                                         f"{inference['radius_sq']:g} (public); |r| <= {BOUNDS[kind][0]:g}, "
                                         f"w <= {BOUNDS[kind][1]:g} ({kind})"),
                "validity": NEWTON_VALIDITY,
-               "validity_check": {"claimed": claimed, "why": why, **newton.checks()},
-               "newton_fit": {"note": "the two-step estimate and its standard error per term (functions of the "
-                              "releases), shown whether or not the run claims them; when NOT CLAIMED the table and "
-                              "the model do not use them",
-                              "term": table_terms(enc, linear_layer(result.model).out_features),
-                              "estimate": [float(v) for v in est],
-                              "std_error": [float(v) if ok_ else None for v, ok_ in zip(se, ok)]}}
+               "validity_check": {**_table_check(table, "per term"), **newton.checks()}}
         if eps is None or not math.isfinite(eps):
             out["guarantee"] = guarantee
             return out
-        out["guarantee"] = (f"({eps:.4g}, {delta:.3g})-DP, example-level, add/remove-one-record neighbours "
+        out["guarantee"] = (f"({eps:.4g}, {_delta_text(delta)})-DP, example-level, add/remove-one-record neighbours "
                             f"({accountant} accountant), for the final model, every intermediate iterate and the "
                             f"coefficient table: DP-SGD's steps composed with one Gaussian mechanism (noise multiplier "
                             f"{sigma:.6g}) that "
@@ -325,62 +317,99 @@ class DPSGD:
         return out
 
 
-NEWTON_METHOD = ("dpsgd + two private Newton steps at its model: estimate and sandwich standard error "
-                 "H^-1 (S + noise) H^-1 (the second gradient's noise, and the second Hessian's on the first "
-                 "step's miss), Student's t interval with the noisy meat's degrees of freedom (privacy noise "
-                 "included)")
+def _delta_text(delta: Any) -> str:
+    return f"{delta:.3g}" if isinstance(delta, (int, float)) else str(delta)
+
+
+def _table_check(table: Any, what: str) -> dict[str, Any]:
+    """The run-level summary of a table's per-term claims (privacy.json's validity_check)."""
+    claimed = [bool(c) for c in table["claimed"]]
+    n, k = sum(claimed), len(claimed)
+    if n == k:
+        why = f"every term's interval claimed ({what})"
+    else:
+        others = [r for r, c in zip(table["reason"], claimed) if not c]
+        top = sorted(set(others), key=lambda r: (-others.count(r), others.index(r)))[:2]
+        why = f"{n} of {k} terms claimed; not claimed: " + " | ".join(top)
+    return {"claimed": bool(n), "terms_claimed": n, "terms": k, "why": why}
+
+
+def _log_plan(conf: Any, plan: Any, share: float) -> None:
+    """One plain line on the interval release: planned (with DP-SGD's share of the run's epsilon)
+    or not, and why."""
+    p = conf.privacy
+    if plan.release:
+        what = (f"DP-SGD gets {1 - share:g} of the run's target epsilon {p.target_epsilon:g}, the release the rest"
+                if p.target_epsilon is not None else f"its epsilon is {share:g} of the run's total")
+        log.info("coefficient intervals: released after DP-SGD (estimator.interval_share=%g: %s; %s)",
+                 conf.estimator.interval_share, what, plan.reason)
+    elif conf.estimator.interval_share > 0 and conf.estimator.name == "dpsgd":
+        log.info("coefficient intervals: none (%s)%s", plan.reason,
+                 "; DP-SGD gets the whole epsilon" if plan.noise_multiplier is not None else "")
+
+
 NEWTON_VALIDITY = ("the normal approximation of the two-step estimator: DP-SGD's model close enough to the optimum "
-                   "for two Newton steps (checked: the first step in standard errors), the Hessian well determined "
-                   "under its noise (checked), the privacy noise not dominating the sampling variance (checked), "
-                   "and a correctly bounded design (public bounds). The coverage study (docs/inference.md) finds "
-                   "93-97% where all three checks pass")
+                   "for two Newton steps (checked per term: the first step in standard errors), the Hessian well "
+                   "determined under its noise (checked for the run and per term), the privacy noise not "
+                   "dominating the sampling variance (checked per term), and a correctly bounded design (public "
+                   "bounds). The coverage study (docs/inference.md) finds 93-97% where the checks pass")
 
 
 #: a fixed noise multiplier whose planned epsilon exceeds this gets a warning before training
 LARGE_EPSILON = 2.0
 
 
-def warn_large_epsilon(conf: Any, mechanism: Any, *, share: float = 0.0) -> None:
+def warn_large_epsilon(conf: Any, mechanism: Any, *, share: float = 0.0) -> float | None:
     """Before training: a noise multiplier fixed by a preset or the command line gives a small
     table a far larger epsilon than the preset's (q = B / N grows as N shrinks): say so, with the
-    planned epsilon (public: it depends on the settings and N only) and the setting that fixes it.
-    A planned epsilon above privacy.target_epsilon's limit (100: it protects nothing) is refused,
-    as that target is: before training, before the slow accounting of a huge epsilon. ``share``:
-    the interval release's share of the run's epsilon (0 without one)."""
-    if not conf.privacy.enabled or mechanism.noise_multiplier_source != "config" or not mechanism.private:
-        return
+    run's planned epsilon (public: it depends on the settings and N only; with an interval release,
+    DP-SGD's and the release's together) and the setting that fixes it. A planned epsilon above
+    privacy.target_epsilon's limit (100: it protects nothing) is refused, as that target is: before
+    training, before the slow accounting of a huge epsilon. ``share``: the interval release's share
+    of the run's epsilon (0 without one). Returns the run's whole planned epsilon (by RDP; the
+    target when sigma is calibrated; None without privacy), which the progress bar shows."""
+    if not conf.privacy.enabled or not mechanism.private:
+        return None
+    if mechanism.noise_multiplier_source != "config":
+        return conf.privacy.target_epsilon
     history = mechanism.history_between(0, mechanism.planned_steps)
     planned = history_epsilon(history, delta=mechanism.delta, accountant="rdp")  # fast; PLD is at most this
     if planned / (1.0 - share) > MAX_TARGET_EPSILON and conf.privacy.accountant != "rdp":
         planned = history_epsilon(history, delta=mechanism.delta, accountant=conf.privacy.accountant)
     whole = planned / (1.0 - share)  # the interval release (a share of the run's epsilon) comes after training
+    parts = f" ({planned:.4g} for DP-SGD, the rest for the coefficient table's intervals)" if share else ""
+    how = (f"noise multiplier {mechanism.noise_multiplier:g} fixed by the preset or the command line, q = B/N = "
+           f"{mechanism.sample_rate:.3g} with N = {mechanism.dataset_size} training rows, "
+           f"{mechanism.planned_steps} steps")
     if whole > MAX_TARGET_EPSILON:  # as privacy.target_epsilon above the limit: refused before training
         raise bad("privacy.noise_multiplier", mechanism.noise_multiplier,
-                  f"this run's epsilon would be about {whole:.4g}" + (
-                      f" ({planned:.4g} for DP-SGD, the rest for the coefficient table's intervals)" if share else "")
-                  + f" (q = B/N = {mechanism.sample_rate:.3g} with N = "
-                  f"{mechanism.dataset_size} training rows, {mechanism.planned_steps} steps), above "
+                  f"this run's epsilon would be about {whole:.4g}{parts} ({how}), above "
                   f"{MAX_TARGET_EPSILON:g}, which protects nothing (the limit of privacy.target_epsilon); allowed: a "
                   "larger noise multiplier, privacy.target_epsilon=E (at most "
                   f"{MAX_TARGET_EPSILON:g}) or privacy.enabled=false (no privacy, said so)")
-    if planned > LARGE_EPSILON:
-        log.warning("privacy: this run's epsilon will be about %.3g before the coefficient table's release (noise "
-                    "multiplier %g fixed by the preset or the command line, q = B/N = %.3g with N = %d training "
-                    "rows, %d steps); for a chosen budget set privacy.target_epsilon=E (e.g. "
-                    "privacy.target_epsilon=1: the noise is calibrated to this table)", planned,
-                    mechanism.noise_multiplier, mechanism.sample_rate, mechanism.dataset_size, mechanism.planned_steps)
+    if whole > LARGE_EPSILON:
+        log.warning("privacy: this run's epsilon will be about %.3g%s (%s); for a chosen budget set "
+                    "privacy.target_epsilon=E (e.g. privacy.target_epsilon=1: the noise is calibrated to this table)",
+                    whole, parts, how)
+    return whole
 
 
 def newton_reason(conf: Any) -> str | None:
-    """Why a dpsgd run gets no Newton interval (None: it gets one)."""
+    """Why a dpsgd run gets no Newton interval at all (None: it may get one)."""
     e = conf.estimator
     if e.name != "dpsgd" or e.interval_share == 0:
         return "estimator.interval_share=0"
-    kind = objective_kind(conf.objective.name)
-    if kind not in BOUNDS:
-        return f"no private Newton interval for objective={conf.objective.name} (binary, multinomial, linear only)"
     if conf.privacy.enabled and conf.privacy.max_epsilon is not None:
         return "privacy.max_epsilon stops DP-SGD at a budget the interval's release would exceed"
+    return exact_reason(conf)
+
+
+def exact_reason(conf: Any) -> str | None:
+    """Why a run's table cannot be a fit on its rows after training (None: it can): the objective,
+    the model, or a distributed run (each process holds only its shard)."""
+    kind = objective_kind(conf.objective.name)
+    if kind not in BOUNDS:
+        return f"no coefficient table fit for objective={conf.objective.name} (binary, multinomial, linear only)"
     if conf.trainer.distributed:
         return "trainer.distributed=true: each process holds only its shard of the rows"
     if not model_is_linear(conf):
@@ -388,58 +417,11 @@ def newton_reason(conf: Any) -> str | None:
     return None
 
 
-def newton_refit(conf: Any, data: Any, result: Any, *, launch: Any) -> Any:
-    """Two private Newton steps from DP-SGD's model (:mod:`dptrain.inference.newton`): the noise
-    multiplier that makes the whole run's epsilon the target (or DP-SGD's epsilon / (1 - share)),
-    the release, the refitted model and its test metrics."""
-    enc = encoder_for_config(conf)
-    kind = objective_kind(conf.objective.name)
-    layer = linear_layer(result.model)
-    x, y = data.x_train.numpy(), data.y_train.numpy()
-    theta = model_parameters(layer.weight.detach().double().numpy(), layer.bias.detach().double().numpy(), enc)
-    sigma = newton_noise(conf, result)
-    randomness = bound_to_rows(launch.randomness if launch.randomness is not None else Randomness.fresh(), data)
-    fit_ = private_newton(theta, lambda th: design_statistics(x, y, th, enc, kind), kind=kind,
-                          radius_sq=radius2(enc),
-                          noise_multiplier=sigma, rng=randomness.numpy("newton-interval"))
-    if conf.privacy.enabled:
-        result.accountant.record(gaussian_event(sigma))
-        if conf.privacy.target_epsilon is not None:
-            result.privacy["target_epsilon"] = conf.privacy.target_epsilon
-    claimed, why = fit_.claim()
-    if claimed:  # the model becomes the two-step estimate (a function of the releases)
-        bias, weight = layer_weights(fit_.estimate, enc, layer.out_features)
-        objective = build_objective(conf.objective)
-        objective.check_data(data.spec)
-        with torch.no_grad():
-            layer.bias.copy_(torch.as_tensor(bias, dtype=layer.bias.dtype).reshape(layer.bias.shape))
-            layer.weight.copy_(torch.as_tensor(weight, dtype=layer.weight.dtype).reshape(layer.weight.shape))
-            test = objective.metrics(result.model(data.x_test), data.y_test)
-        result.metrics.update({f"test/{k}": v for k, v in test.items()})
-    result.inference = {"newton": fit_, "noise_multiplier": sigma, "kind": kind, "radius_sq": radius2(enc)}
-    log.info("dpsgd: two private Newton steps (interval share %g, noise multiplier %.6g): intervals %s: %s",
-             conf.estimator.interval_share, sigma, "CLAIMED" if claimed else "NOT CLAIMED", why,
-             extra={"console": False})  # the console's warning or summary line says it once
-    return result
-
-
-def newton_noise(conf: Any, result: Any) -> float:
-    """The Newton release's noise multiplier: the smallest whose Gaussian event, composed with the
-    run's DP-SGD history, keeps the run's epsilon within privacy.target_epsilon (DP-SGD was
-    calibrated to (1 - share) of it) or, with a given noise multiplier, within DP-SGD's epsilon /
-    (1 - share). 0 without privacy (the non-private sandwich)."""
-    p = conf.privacy
-    if not p.enabled:
-        return 0.0
-    return release_noise_multiplier(result.accountant, delta=result.mechanism.delta, accountant_name=p.accountant,
-                                    rtol=p.calibration_rtol, share=conf.estimator.interval_share,
-                                    target=p.target_epsilon)
-
-
 class SubsampleAggregate(DPSGD):
     """``subsample_aggregate``: DP-SGD on K disjoint, row-keyed parts; mean and t interval."""
 
     intervals = True
+    exact_without_privacy = False
 
     def run(self, conf: Any, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
         return _subsample_aggregate(conf, data, delta=delta, tracker=tracker, launch=launch)
@@ -483,6 +465,8 @@ class SSP(DPSGD):
     intervals = True
 
     def run(self, conf: Any, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
+        if not conf.privacy.enabled:  # the exact OLS fit, as estimator=dpsgd gives without privacy
+            return super().run(conf, data, delta=delta, tracker=tracker, launch=launch)
         return run_ssp(conf, data, delta=delta, tracker=tracker, launch=launch)
 
     def check_objective(self, cfg: Any) -> None:
@@ -491,12 +475,14 @@ class SSP(DPSGD):
                       f"allowed with objective={cfg.objective.name}: estimator=dpsgd | subsample_aggregate")
 
     def check(self, cfg: Any) -> None:
-        if cfg.privacy.target_epsilon is None:
+        if cfg.privacy.enabled and cfg.privacy.target_epsilon is None:
             raise bad("privacy.target_epsilon", None, "estimator=ssp calibrates its Gaussian noise to a target: set "
                       "privacy.target_epsilon=E (and privacy.noise_multiplier=null)")
         ssp_config_check(encoder_for_config(cfg))
 
     def table(self, conf: Any, result: Any, enc: Any, report: dict) -> Any:
+        if "table" in (result.inference or {}):  # without privacy: the exact fit's
+            return result.inference["table"]
         iv = result.inference["interval"]
         claimed = validity_check("ssp", epsilon=report.get("epsilon"),
                                  dataset_size=result.mechanism.dataset_size)["claimed"]
@@ -504,6 +490,8 @@ class SSP(DPSGD):
             b=conf.estimator.bootstrap), claimed=claimed)
 
     def report(self, conf: Any, result: Any, *, eps: Any, delta: Any, accountant: str, guarantee: str) -> dict:
+        if "exact" in (result.inference or {}):
+            return super().report(conf, result, eps=eps, delta=delta, accountant=accountant, guarantee=guarantee)
         est = conf.estimator
         return dict(level=est.level, bootstrap=est.bootstrap, **{k: v for k, v in result.privacy["ssp"].items()
                                                                   if k != "guarantee"},

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dptrain.data.blocks import hash_scores, keyed_word, round_keys
+from dptrain.data.blocks import HashKeys, hash_scores
 from dptrain.privacy.dpsgd.mechanism import DPSGDMechanism
 from dptrain.privacy.randomness import Randomness
 from dptrain.training.fit import LaunchConfig, bound_to_rows, fit
@@ -49,15 +49,15 @@ def part_key(seed: int, person: bytes = b"dptrain-valid") -> bytes:
 def row_uniform(x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, *, seed: int,
                 person: bytes = b"dptrain-valid") -> np.ndarray:
     """A number in [0, 1) per row: a keyed hash of the row's own float32 words (features, then
-    target), SplitMix64 rounds keyed by :func:`part_key` (task=tune's validation rows); uniform
-    over rows with distinct content."""
+    target) and of its occurrence number among identical rows, SplitMix64 rounds keyed by
+    :func:`part_key` (task=tune's validation rows); uniform and independent over rows, identical
+    rows included (:func:`dptrain.data.blocks.hash_scores`)."""
     xa = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
     ya = np.asarray(y, dtype=np.float32).reshape(len(y), -1)
     bits = (np.concatenate([xa, ya], axis=1) + np.float32(0.0)).view(np.uint32)  # -0.0 -> 0.0
     key = part_key(seed, person)
     words = [lambda start, stop, j=j: bits[start:stop, j].astype(np.uint64) for j in range(bits.shape[1])]
-    return hash_scores(len(xa), words, [round_keys(key, b"column %d" % j) for j in range(bits.shape[1])],
-                       keyed_word(key, b"start"), round_keys(key, b"end"))
+    return hash_scores(len(xa), words, HashKeys.derive(key, bits.shape[1]))
 
 
 def random_parts(n_rows: int, *, parts: int, randomness: Randomness) -> np.ndarray:

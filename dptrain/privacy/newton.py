@@ -21,10 +21,12 @@ variance (a sandwich, robust to a misspecified variance) the second gradient's n
 second Hessian's noise acting on the first step's miss ``d`` (:func:`_first_step_error`; without
 it the intervals under-covered where the first step misses by a few SEs: N 5,000-10,000 at
 epsilon 1). H's eigenvalues are floored at its
-noise's sd; a term whose noisy curvature is below ten noise standard deviations carries too
-little information (a declared level with no rows, or too few) and is left where the start put
-it, without a covariance. :meth:`NewtonFit.claim` decides from released numbers whether the
-intervals are claimed valid. Everything after the releases is post-processing.
+noise's sd. The first noisy Hessian decides which terms the release can estimate
+(:mod:`dptrain.privacy.newton_terms`): a term with too little information (a declared level with
+no rows, or too few) is left where the start put it, a term aliased with earlier ones (two codings
+of one variable, at this noise) is set to 0 as R reports NA; neither gets a covariance.
+:meth:`NewtonFit.claims` decides per term, from released numbers, whether its interval is claimed
+valid. Everything after the releases is post-processing.
 """
 
 from __future__ import annotations
@@ -39,9 +41,10 @@ from dptrain.core.errors import DPTrainError
 from dptrain.privacy.accounting import SIGMA_RANGE, PrivacyAccountant, history_epsilon
 from dptrain.privacy.calibration import smallest_noise
 from dptrain.privacy.events import gaussian_event
+from dptrain.privacy.newton_terms import MAX_HESSIAN_NOISE, TermClaims, hessian_ratio, psd, select_terms, term_claims
 
-__all__ = ["BOUNDS", "NewtonFit", "noise_multipliers", "private_newton", "release_noise_multiplier", "sensitivities",
-           "statistics"]
+__all__ = ["BOUNDS", "NewtonFit", "noise_multipliers", "noise_sds", "planned_noise_multiplier", "private_newton",
+           "release_noise_multiplier", "sensitivities", "statistics"]
 
 
 #: per objective kind: (the largest |r_i|, the largest w_i) on the model's scale
@@ -92,20 +95,6 @@ def _multinomial(z: np.ndarray, y: np.ndarray, eta: np.ndarray) -> tuple[np.ndar
     return g, h, s
 
 
-#: the claim's thresholds (:meth:`NewtonFit.claim`), from the coverage study (docs/inference.md)
-MAX_NOISE_TO_SAMPLING = 4.0
-
-
-MAX_HESSIAN_NOISE = 0.6
-
-
-MAX_FIRST_STEP = 10.0
-
-
-#: a term is informative when its noisy curvature is above this many noise sds
-INFORMATIVE = 10.0
-
-
 #: the share of the release's precision (1 / sd^2, in units of each sum's sensitivity) each noisy
 #: sum gets: the second gradient, which sets the estimate's noise, most; the first gradient (its
 #: noise is corrected by the second step to first order), the Hessian and the meat less
@@ -131,24 +120,32 @@ def sensitivities(kind: str, radius_sq: float) -> dict[str, float]:
 @dataclass(frozen=True)
 class NewtonFit:
     """The estimate (reduced parameters) after the private Newton steps, its covariance, which
-    terms are informative, and each term's first step in standard errors (how far DP-SGD's model
-    was from the estimate: a diagnostic of its convergence)."""
+    terms the release identified (:func:`dptrain.privacy.newton_terms.select_terms`) and each
+    identified term's first step (how far DP-SGD's model was from the estimate: a diagnostic of
+    its convergence). Per-term claims: :meth:`claims`."""
 
     estimate: np.ndarray
     covariance: np.ndarray
+    #: per parameter: identified by the release (estimated, with a covariance)
     informative: np.ndarray
-    first_step_in_se: np.ndarray
+    #: the first Newton step per parameter (NaN outside the identified ones)
+    first_step: np.ndarray
     noise_sd: dict[str, float]
-    #: per informative term, the privacy noise's variance over the sampling variance
-    noise_to_sampling: np.ndarray | None = None
-    #: the Hessian noise's spectral norm over the noisy Hessian's smallest eigenvalue
+    #: the second Hessian's noise ratio over the identified terms (a run-level check)
     hessian_noise: float = math.inf
     #: the privacy noise's part of ``covariance`` (the estimate's spread around the non-private
     #: optimum on these rows): the second gradient's noise and the second Hessian's noise times the
     #: first step's miss
     noise_covariance: np.ndarray | None = None
-    #: the inverse noisy Hessian of the second point (NaN outside the informative terms)
+    #: the inverse noisy Hessian of the second point (NaN outside the identified terms)
     bread: np.ndarray | None = None
+    #: the sampling part of ``covariance`` (the sandwich H^-1 S H^-1)
+    sampling_covariance: np.ndarray | None = None
+    #: per parameter: aliased with earlier terms at this noise (fixed at 0, reported as NA)
+    aliased: np.ndarray | None = None
+    #: the objective kind (BOUNDS): a linear model's loss is quadratic, so Newton's first step from
+    #: any start lands on the optimum up to the release's noise and the first-step check is moot
+    kind: str = "binary"
 
     def degrees_of_freedom(self, a: np.ndarray) -> np.ndarray:
         """Per row ``a_k`` of ``a`` (a term as a combination of the parameters), the degrees of
@@ -168,34 +165,51 @@ class NewtonFit:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(var > 0, 2.0 * se2**2 / var, np.inf)
 
-    def checks(self) -> dict[str, float | None]:
-        """The numbers :meth:`claim` judges (public: functions of the releases)."""
-        if self.noise_to_sampling is None or not np.any(self.informative):
-            return {"noise_to_sampling": None, "hessian_noise": None, "first_step_in_se": None}
-        return {"noise_to_sampling": float(np.max(self.noise_to_sampling)), "hessian_noise": float(self.hessian_noise),
-                "first_step_in_se": float(np.nanmax(self.first_step_in_se))}
+    def claims(self, a: np.ndarray | None = None) -> TermClaims:
+        """Per row of ``a`` (terms x parameters; default: each parameter), whether its interval is
+        CLAIMED and why (:func:`dptrain.privacy.newton_terms.term_claims`): the run-level check (the
+        second Hessian determined over the identified terms) and, per term, the privacy noise's
+        share, the Hessian's noise in the term's direction and the first step in standard errors.
+        Computed from released numbers only."""
+        p = len(self.estimate)
+        a = np.eye(p) if a is None else np.atleast_2d(np.asarray(a, dtype=np.float64))
+        idx = np.flatnonzero(self.informative)
+        if idx.size == 0 or self.sampling_covariance is None:
+            return TermClaims(np.zeros(len(a), dtype=bool), ["no term carries information (the noisy curvature is "
+                                                              "below its noise)"] * len(a), *(np.full(len(a), np.nan)
+                                                                                              for _ in range(3)))
+        sub = np.ix_(idx, idx)
+        run_ok = (self.hessian_noise <= MAX_HESSIAN_NOISE, f"Hessian noise / smallest curvature "
+                  f"{self.hessian_noise:.3g} (at most {MAX_HESSIAN_NOISE:g})")
+        return term_claims(a, identified=idx, sd_hessian=self.noise_sd["hessian_1"],
+                           covariances=(self.sampling_covariance[sub], self.noise_covariance[sub], self.bread[sub]),
+                           step=None if self.kind == "linear" else self.first_step[idx], run_ok=run_ok)
 
-    def claim(self) -> tuple[bool, str]:
-        """Whether the intervals are CLAIMED valid, and why: the privacy noise at most
-        :data:`MAX_NOISE_TO_SAMPLING` times the sampling variance in every informative term (so an
-        interval at most twice the non-private one: the normal approximation holds there, the
-        coverage study), the Hessian determined to :data:`MAX_HESSIAN_NOISE`, and DP-SGD's model
-        within :data:`MAX_FIRST_STEP` standard errors of the estimate (two Newton steps converge
-        from there). Computed from released numbers only."""
-        if self.noise_to_sampling is None or not np.any(self.informative):
-            return False, "no term carries information (the noisy curvature is below its noise)"
-        ratio = float(np.max(self.noise_to_sampling))
-        step = float(np.nanmax(self.first_step_in_se))
-        checks = [(ratio <= MAX_NOISE_TO_SAMPLING, f"privacy-noise variance / sampling variance = {ratio:.3g} "
-                   f"(at most {MAX_NOISE_TO_SAMPLING:g})"),
-                  (self.hessian_noise <= MAX_HESSIAN_NOISE, f"Hessian noise / smallest curvature = "
-                   f"{self.hessian_noise:.3g} (at most {MAX_HESSIAN_NOISE:g})"),
-                  (step <= MAX_FIRST_STEP, f"DP-SGD's model {step:.3g} standard errors from the estimate "
-                   f"(at most {MAX_FIRST_STEP:g})")]
-        failed = [why for ok, why in checks if not ok]
-        if failed:
-            return False, "; ".join(failed)
-        return True, "; ".join(why for _, why in checks)
+    def checks(self, a: np.ndarray | None = None) -> dict[str, float | None]:
+        """The largest of each per-term number among the identified terms, and the run's Hessian check
+        (public: functions of the releases)."""
+        c = self.claims(a)
+        worst = {k: (float(np.nanmax(v)) if np.any(np.isfinite(v)) else None)
+                 for k, v in (("noise_to_sampling", c.noise_to_sampling), ("term_hessian_noise", c.hessian_noise),
+                              ("first_step_in_se", c.first_step_in_se))}
+        return {**worst, "hessian_noise": float(self.hessian_noise) if np.any(self.informative) else None}
+
+    def claim(self, a: np.ndarray | None = None) -> tuple[bool, str]:
+        """(whether ANY term's interval is claimed, a one-line summary): the terms whose checks
+        pass keep their intervals (:meth:`claims`)."""
+        c = self.claims(a)
+        n, k = int(c.claimed.sum()), len(c.claimed)
+        if n == k:
+            return True, f"every term's checks passed ({k} terms)"
+        if n:
+            return True, f"{n} of {k} terms claimed; the others: {_reasons(c, ~c.claimed)}"
+        return False, _reasons(c, ~c.claimed)
+
+
+def _reasons(c: TermClaims, which: np.ndarray) -> str:
+    """The distinct reasons of the terms ``which``, the most frequent first (at most three)."""
+    worst = [why for why, use in zip(c.reasons, which) if use]
+    return "; ".join(sorted(set(worst), key=lambda w: (-worst.count(w), worst.index(w)))[:3])
 
 
 def _bilinear_var(u: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -211,11 +225,6 @@ def _symmetric(rng: np.random.Generator, p: int, sd: float) -> np.ndarray:
     return upper + np.triu(upper, 1).T
 
 
-def _psd(a: np.ndarray, floor: float) -> np.ndarray:
-    vals, vecs = np.linalg.eigh((a + a.T) / 2.0)
-    return (vecs * np.maximum(vals, floor)) @ vecs.T
-
-
 def _noisy(sums: tuple[np.ndarray, ...], sd: dict[str, float], step: int, rng: np.random.Generator,
            meat: bool) -> tuple[np.ndarray, ...]:
     g, h, s = sums
@@ -226,10 +235,10 @@ def _noisy(sums: tuple[np.ndarray, ...], sd: dict[str, float], step: int, rng: n
 
 
 def _inverse(h: np.ndarray, idx: np.ndarray, sd: float) -> np.ndarray:
-    """The inverse of the noisy Hessian on the informative terms, its eigenvalues floored at the
+    """The inverse of the noisy Hessian on the identified terms, its eigenvalues floored at the
     noise's sd (a floor at the noise's spectral norm, as AdaSSP's ridge, would shrink the
     variance of the least-determined direction and under-cover)."""
-    return np.linalg.inv(_psd(h[np.ix_(idx, idx)], sd))
+    return np.linalg.inv(psd(h[np.ix_(idx, idx)], sd))
 
 
 def _first_step_error(h0_inv: np.ndarray, step: np.ndarray, sd: dict[str, float]) -> np.ndarray:
@@ -250,53 +259,74 @@ def _first_step_error(h0_inv: np.ndarray, step: np.ndarray, sd: dict[str, float]
 def private_newton(theta: np.ndarray, sums_at: Callable[[np.ndarray], tuple[np.ndarray, ...]], *, kind: str,
                    radius_sq: float, noise_multiplier: float, rng: np.random.Generator) -> NewtonFit:
     """Two Newton steps from DP-SGD's ``theta`` (reduced parameters; ``sums_at(theta)`` gives the
-    exact (G, H, S) there): release a noisy G and H at ``theta`` and step; release a noisy G, H and
-    S at the new point and step again. The second step removes the first gradient's noise and most
-    of DP-SGD's distance from the optimum; the covariance ``H^-1 (S + var_G I) H^-1`` is the second
-    point's. Terms whose noisy curvature (first release) is below INFORMATIVE (10) noise standard deviations
-    are left where DP-SGD put them and get no covariance."""
-    sig, sens = noise_multipliers(noise_multiplier), sensitivities(kind, radius_sq)
-    sd = {k: sig[k] * sens[k] for k in sig}
+    exact (G, H, S) there): release a noisy G and H at ``theta``, select the terms the noisy Hessian
+    identifies (:func:`dptrain.privacy.newton_terms.select_terms`; aliased terms are set to 0, the
+    released gradient moved to that point along the released Hessian, ``g + H (theta' - theta)``)
+    and step; release a noisy G, H and S at the new point and step again. The second step removes
+    the first gradient's noise and most of DP-SGD's distance from the optimum; the covariance
+    ``H^-1 (S + noise) H^-1`` is the second point's. Terms that are not identified keep DP-SGD's
+    value (aliased ones 0) and get no covariance."""
+    sd = noise_sds(noise_multiplier, kind, radius_sq)
     p = len(theta)
     g0, h0, _ = _noisy(sums_at(theta), sd, 0, rng, meat=False)
-    informative = np.diag(h0) > INFORMATIVE * sd["hessian_0"]
-    idx = np.flatnonzero(informative)
+    sel = select_terms(h0, sd["hessian_0"])
+    idx = sel.identified
     est, cov, first = theta.astype(np.float64).copy(), np.full((p, p), np.nan), np.full(p, np.nan)
+    aliased = np.zeros(p, dtype=bool)
+    aliased[sel.aliased] = True
+    identified = np.zeros(p, dtype=bool)
+    identified[idx] = True
     if idx.size == 0:
-        return NewtonFit(est, cov, informative, first, sd)
+        return NewtonFit(est, cov, identified, first, sd, aliased=aliased, kind=kind)
+    moved = np.where(aliased, 0.0, est) - est
+    g0 = g0 + psd(h0, 0.0) @ moved if aliased.any() else g0  # the released gradient, moved to the new start
+    est += moved
     h0_inv = _inverse(h0, idx, sd["hessian_0"])
     step0 = h0_inv @ g0[idx]
     est[idx] -= step0
     g1, h1, s1 = _noisy(sums_at(est), sd, 1, rng, meat=True)
     h_inv = _inverse(h1, idx, sd["hessian_1"])
     est[idx] -= h_inv @ g1[idx]
-    sampling = h_inv @ _psd(s1[np.ix_(idx, idx)], 0.0) @ h_inv
+    sampling = h_inv @ psd(s1[np.ix_(idx, idx)], 0.0) @ h_inv
     miss = _first_step_error(h0_inv, step0, sd)
     noise = h_inv @ (sd["gradient_1"] ** 2 * np.eye(idx.size)
                      + sd["hessian_1"] ** 2 * (np.trace(miss) * np.eye(idx.size) + miss)) @ h_inv
     c = sampling + noise
     cov[np.ix_(idx, idx)] = (c + c.T) / 2.0
-    first[idx] = np.abs(step0) / np.sqrt(np.diag(c))
-    smallest = float(np.linalg.eigvalsh(_psd(h1[np.ix_(idx, idx)], sd["hessian_1"])).min())
-    ratio = np.diag(noise) / np.maximum(np.diag(sampling), 1e-300)
-    noise_cov, bread = np.full((p, p), np.nan), np.full((p, p), np.nan)
-    noise_cov[np.ix_(idx, idx)] = (noise + noise.T) / 2.0
-    bread[np.ix_(idx, idx)] = (h_inv + h_inv.T) / 2.0
-    return NewtonFit(est, cov, informative, first, sd, ratio, 2.0 * sd["hessian_1"] * math.sqrt(idx.size) / smallest,
-                     noise_cov, bread)
+    first[idx] = step0
+    full = {}
+    for name, m in (("noise", noise), ("bread", h_inv), ("sampling", sampling)):
+        full[name] = np.full((p, p), np.nan)
+        full[name][np.ix_(idx, idx)] = (m + m.T) / 2.0
+    return NewtonFit(est, cov, identified, first, sd, hessian_ratio(h1[np.ix_(idx, idx)], sd["hessian_1"]),
+                     full["noise"], full["bread"], full["sampling"], aliased, kind)
 
 
 def release_noise_multiplier(accountant: PrivacyAccountant, *, delta: float, accountant_name: str, rtol: float,
                              share: float, target: float | None = None) -> float:
+    """The release's noise multiplier after DP-SGD (the history ``accountant`` holds):
+    :func:`planned_noise_multiplier` of that history."""
+    return planned_noise_multiplier(accountant.totals, delta=delta, accountant_name=accountant_name, rtol=rtol,
+                                    share=share, target=target)
+
+
+def planned_noise_multiplier(history: tuple, *, delta: float, accountant_name: str, rtol: float, share: float,
+                             target: float | None = None) -> float:
     """The release's noise multiplier: the smallest (the one calibration routine) whose
-    ``gaussian`` event, composed with the history ``accountant`` holds (DP-SGD's steps), keeps the
-    run's epsilon within ``target`` (DP-SGD was calibrated to (1 - share) of it) or, without a
-    target (a given noise multiplier), within DP-SGD's epsilon / (1 - share)."""
-    history = accountant.totals
+    ``gaussian`` event, composed with ``history`` (DP-SGD's steps, done or planned), keeps the run's
+    epsilon within ``target`` (DP-SGD was calibrated to (1 - share) of it) or, without a target (a
+    given noise multiplier), within DP-SGD's epsilon / (1 - share)."""
+    history = tuple(history)
     if target is None:
-        target = accountant.get_epsilon(delta=delta, accountant=accountant_name) / (1.0 - share)
+        target = history_epsilon(history, delta=delta, accountant=accountant_name) / (1.0 - share)
 
     def epsilon_of(sigma: float) -> float:
         return history_epsilon((*history, (gaussian_event(sigma), 1)), delta=delta, accountant=accountant_name)
 
     return smallest_noise(epsilon_of, target=float(target), rtol=rtol, lower=SIGMA_RANGE[0], upper=SIGMA_RANGE[1])
+
+
+def noise_sds(noise_multiplier: float, kind: str, radius_sq: float) -> dict[str, float]:
+    """Each noisy sum's standard deviation: its noise multiplier times its sensitivity."""
+    sig, sens = noise_multipliers(noise_multiplier), sensitivities(kind, radius_sq)
+    return {k: sig[k] * sens[k] for k in sig}

@@ -333,9 +333,17 @@ def coefficient_lines(estimator: dict[str, Any], run_dir: Any) -> list[str]:
     if not table:
         return []
     terms = list(table["term"])
-    claimed = any(bool(c) for c in table.get("claimed", []))
-    intervals = "intervals CLAIMED" if claimed else (
-        "estimates only: intervals NOT CLAIMED" if estimator.get("validity_check") else "no intervals")
+    claimed = [bool(c) for c in table.get("claimed", [])]
+    n = sum(claimed)
+    if str(estimator.get("intervals", "")).startswith("NON-PRIVATE"):
+        intervals = f"non-private classical intervals (NO privacy) for {n} of {len(terms)}" if n < len(terms) else \
+            "non-private classical intervals (NO privacy)"
+    elif n == len(terms) and n:
+        intervals = "intervals CLAIMED"
+    elif n:
+        intervals = f"intervals CLAIMED for {n}, NOT for {len(terms) - n} (coefficients.csv says why, per term)"
+    else:
+        intervals = "estimates only: intervals NOT CLAIMED" if estimator.get("validity_check") else "no intervals"
     lines = [f"coefficients: {len(terms)} terms, {intervals} -> {run_dir}/coefficients.csv"]
     if len(terms) > CONSOLE_TERMS:
         return lines
@@ -358,7 +366,8 @@ def summary_lines(result: Any, report: dict[str, Any], *, dist_ctx: Any, run_dir
         lines.append(f"non-private baseline (sklearn LogisticRegression, same features/split"
                      f"{f', fitted on {int(rows):,} training rows' if rows is not None else ''}): "
                      f"{m['baseline/nonprivate_acc']:.4f}   majority class: {m['baseline/majority_acc']:.4f}")
-    one_release = report.get("estimator", {}).get("name") == "ssp"  # one noisy Z'Z: no sampling, no steps
+    # one noisy Z'Z: no sampling, no steps (without privacy, ssp's table is the exact fit after the loop)
+    one_release = report.get("estimator", {}).get("name") == "ssp" and "epsilon" in report
     if "epsilon" in report:
         eps = report["epsilon"]
         how = (f"one release of Z'Z, noise multiplier {report['noise_multiplier']:.4g} x sensitivity "

@@ -83,6 +83,10 @@ class AdultDataConfig:
     classes: list[Any] | None = setting(None, help=CLASSES_HELP + ", e.g. relationship's six documented categories",
                                         allowed=CLASSES_ALLOWED)
     target_bounds: TargetBounds | None = setting(help=BOUNDS_HELP, allowed=BOUNDS_ALLOWED, factory=TargetBounds)
+    exclude: list[str] = setting(help="columns of the shipped schema left out of the features, e.g. [education] "
+                                 "(education_num codes the same 16 levels: a linear model with both has aliased "
+                                 "terms)", allowed="a list of the schema's numeric or categorical columns",
+                                 factory=list)
 
 
 @dataclass
@@ -196,6 +200,7 @@ class DataConfig:
     split_column: str | None = None  # column holding "train"/"test"; else a per-row hash split
     test_fraction: float = 0.25
     split_key: list[str] | None = None  # the hash split's key columns; None: every column of the file
+    exclude: list[str] = field(default_factory=list)  # adult only: shipped-schema columns left out of the features
     test_public: bool = False
     sharding: str = "auto"  # table only: auto | row_groups | off (dptrain.data.shards)
     cache: str | None = None  # table only: a folder for the encoded rows (dptrain.data.cache)

@@ -201,6 +201,10 @@ class TrainerConfig:
                               allowed="an integer in [1, N]")
     engine: str = setting("auto", help="how clipped per-example gradients are computed: auto = the fast engine "
                           "when the model allows, else Opacus", allowed="auto | fast | opacus, or a registered name")
+    average: float = setting(0.0, help="the published model is the mean of the iterates of the last "
+                             "(average x steps) steps (Polyak-Ruppert tail averaging: a function of iterates the "
+                             "guarantee already covers, so no privacy cost; it averages the noise out of the final "
+                             "model); 0: the last iterate", allowed="a number in [0, 1)")
     eval_every: int = setting(50, help="steps between test-set evaluations", allowed="an integer > 0")
     eval_rows: int = setting(1_000_000, help="the test rows each evaluation DURING training uses (the first this "
                              "many, for the TensorBoard test/ curves; 0: every one); the final test metrics always use "
@@ -259,6 +263,8 @@ def check_trainer(t: TrainerConfig) -> None:
     real("trainer.epochs", t.epochs,
          f"must be a finite number > 0 (and give at most {MAX_STEPS:,} steps = epochs * N / B)", lo=0, lo_open=True)
     integer("trainer.batch_size", t.batch_size, 1, "must be an integer > 0 (and <= N)")
+    real("trainer.average", t.average, "must be a number in [0, 1) (the share of the last steps whose iterates "
+         "are averaged into the published model; 0: the last iterate)", lo=0, hi=1, hi_open=True)
     integer("trainer.eval_every", t.eval_every, 1, "must be an integer > 0")
     integer("trainer.eval_rows", t.eval_rows, 0, "must be an integer >= 0 (0: every test row)")
     integer("trainer.log_every", t.log_every, 1, "must be an integer > 0")
@@ -345,6 +351,12 @@ def sigma_unless_target(sigma: float | None, target_epsilon: float | None) -> fl
     multiplier that steps aside when the user asks for a target epsilon instead, so that
     ``experiment=logit privacy.target_epsilon=1`` works. Setting both explicitly is refused."""
     return None if target_epsilon is not None else sigma
+
+
+def value_if_private(value: Any, enabled: bool) -> Any:
+    """Resolver ``${if_private:VALUE,${privacy.enabled}}``: a preset's target epsilon that steps
+    aside when the user switches privacy off (``experiment=linreg privacy=none``)."""
+    return value if enabled else None
 
 
 def check_training(cfg: Any) -> None:

@@ -81,7 +81,7 @@ def _coefficients(conf: Config, result: Any, report: dict, run_dir: Path) -> dic
     table = coefficient_section(conf, result, report)
     if table is None:
         logging.getLogger(__name__).info("no coefficient table: the model is not linear (one Linear layer) or the "
-                                         "objective has no coefficient interpretation")
+                                         "objective has no coefficient interpretation", extra={"console": False})
     else:
         atomic_write_text(run_dir / "coefficients.csv", table["frame"].to_csv(index=False, float_format="%.10g"))
     report["estimator"] = estimator_report(conf, result, report, table)
@@ -90,7 +90,7 @@ def _coefficients(conf: Config, result: Any, report: dict, run_dir: Path) -> dic
         report["estimator"]["coefficients_table"] = frame.to_dict(orient="list")
     if "epsilon" in report:
         report["guarantee"] = report["estimator"]["guarantee"]
-    if conf.estimator.name == "ssp":
+    if conf.estimator.name == "ssp" and conf.privacy.enabled:
         report.update(sampling="none: one release over all rows", clipping="rows clipped into the PUBLIC bounds "
                       "(features and target); L2 sensitivity of Z'Z given as max_grad_norm", noise=(
                           "Gaussian N(0, (sigma x sensitivity)^2) on each entry of the upper triangle of Z'Z"))

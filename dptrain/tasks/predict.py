@@ -40,6 +40,7 @@ from omegaconf import OmegaConf
 from dptrain.core.errors import DPTrainError
 from dptrain.core.validation import ConfigError
 from dptrain.data.table import DataError, Schema, detect_format, encode_features, numeric_values, read_table
+from dptrain.inference.coefficients import linear_layer
 from dptrain.models.objectives import build_objective
 from dptrain.runfolder.tracking import MODEL_FILENAME, PRIVATE_DIR, atomic_write_text, model_path_in, write_manifest  # noqa: F401
 from dptrain.settings.predict import PredictDataConfig, PredictRunConfig, validate_predict, validate_predict_run
@@ -100,31 +101,39 @@ class TrainedModel:
     guarantee: str
     privacy: dict = field(default_factory=dict)
     path: Path | None = None
+    #: the run's coefficient table (``model.pt``'s "coefficients": columns, summary text, claim), or None
+    table: dict | None = None
 
     def coefficients(self) -> pd.DataFrame:
-        """The run's coefficient table (coefficients.csv: term, estimate, std_error, ci_lower,
-        ci_upper, claimed, method), indexed by term; a model without one (not linear) is refused."""
-        table = (self.privacy.get("estimator") or {}).get("coefficients_table")
-        if table is None:
-            raise DPTrainError(f"model file {self.path} has no coefficient table: its model is not linear (one "
-                               "Linear layer) or its objective has no coefficient interpretation, or it was "
-                               "written before tables were stored in the model file (read coefficients.csv)")
-        frame = pd.DataFrame(table)
+        """The run's coefficient table, the same as coefficients.csv (term, estimate, std_error,
+        ci_lower, ci_upper, claimed, reason, method), indexed by term; a model without one (not
+        linear, or an objective without coefficients) is refused."""
+        if not self.table:
+            why = ("it was written before tables were stored in the model file (read coefficients.csv)"
+                   if self.table is None and linear_layer(self.module) is not None else
+                   "its model is not linear (one Linear layer) or its objective has no coefficient interpretation")
+            raise DPTrainError(f"model file {self.path} has no coefficient table: {why}")
+        frame = pd.DataFrame(self.table["table"])
         for col in ("estimate", "std_error", "ci_lower", "ci_upper"):
             frame[col] = pd.to_numeric(frame[col], errors="coerce")
+        frame["claimed"] = frame["claimed"].astype(bool)
         return frame.set_index("term")
 
     def conf_int(self) -> pd.DataFrame:
-        """The intervals (columns lower, upper; at the run's estimator.level), indexed by term;
-        NaN where the run computed none. ``coefficients()["claimed"]`` says which are claimed."""
+        """The CLAIMED intervals (columns lower, upper; at the run's estimator.level), indexed by
+        term; NaN where the run claims none (``coefficients()["reason"]`` says why)."""
         table = self.coefficients()
         return table[["ci_lower", "ci_upper"]].rename(columns={"ci_lower": "lower", "ci_upper": "upper"})
 
     def summary(self) -> str:
-        """The table as the run printed it (privacy.txt), with the guarantee."""
-        estimator = self.privacy.get("estimator") or {}
-        self.coefficients()
-        return f"{estimator.get('table', '')}\n{self.guarantee}"
+        """The table as the run wrote it (privacy.txt), which terms are claimed and why, and the
+        guarantee."""
+        table = self.coefficients()
+        check = self.table.get("validity_check") or {}
+        claims = f"intervals: {check.get('why')}" if check.get("why") else ""
+        reasons = [f"  {t}: {r}" for t, r, c in zip(table.index, table["reason"], table["claimed"]) if not c]
+        return "\n".join(part for part in (self.table.get("text", ""), claims, *reasons[:20],
+                                            f"guarantee: {self.guarantee}") if part)
 
     @property
     def classes_(self) -> np.ndarray:
@@ -290,4 +299,4 @@ def load_model(path: str | Path, *, trust_model_target: bool = False) -> Any:
         raise CheckpointError(f"model file {path} is inconsistent: {err}") from None
     module = _build_module(state, path, objective=objective, spec=spec, trust_model_target=trust_model_target)
     return TrainedModel(module=module, schema=schema, objective=objective, guarantee=str(state["guarantee"]),
-                        privacy=dict(state.get("privacy") or {}), path=path)
+                        privacy=dict(state.get("privacy") or {}), path=path, table=state.get("coefficients"))

@@ -28,7 +28,7 @@ from dptrain.settings.release import ReleaseRunConfig, validate_release_run
 from dptrain.settings.synthesize import SynthesizeRunConfig, validate_synthesize
 from dptrain.settings.tabulate import TabulateRunConfig, validate_tabulate
 from dptrain.settings.topdown import TopDownRunConfig, validate_topdown
-from dptrain.settings.train import TrainRunConfig, sigma_unless_target, validate_train
+from dptrain.settings.train import TrainRunConfig, sigma_unless_target, validate_train, value_if_private
 from dptrain.settings.tune import TuneRunConfig, validate_tune
 from dptrain.tasks import audit, lodes, predict, release, synthesize, tabulate, topdown, train, tune
 
@@ -82,7 +82,7 @@ def check_known_keys(cfg: Any) -> None:
 def register_configs() -> None:
     """Register each task's schema (``schema/NAME``) that ``conf/task/NAME.yaml`` extends, each
     data source's schema (``schema/data/NAME``) that ``conf/data/NAME.yaml`` extends, and the
-    ``unless_target`` resolver the privacy presets use."""
+    ``unless_target`` and ``if_private`` resolvers the privacy presets use."""
     store = ConfigStore.instance()
     for name, schema in task_schemas().items():
         store.store(group="schema", name=name, node=schema)
@@ -90,3 +90,5 @@ def register_configs() -> None:
         store.store(group="schema/data", name=name, node=schema)
     if not OmegaConf.has_resolver("unless_target"):
         OmegaConf.register_new_resolver("unless_target", sigma_unless_target)
+    if not OmegaConf.has_resolver("if_private"):
+        OmegaConf.register_new_resolver("if_private", value_if_private)

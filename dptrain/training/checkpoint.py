@@ -140,6 +140,9 @@ class Checkpoint:
     noise_state: torch.Tensor | None = None
     #: the device type ("cpu", "cuda") whose generators the stored stream states belong to
     streams_device: str | None = None
+    #: trainer.average: the running mean of the averaged iterates so far and how many
+    average: list[torch.Tensor] | None = None
+    averaged: int = 0
 
 
 def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
@@ -155,6 +158,8 @@ def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
                 "torch_global": torch.get_rng_state(), "streams_device": c.streams_device},
         "fingerprint": dict(c.fingerprint),
         "train_seconds": float(c.train_seconds),
+        "average": None if c.average is None else [t.detach().cpu().clone() for t in c.average],
+        "averaged": int(c.averaged),
     }, path)
 
 
@@ -305,7 +310,18 @@ def save_model(path: Path, *, model: torch.nn.Module, model_config: dict, featur
         "feature_names": list(resolved.feature_names),
         "guarantee": report["guarantee"],
         "privacy": {k: report.get(k) for k in ("private", "epsilon", "delta", "accountant")},
+        "coefficients": _coefficients_of(report),
     }, path)
+
+
+def _coefficients_of(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's coefficient table as the report holds it (columns as lists, the summary text and
+    the claim), for ``load_model(run).coefficients()``; None for a model without one."""
+    est = report.get("estimator") or {}
+    if not est.get("coefficients_table"):
+        return None
+    return {"table": est["coefficients_table"], "text": est.get("table", ""),
+            "validity_check": est.get("validity_check"), "intervals": est.get("intervals")}
 
 
 def _read_model_file(path: Path) -> dict[str, Any]:

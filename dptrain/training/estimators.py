@@ -68,8 +68,9 @@ from dptrain.models.networks import logit, mlp
 from dptrain.models.optimizers import eager_class
 from dptrain.privacy import newton
 from dptrain.privacy.events import gaussian_event
+from dptrain.privacy.newton_terms import MAX_HESSIAN_NOISE, predict_claims, reference_design, reference_statistics
 from dptrain.settings.train import MAX_TARGET_EPSILON
-from dptrain.training.private import DPConfig, PrivateTraining, training_report
+from dptrain.training.private import DPConfig, PrivateTraining, planned_mechanism, training_report
 
 __all__ = ["DPClassifierConfig", "DPEstimatorConfig", "DPLinearRegression", "DPLogisticConfig",
            "DPLogisticRegression", "DPMLPClassifier", "DPMLPConfig", "DPMultinomialConfig",
@@ -171,11 +172,16 @@ class PublicBoundsScaler(TransformerMixin, BaseEstimator):
         self.lower_, self.upper_ = public_bounds(self.bounds, a.shape[1], _columns(X))
         return self
 
-    def transform(self, X: Any) -> np.ndarray:
+    def transform(self, X: Any) -> Any:
+        """The clipped, scaled features: a DataFrame with X's column names when X is one (so the next
+        step of a Pipeline, a DP estimator's ``summary()`` included, keeps the names), else an array."""
         check_is_fitted(self, "lower_")
         a = _as_matrix(X)
         _check_width(self, a, X)
-        return scale(a, self.lower_, self.upper_)
+        out = scale(a, self.lower_, self.upper_)
+        if _columns(X) is None:
+            return out
+        return pd.DataFrame(out, columns=list(self.get_feature_names_out()), index=getattr(X, "index", None))
 
     def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
         check_is_fitted(self, "lower_")
@@ -348,6 +354,7 @@ class _DPEstimator(BaseEstimator):
         elif hasattr(self, "feature_names_in_"):
             del self.feature_names_in_
         self.lower_, self.upper_ = public_bounds(self.bounds, a.shape[1], _columns(X))
+        self._plan(a.shape[0], a.shape[1])
         config = self._dp_config()
         model = self._init_model(a.shape[1])
         real("lr", self.lr, "must be a finite number > 0", lo=0, lo_open=True)
@@ -369,6 +376,9 @@ class _DPEstimator(BaseEstimator):
     def _share(self) -> float:
         """The share of epsilon spent after DP-SGD (0: none)."""
         return 0.0
+
+    def _plan(self, n: int, d: int) -> None:
+        """Before training, from public numbers: what follows DP-SGD (default: nothing)."""
 
     def _dp_config(self) -> DPConfig:
         """DP-SGD's settings: with an interval release, (1 - share) of ``epsilon``."""
@@ -496,8 +506,31 @@ class _NewtonIntervals:
     _kind = "binary"
 
     def _share(self) -> float:
-        return real("interval_share", self.interval_share, "must be a number in [0, 0.9] (the share of epsilon "
-                    "spent on the intervals; 0: no intervals)", lo=0, hi=0.9)
+        share = real("interval_share", self.interval_share, "must be a number in [0, 0.9] (the share of epsilon "
+                     "spent on the intervals; 0: no intervals)", lo=0, hi=0.9)
+        return 0.0 if getattr(self, "interval_plan_", None) is not None and not self.interval_plan_[0] else share
+
+    def _plan(self, n: int, d: int) -> None:
+        """``interval_plan_`` (release, why): the command line's plan (docs/inference.md) on the
+        public reference design of d features in [0, 1], at the release's noise. When no interval
+        besides the intercept's could be claimed, nothing is spent on the release and DP-SGD gets the
+        whole epsilon."""
+        self.interval_plan_ = None
+        share = self._share()
+        if share == 0:
+            return
+        dpsgd = planned_mechanism(self._dp_config(), n, names={"target_epsilon": "epsilon"})
+        sigma = newton.planned_noise_multiplier(
+            dpsgd.history_between(0, dpsgd.planned_steps), delta=dpsgd.delta, accountant_name=self.accountant,
+            rtol=1e-3, share=share, target=float(self.epsilon) if self.noise_multiplier is None else None)
+        h, s = reference_statistics(reference_design(d, []), n, self._kind)
+        claims = predict_claims(h, s, np.eye(d + 1), newton.noise_sds(sigma, self._kind, float(d + 1)))
+        if claims.claimed[1:].any():
+            self.interval_plan_ = (True, f"planned: up to {int(claims.claimed[1:].sum())} of {d} coefficients")
+            return
+        self.interval_plan_ = (False, f"at this epsilon even {n} rows of {d} features at their most informative "
+                               f"would give no claimable interval (release noise multiplier {sigma:.4g}); nothing "
+                               "is spent on it, DP-SGD gets the whole epsilon")
 
     def _y_units(self) -> tuple[float, float]:
         return 1.0, 0.0
@@ -519,8 +552,9 @@ class _NewtonIntervals:
                                         rng=run.randomness.numpy("newton-interval"))
             run.accountant.record(gaussian_event(sigma))
             self.newton_fit_, self.interval_noise_multiplier_ = fit, float(sigma)
-        if self.newton_fit_ is not None and self.newton_fit_.claim()[0]:  # NOT CLAIMED: DP-SGD's model stands
-            theta = self.newton_fit_.estimate
+        fit = self.newton_fit_
+        if fit is not None and fit.hessian_noise <= MAX_HESSIAN_NOISE and fit.informative.any():
+            theta = fit.estimate  # the second Hessian is determined: the model is the two-step estimate
             with torch.no_grad():
                 layer.bias.fill_(float(theta[0]))
                 layer.weight.copy_(torch.as_tensor(theta[1:], dtype=layer.weight.dtype).reshape(layer.weight.shape))
@@ -532,21 +566,28 @@ class _NewtonIntervals:
         raise NotImplementedError
 
     def _set_intervals(self, a: np.ndarray) -> None:
-        """``bse_``, ``intervals_claimed_``, ``interval_check_`` from the Newton fit: a term built
-        from a parameter whose noisy curvature carried no information gets no standard error."""
-        fit = self.newton_fit_
+        """``bse_``, ``claimed_`` (per term), ``intervals_claimed_`` (any term), ``interval_check_``
+        and ``interval_reasons_`` from the Newton fit's per-term claims
+        (:meth:`dptrain.privacy.newton.NewtonFit.claims`): a term that is not claimed gets no
+        standard error, as on the command line."""
+        fit, names = self.newton_fit_, self._term_names()
         if fit is None:
             self.bse_, self.intervals_claimed_, self.interval_dof_ = None, False, None
-            self.interval_check_ = "no intervals: interval_share=0 (DP-SGD's estimate only)"
-            self._term_ok = np.zeros(a.shape[0], dtype=bool)
+            plan = getattr(self, "interval_plan_", None)
+            self.interval_check_ = (f"no intervals: {plan[1]} (DP-SGD's estimate only)" if plan is not None else
+                                    "no intervals: interval_share=0 (DP-SGD's estimate only)")
+            self.claimed_ = pd.Series(False, index=names, name="claimed")
+            self.interval_reasons_ = pd.Series(self.interval_check_, index=names, name="reason")
             return
-        self._term_ok = ~np.any((np.abs(a) > 0) & ~fit.informative[None, :], axis=1)
+        claims = fit.claims(a)
+        self.claimed_ = pd.Series(claims.claimed, index=names, name="claimed")
+        self.interval_reasons_ = pd.Series(claims.reasons, index=names, name="reason")
         #: per term, the degrees of freedom of its noisy variance (the t interval's; conf_int)
-        self.interval_dof_ = pd.Series(fit.degrees_of_freedom(a), index=self._term_names(), name="dof")
+        self.interval_dof_ = pd.Series(fit.degrees_of_freedom(a), index=names, name="dof")
         cov = np.where(np.isfinite(fit.covariance), fit.covariance, 0.0)
         se = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", a, cov, a), 0.0))
-        self.bse_ = pd.Series(np.where(self._term_ok, se, np.nan), index=self._term_names(), name="std err")
-        claimed, why = fit.claim()
+        self.bse_ = pd.Series(np.where(claims.claimed, se, np.nan), index=names, name="std err")
+        claimed, why = fit.claim(a)
         self.intervals_claimed_, self.interval_check_ = bool(claimed), why
         if not claimed:  # as the command line: no interval is shown that the run does not claim
             self.bse_ = None
@@ -554,19 +595,23 @@ class _NewtonIntervals:
     def _report(self, report: dict[str, Any]) -> None:
         fit = self.newton_fit_
         if fit is None:
-            report["intervals"] = {"method": "none computed (interval_share=0)"}
+            plan = getattr(self, "interval_plan_", None)
+            report["intervals"] = {"method": f"none computed ({plan[1] if plan is not None else 'interval_share=0'})"}
             return
         if self.noise_multiplier is None:
             report["target_epsilon"] = float(self.epsilon)  # DP-SGD's mechanism had (1 - share) of it
         sigma, (r_max, w_max) = self.interval_noise_multiplier_, newton.BOUNDS[self._kind]
-        claimed, why = fit.claim()
+        claimed, why = self.intervals_claimed_, self.interval_check_
         report["intervals"] = {
             "method": NEWTON_METHOD, "interval_share": float(self.interval_share), "noise_multiplier": sigma,
             "noise_sd": dict(fit.noise_sd),
             "sensitivity": (f"||z||^2 <= 1 + {self.n_features_in_} features = {self.n_features_in_ + 1} (features "
                             f"scaled into [0, 1] by the public bounds); |r| <= {r_max:g}, w <= {w_max:g} "
                             f"({self._kind})"),
-            "validity_check": {"claimed": claimed, "why": why}}
+            "validity_check": {"claimed": claimed, "why": why, "terms_claimed": int(self.claimed_.sum()),
+                               "terms": len(self.claimed_)},
+            "claimed": {k: bool(v) for k, v in self.claimed_.items()},
+            "reasons": {k: str(v) for k, v in self.interval_reasons_.items()}}
         report["guarantee"] += (
             f"; epsilon composes DP-SGD's steps with one Gaussian mechanism (noise multiplier {sigma:.6g}) that "
             "releases the gradient and Hessian at DP-SGD's model and the gradient, Hessian and score covariance "
@@ -576,8 +621,8 @@ class _NewtonIntervals:
     def conf_int(self, alpha: float = 0.05) -> pd.DataFrame:
         """The (1 - alpha) intervals of the intercept and the coefficients, in the units of X (and
         y): Student's t with the noisy variance's degrees of freedom; a DataFrame with columns
-        ``lower``, ``upper`` (NaN for a term without information), like statsmodels' ``conf_int``.
-        Check ``intervals_claimed_`` before using them."""
+        ``lower``, ``upper`` (NaN for a term whose interval is not claimed: ``interval_reasons_`` says
+        why), like statsmodels' ``conf_int``."""
         check_is_fitted(self, "model_")
         alpha = real("alpha", alpha, "must be a number in (0, 1)", lo=0, hi=1, lo_open=True, hi_open=True)
         if self.newton_fit_ is not None and not self.intervals_claimed_:
@@ -585,6 +630,9 @@ class _NewtonIntervals:
                                f"({self.interval_check_}); coef_ and intercept_ are DP-SGD's estimates; allowed: "
                                "more rows, a larger epsilon or "
                                "interval_share, fewer features (see summary())")
+        if self.bse_ is None and getattr(self, "interval_plan_", None) is not None:
+            raise DPTrainError(f"{type(self).__name__}.conf_int: no intervals were computed: "
+                               f"{self.interval_plan_[1]}; allowed: more rows, a larger epsilon or fewer features")
         if self.bse_ is None:
             raise DPTrainError(f"{type(self).__name__}.conf_int: no intervals were computed: interval_share="
                                f"{self.interval_share!r}; allowed: fit with interval_share in (0, 0.9] (e.g. 0.25, "
@@ -609,7 +657,7 @@ class _NewtonIntervals:
         else:
             ci = self.conf_int(alpha)
             se, lo, hi = self.bse_.to_numpy(), ci["lower"].to_numpy(), ci["upper"].to_numpy()
-        claimed = ["yes" if self.intervals_claimed_ and ok else "no" for ok in self._term_ok]
+        claimed = ["yes" if ok else "no" for ok in self.claimed_]
         rows = list(zip(self._term_names(), est, se, lo, hi, claimed))
         title = (f"{type(self).__name__}: DP-SGD + two private Newton steps (interval_share {self.interval_share:g})"
                  if self.newton_fit_ is not None else f"{type(self).__name__}: DP-SGD (no intervals)")

@@ -10,6 +10,7 @@ the objective's business (:mod:`dptrain.models.objectives`).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,6 +67,9 @@ class LaunchConfig:
     randomness: Randomness | None = None
     dist: Any = None
     quiet: bool = False
+    #: the run's whole epsilon (its target, or its plan with a given sigma), which the progress bar
+    #: shows the epsilon spent so far against; None: the bar shows the spend alone
+    total_epsilon: float | None = None
 
 
 @dataclass
@@ -76,6 +80,7 @@ class TrainResult:
     accountant: PrivacyAccountant = field(default_factory=PrivacyAccountant)
     mechanism: DPSGDMechanism | None = None
     inference: dict[str, Any] | None = None  # what an estimator's coefficient table needs (dptrain.inference)
+    curve: tuple[float, ...] = ()  # the dp/ curve's values released by this process (DP releases), in step order
 
 
 # ------------------------------------------------------------------------------ the task
@@ -131,13 +136,14 @@ def build_model(cfg: Config, *, spec: DataSpec, objective: Any) -> nn.Module:
     return model
 
 
-def mechanism_for(cfg: Config, *, dataset_size: int, delta: float, curves: bool = True) -> DPSGDMechanism:
+def mechanism_for(cfg: Config, *, dataset_size: int, delta: float, curves: bool = True,
+                  quiet: bool = False) -> DPSGDMechanism:
     """The run's mechanism from its settings and the PUBLIC N (sigma given or calibrated), with
     the dp/ training-loss curve when the run is private and ``trainer.dp_curves`` is on (and
     ``curves``: the audit passes False, dptrain.privacy.curves)."""
     return DPSGDMechanism.from_settings(privacy=cfg.privacy, epochs=cfg.trainer.epochs,
                                         expected_batch_size=cfg.trainer.batch_size, dataset_size=dataset_size,
-                                        delta=delta, curves=curve_config(cfg) if curves else None)
+                                        delta=delta, curves=curve_config(cfg) if curves else None, quiet=quiet)
 
 
 def curve_config(cfg: Config) -> CurveConfig | None:
@@ -177,6 +183,9 @@ class _Run:
     steps: int = 0
     stop_reason: str = "completed the planned steps"
     resume_path: Path | None = None
+    curve: list[float] = field(default_factory=list)  # the dp/ curve's released values, in step order
+    average: list[torch.Tensor] | None = None  # trainer.average: the running mean of the tail's iterates
+    averaged: int = 0
 
     @property
     def main(self) -> bool:
@@ -239,6 +248,9 @@ def _resume(run: _Run) -> None:
             noise_gen=run.engine.generator, path=path, rank=run.rank)
     run.accountant.load_state_dict(state["accountant"])
     run.done, run.train_seconds, run.resume_path = int(state["step"]), float(state["train_seconds"]), path
+    if state.get("average") is not None:
+        run.average = [t.to(run.device) for t in state["average"]]
+        run.averaged = int(state.get("averaged", 0))
     if run.accountant.steps != (run.done if run.mechanism.enabled else 0):
         raise CheckpointError(f"checkpoint {path} is inconsistent: step {run.done} but the accountant recorded "
                               f"{run.accountant.steps} steps; refusing to resume")
@@ -343,6 +355,7 @@ def _steps(run: _Run, data: Dataset, tracker: Tracker, bar: Any, private_step: P
     (:mod:`dptrain.runfolder.stopping`)."""
     t = run.cfg.trainer
     sizes, window = 0, 0  # realised batch sizes since the last log line (a non-private diagnostic)
+    average_from = average_start(run.steps, getattr(t, "average", 0.0))
     for step in range(run.done + 1, run.steps + 1):
         log_now = step % t.log_every == 0 or step == run.steps
         curve_now = run.mechanism.curve_due(step, last=run.steps)  # the dp/ curve: the same steps
@@ -351,9 +364,12 @@ def _steps(run: _Run, data: Dataset, tracker: Tracker, bar: Any, private_step: P
         t0 = time.perf_counter()
         stats = private_step(event)
         run.train_seconds += time.perf_counter() - t0
+        if step > average_from:
+            _accumulate(run)
         sizes, window = sizes + stats.batch_size, window + 1
         if curve_now and run.main:
-            tracker.scalars({CURVE_TAG: release_curve(run, stats, step)}, step=step)
+            run.curve.append(release_curve(run, stats, step))
+            tracker.scalars({CURVE_TAG: run.curve[-1]}, step=step)
         if log_now:
             _log_step(run, tracker, bar, step, stats, sizes / window)
             sizes, window = 0, 0
@@ -367,6 +383,26 @@ def _steps(run: _Run, data: Dataset, tracker: Tracker, bar: Any, private_step: P
             _checkpoint(run, step)
             where = checkpoint_path_in(run.launch.run_dir) if run.launch.run_dir is not None else None
             raise RunStopped(signal_name=stop.requested, step=step, planned=run.steps, checkpoint=where)
+
+
+def average_start(steps: int, share: float) -> int:
+    """The last step whose iterate is NOT averaged (trainer.average): the published model is the
+    mean of the iterates of steps ``average_start + 1 .. steps`` (``steps`` itself with share 0)."""
+    if share <= 0:
+        return steps
+    return min(steps - 1, int(math.floor(steps * (1.0 - share))))
+
+
+@torch.no_grad()
+def _accumulate(run: _Run) -> None:
+    """Add the current iterate to the running mean of the averaged ones (Polyak-Ruppert)."""
+    params = [p.detach() for p in run.model.parameters()]
+    run.averaged += 1
+    if run.average is None:
+        run.average = [p.clone() for p in params]
+        return
+    for a, p in zip(run.average, params, strict=True):
+        a.add_(p - a, alpha=1.0 / run.averaged)
 
 
 def release_curve(run: _Run, stats: Any, step: int) -> float:
@@ -390,7 +426,10 @@ def _log_step(run: _Run, tracker: Tracker, bar: Any, step: int, stats: Any, mean
     if run.mechanism.enabled:
         diag["diagnostics_nonprivate/clip_fraction"] = stats.clipped / seen
         diag["privacy/epsilon"] = run.accountant.get_epsilon(delta=run.mechanism.delta, accountant="rdp")
-        postfix["eps"] = f"{diag['privacy/epsilon']:.3f}"
+        total = run.launch.total_epsilon
+        spent = f"{diag['privacy/epsilon']:.3f}"
+        postfix["eps" if run.mechanism.accountant == "rdp" else "eps(rdp)"] = (
+            spent if total is None else f"{spent}/{total:.3g}")  # so far, of the run's whole epsilon
     tracker.scalars(diag, step=step)
     bar.set_postfix(postfix, refresh=False)
 
@@ -407,7 +446,7 @@ def _checkpoint(run: _Run, step: int) -> None:
             fingerprint=run.fingerprint(), train_seconds=run.train_seconds,
             sampler_state=run.sampler.get_state() if keep else None, samplers=samplers,
             noise_state=run.engine.noise_generator_state() if keep else None,
-            streams_device=run.device.type if keep else None))
+            streams_device=run.device.type if keep else None, average=run.average, averaged=run.averaged))
 
 
 @torch.no_grad()
@@ -429,6 +468,10 @@ def _summarise(run: _Run, data: Dataset, tracker: Tracker, loop_seconds: float) 
     """The final checkpoint, test metrics, baselines and the run's record for the report."""
     final_step = max(run.steps, run.done)
     _checkpoint(run, final_step)
+    if run.average is not None and run.averaged > 0:  # the published model: the tail's mean (post-processing)
+        with torch.no_grad():
+            for p, a in zip(run.model.parameters(), run.average, strict=True):
+                p.copy_(a)
     test = evaluate(run, data)  # identical parameters on every rank
     tracker.scalars({f"test/{k}": v for k, v in test.items()}, step=final_step)
     metrics: dict[str, float] = {f"test/{k}": v for k, v in test.items()}
@@ -447,7 +490,7 @@ def _summarise(run: _Run, data: Dataset, tracker: Tracker, loop_seconds: float) 
     # what follows a fit (the model file, coefficient tables, a tuning score, predictions) works on
     # the CPU copy: the released weights do not depend on where they were computed
     return TrainResult(model=run.model.to("cpu"), metrics=metrics, privacy=record,
-                       accountant=run.accountant, mechanism=run.mechanism)
+                       accountant=run.accountant, mechanism=run.mechanism, curve=tuple(run.curve))
 
 
 def _baseline_data(run: _Run, data: Dataset) -> Any:
@@ -478,6 +521,7 @@ def _record(run: _Run, final_step: int) -> dict[str, Any]:
         **run.mechanism.report_fields(), **run.engine.noise_record(), "engine": run.engine.name, "steps": final_step,
         "dp_curves": run.mechanism.curve_report(releases=run.accountant.count(run.mechanism.curve_event)),
         "epochs": final_step * run.mechanism.sample_rate,
+        "averaged_iterates": run.averaged,
         "delta_source": "config" if p.delta is not None else "default: largest power of ten <= 1/(10 N)",
         "max_epsilon": p.max_epsilon if p.enabled else None, "stopped_early": final_step < run.mechanism.planned_steps,
         "stop_reason": run.stop_reason, "resumed_from_step": run.done,

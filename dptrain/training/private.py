@@ -281,12 +281,19 @@ class PrivateTraining:
         return training_report(self, data_source=data_source, seed=seed)
 
 
-def _mechanism(c: DPConfig, *, n: int, delta: float) -> Any:
+def planned_mechanism(config: DPConfig, n: int, *, names: dict[str, str] | None = None) -> Any:
+    """The mechanism :class:`PrivateTraining` will run on ``n`` rows with ``config`` (its settings
+    checked, sigma given or calibrated): for a caller that plans what follows DP-SGD from public
+    numbers before training (the estimators' interval release)."""
+    return _mechanism(config, n=n, delta=check_dp_config(config, n, names=names), quiet=True)
+
+
+def _mechanism(c: DPConfig, *, n: int, delta: float, quiet: bool = False) -> Any:
     privacy = PrivacyConfig(enabled=True, noise_multiplier=c.noise_multiplier, target_epsilon=c.target_epsilon,
                             max_grad_norm=c.max_grad_norm, delta=delta, accountant=c.accountant,
                             calibration_rtol=c.calibration_rtol)
     return DPSGDMechanism.from_settings(privacy, epochs=c.epochs, expected_batch_size=c.batch_size, dataset_size=n,
-                                        delta=delta)
+                                        delta=delta, quiet=quiet)
 
 
 def training_report(run: PrivateTraining, *, data_source: str, seed: int | None) -> dict[str, Any]:

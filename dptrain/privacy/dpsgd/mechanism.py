@@ -123,12 +123,14 @@ class DPSGDMechanism:
 
     @classmethod
     def from_settings(cls, privacy: Any, *, epochs: float, expected_batch_size: int, dataset_size: int,
-                      delta: float, curves: CurveConfig | None = None) -> DPSGDMechanism:
+                      delta: float, curves: CurveConfig | None = None, quiet: bool = False) -> DPSGDMechanism:
         """The mechanism of a run from its ``privacy`` settings and the public N: the planned steps
         follow from epochs and q; sigma is ``privacy.noise_multiplier`` or calibrated to
         ``privacy.target_epsilon`` (the smallest sigma whose epsilon is within the target).
         ``curves``: the run also releases the dp/ training-loss curve (dptrain.privacy.curves):
-        sigma_c is derived from sigma and the budget share, and a target epsilon covers both."""
+        sigma_c is derived from sigma and the budget share, and a target epsilon covers both.
+        ``quiet``: the calibration's line goes to the log at DEBUG (a caller that may not use this
+        mechanism says what it uses: :meth:`calibration_line`)."""
         q = expected_batch_size / dataset_size
         steps = planned_steps(epochs=epochs, sample_rate=q)
         if not privacy.enabled:
@@ -137,13 +139,29 @@ class DPSGDMechanism:
                        delta=delta, accountant=privacy.accountant, noise_multiplier_source="off")
         sigma, source, advice = privacy.noise_multiplier, "config", None
         if sigma is None:
-            sigma, advice = _calibrate(privacy, q=q, steps=steps, delta=delta, curves=curves)
+            sigma, advice = _calibrate(privacy, q=q, steps=steps, delta=delta, curves=curves, quiet=quiet)
             source = "calibrated"
         curve = _curve(privacy, curves, sigma=float(sigma), q=q, steps=steps, delta=delta)
         return cls(enabled=True, noise_multiplier=float(sigma), max_grad_norm=float(privacy.max_grad_norm),
                    expected_batch_size=expected_batch_size, dataset_size=dataset_size, planned_steps=steps,
                    delta=delta, accountant=privacy.accountant, noise_multiplier_source=source,
                    target_epsilon=privacy.target_epsilon, advice=advice, curve=curve)
+
+    def calibration_line(self, run_target: float, share: float) -> str | None:
+        """The console's line on a calibrated sigma when DP-SGD has ``share`` of the run's target
+        ``run_target`` (an interval release takes the rest): the run's total first, then the shares
+        as shares of it. None for a sigma that was given, not calibrated."""
+        if self.noise_multiplier_source != "calibrated":
+            return None
+        curve = self.curve.budget_share if self.curve is not None else 0.0
+        parts = [f"DP-SGD {(1 - share) * (1 - curve):g}"]
+        if curve:
+            parts.append(f"the dp/ curve {(1 - share) * curve:g}")
+        if share:
+            parts.append(f"the coefficient intervals {share:g}")
+        return (f"calibrated noise_multiplier={self.noise_multiplier:.6g} for the run's target_epsilon={run_target:g} "
+                f"({self.accountant} accountant; shares of it: {', '.join(parts)}; q={self.sample_rate:.6g}, "
+                f"steps={self.planned_steps}, delta={self.delta:g})")
 
     def without_noise(self) -> DPSGDMechanism:
         """The audit's deliberately broken copy: the engine adds no noise, the accountant still
@@ -209,8 +227,8 @@ class DPSGDMechanism:
         }
 
 
-def _calibrate(privacy: Any, *, q: float, steps: int, delta: float,
-               curves: CurveConfig | None) -> tuple[float, str | None]:
+def _calibrate(privacy: Any, *, q: float, steps: int, delta: float, curves: CurveConfig | None,
+               quiet: bool = False) -> tuple[float, str | None]:
     """(sigma calibrated to ``privacy.target_epsilon``, advice). With a dp/ curve the gradients
     get (1 - s) of the target and the curve the rest (dptrain.privacy.curves)."""
     target = privacy.target_epsilon * (1.0 - curves.budget_share) if curves is not None else privacy.target_epsilon
@@ -224,9 +242,10 @@ def _calibrate(privacy: Any, *, q: float, steps: int, delta: float,
             f"privacy.target_epsilon={privacy.target_epsilon!r} is not allowed with the dp/ curve "
             f"(trainer.curve_budget_share={curves.budget_share:g}: the gradients get epsilon {target:.6g}): {err}; "
             "allowed: a larger target, or trainer.dp_curves=false") from None
-    log.info("calibrated noise_multiplier=%.6g for target_epsilon=%g (accountant=%s, q=%.6g, steps=%d, delta=%g%s)",
-             sigma, privacy.target_epsilon, privacy.accountant, q, steps, delta,
-             f"; the gradients' share {target:.6g}, the dp/ curve the rest" if curves is not None else "")
+    log.log(logging.DEBUG if quiet else logging.INFO,
+            "calibrated noise_multiplier=%.6g for target_epsilon=%g (accountant=%s, q=%.6g, steps=%d, delta=%g%s)",
+            sigma, privacy.target_epsilon, privacy.accountant, q, steps, delta,
+            f"; the gradients' share {target:.6g}, the dp/ curve the rest" if curves is not None else "")
     return sigma, _tighter_accountant_advice(privacy, sigma=sigma, q=q, steps=steps, delta=delta, target=target)
 
 
