@@ -413,6 +413,10 @@ def write_private(out: Path, runs: list[dict], sweep: Path, *, metric: str, diff
     return table
 
 
+#: the file Hydra writes at the top of a sweep folder
+SWEEP_RECORD = "multirun.yaml"
+
+
 def write_public(out: Path, runs: list[dict], sweep: Path, *, metric: str) -> pd.DataFrame:
     """``out/``: publishable numbers only (PUBLIC_NOTE) and FILES.txt."""
     table = summarize(public_view(runs)).drop(columns=["baseline/nonprivate_acc_mean"])
@@ -424,7 +428,7 @@ def write_public(out: Path, runs: list[dict], sweep: Path, *, metric: str) -> pd
     else:  # no publishable value to plot; never leave an earlier (private) figure beside the summary
         (out / "summary.png").unlink(missing_ok=True)
     guarantee = f"each run's own, in its privacy.json (this summary repeats its epsilon and delta). {CAVEAT}"
-    write_manifest(out, guarantee=guarantee, publishable={
+    write_manifest(out, guarantee=guarantee, finite_guarantee=True, publishable={
         "summary.csv, summary.md": PUBLIC_NOTE,
         **({"summary.png": f"{metric} of those runs against epsilon"} if figure else {}),
         MANIFEST: "this list",
@@ -433,7 +437,8 @@ def write_public(out: Path, runs: list[dict], sweep: Path, *, metric: str) -> pd
         f"(their epsilon is not accounted by any run's report): {PRIVATE_DIR}/{MANIFEST}",
         **({"<each run folder>/": f"its own {MANIFEST} says which of its files may be published"}
            if out.resolve() == sweep.resolve() else {}),
-    })
+    }, kept={SWEEP_RECORD: "Hydra's record of the sweep: its settings, this machine's paths and the sweep folder's "
+                           "name (its start time)"} if (out / SWEEP_RECORD).is_file() else None)
     return table
 
 

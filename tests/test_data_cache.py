@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 
 import numpy as np
 import pandas as pd
@@ -127,6 +129,43 @@ def test_a_damaged_entry_and_an_unwritable_folder_are_named(tmp_path):
     blocked.write_text("a file, not a folder")
     with pytest.raises(CacheError, match=r"data.cache=.*cannot create the folder"):
         load_dataset(_config(path, blocked / "sub"), seed=1)  # refused before the file is read
+
+
+def test_cache_entries_are_private_whatever_the_umask(tmp_path):
+    """Issue 43, finding 5: at umask 022 the cache folder, the entry and its files were world-readable
+    (7/7 paths). Now the folder the run creates and each entry are 0700, every file 0600."""
+    path, cache = tmp_path / "t.parquet", tmp_path / "cache"
+    _frame().to_parquet(path)
+    old = os.umask(0o022)
+    try:
+        load_dataset(_config(path, cache), seed=1)
+    finally:
+        os.umask(old)
+    paths = [cache, *cache.rglob("*")]
+    modes = {p.relative_to(tmp_path).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in paths}
+    assert all(mode == (0o700 if (tmp_path / name).is_dir() else 0o600) for name, mode in modes.items()), modes
+    assert len(modes) == 8, modes  # the folder, the entry, 4 arrays, facts.json, sha256.json
+
+
+@pytest.mark.parametrize("name", ["y_train.npy", "facts.json", "x_test.npy"])
+def test_a_changed_entry_is_refused_by_name_before_any_row_is_used(tmp_path, name):
+    """Issue 43, finding 5: an entry with flipped labels in y_train.npy was trained on silently while
+    the log said "the same file, schema and seed". Now each file is checked against the digest
+    written with it and a changed one is refused by name."""
+    path, cache = tmp_path / "t.parquet", tmp_path / "cache"
+    _frame().to_parquet(path)
+    first = load_dataset(_config(path, cache), seed=1)
+    entry = next(p for p in cache.iterdir() if p.is_dir())
+    if name == "facts.json":
+        facts = json.loads((entry / name).read_text())
+        facts["clipped"] = {}
+        (entry / name).write_text(json.dumps(facts, sort_keys=True))
+    else:
+        array = np.load(entry / name)
+        np.save(entry / name, (1 - array) if name.startswith("y") else array[::-1].copy(), allow_pickle=False)
+    with pytest.raises(CacheError, match=f"{name} of the entry for this data set differs from the digest"):
+        load_dataset(_config(path, cache), seed=1)
+    assert first.y_train.numel() > 0
 
 
 def test_a_run_folder_never_holds_the_key(tmp_path):

@@ -344,28 +344,29 @@ def test_smooth_median_on_its_grid():
         mech.smooth_median([1.0], 2.0, 2.0, 1.0, rng)
 
 
-def test_smooth_intervals_from_the_public_size_class_cover():
-    """The task's intervals use S at the top of the cell's largest public size class (a bound that
-    is public and >= S): they cover at least 95% on the simulator's cells, and for a cell whose
-    largest establishment sits at the top of its class they are exact (95%)."""
+def test_smooth_intervals_from_public_quantities_cover():
+    """The task's intervals use the release and public quantities only (S at min(m, the public largest
+    size) for each candidate count m): they cover at least 95% on the simulator's cells, and exactly
+    95% (up to the grid) for a cell that is one establishment, where S(min(n, M)) is S itself."""
     from dptrain.data.jobs import simulate_jobs
+    from dptrain.release.employer.intervals import smooth_gamma_interval_public, smooth_laplace_interval_public
 
     cells = simulate_jobs(5, establishments=4000).cell_totals(("place", "sector"))
-    n, x_max, x_bound = (cells[c].to_numpy(float) for c in ("n", "x_max", "x_bound"))
+    n, x_max = (cells[c].to_numpy(float) for c in ("n", "x_max"))
     rng = np.random.default_rng(15)
     reps = 40
-    for beta, draw, interval in (
-            (mech.smooth_gamma_params(4.0)[0], lambda: mech.smooth_gamma(n, x_max, 0.1, 4.0, rng),
-             lambda y, sb: mech.smooth_gamma_interval(y, sb, 4.0)),
-            (mech.smooth_laplace_params(4.0, 1e-6)[0], lambda: mech.smooth_laplace(n, x_max, 0.1, 4.0, 1e-6, rng),
-             lambda y, sb: mech.smooth_laplace_interval(y, sb, 4.0, 1e-6))):
-        s_bound = mech.smooth_sensitivity(x_bound, 0.1, beta)
-        assert np.all(s_bound >= mech.smooth_sensitivity(x_max, 0.1, beta))
-        covered = np.mean([np.mean((lambda lo_hi: (lo_hi[0] <= n) & (n <= lo_hi[1]))(interval(draw(), s_bound)))
+    for draw, interval in (
+            (lambda: mech.smooth_gamma(n, x_max, 0.1, 4.0, rng), lambda y: smooth_gamma_interval_public(y, 0.1, 4.0,
+                                                                                                         30_000)),
+            (lambda: mech.smooth_laplace(n, x_max, 0.1, 4.0, 1e-6, rng),
+             lambda y: smooth_laplace_interval_public(y, 0.1, 4.0, 1e-6, 30_000))):
+        covered = np.mean([np.mean((lambda lo_hi: (lo_hi[0] <= n) & (n <= lo_hi[1]))(interval(draw())))
                            for _ in range(reps)])
         assert 0.95 <= covered < 1.0
-    # a cell whose largest establishment (99) is the top of its class (50-99): the bound is S, 95% exactly
+    # one establishment of 500 in its cell: the bound at the true count is S itself, 95% exactly
     total, rng = np.full(40_000, 500.0), np.random.default_rng(16)
-    s99 = mech.smooth_sensitivity(np.array([99.0]), 0.1, mech.smooth_gamma_params(4.0)[0])
-    lo, hi = mech.smooth_gamma_interval(mech.smooth_gamma(total, 99.0, 0.1, 4.0, rng), s99, 4.0)
+    lo, hi = smooth_gamma_interval_public(mech.smooth_gamma(total, 500.0, 0.1, 4.0, rng), 0.1, 4.0, 30_000)
+    assert np.mean((lo <= total) & (total <= hi)) == pytest.approx(0.95, abs=0.006)
+    lo, hi = smooth_laplace_interval_public(mech.smooth_laplace(total, 500.0, 0.1, 4.0, 1e-6, rng), 0.1, 4.0, 1e-6,
+                                            30_000)
     assert np.mean((lo <= total) & (total <= hi)) == pytest.approx(0.95, abs=0.006)

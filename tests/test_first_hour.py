@@ -239,8 +239,15 @@ def test_item6_a_finished_run_folder_is_not_overwritten(tmp_path):
     (run / ".hydra" / "config.yaml").write_text("the finished run's settings\n")
     _refused(["experiment=logit", f"hydra.run.dir={run}"], "already holds a finished run", "overwrite=true",
              "trainer.resume=auto")
-    for ok in (["overwrite=true"], ["trainer.resume=auto"]):
-        cli.precheck(_compose(["experiment=logit", f"hydra.run.dir={run}", *ok], hydra=True), multirun=False)
+    cli.precheck(_compose(["experiment=logit", f"hydra.run.dir={run}", "overwrite=true"], hydra=True), multirun=False)
+    # trainer.resume: only a run of the same settings (issue 43: a run owns its folder)
+    _refused(["experiment=logit", f"hydra.run.dir={run}", "trainer.resume=auto"], "another configuration")
+    same = tmp_path / "same"
+    (same / ".hydra").mkdir(parents=True)
+    (same / "privacy.json").write_text("{}")
+    (same / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(_compose(["experiment=logit"])))
+    cli.precheck(_compose(["experiment=logit", f"hydra.run.dir={same}", "trainer.resume=auto"], hydra=True),
+                 multirun=False)
     _refused(["experiment=logit", f"hydra.sweep.dir={tmp_path}"], "hydra.sweep.dir", multirun=True)
     # through the command line: refused before Hydra writes anything into the folder
     res = _cli(["experiment=logit", f"hydra.run.dir={run}"], tmp_path)
@@ -551,8 +558,9 @@ def test_round2_item7_a_slow_pld_pass_is_announced(tmp_path, caplog):
 
 def test_round2_item9_overwrite_replaces_the_old_runs_events_and_log(tmp_path):
     """Issue 32, item 9: overwrite=true kept the old run's TensorBoard events (two runs' curves in
-    one folder) and appended to its log. Now the finished run's files are removed first; a file
-    the run did not write stays."""
+    one folder) and appended to its log. Now the finished run's files are removed first, and
+    (issue 43) so is every other file outside private/: no file the new run did not write is left
+    beside its report."""
     run = tmp_path / "run"
     args = [*SMALL, f"hydra.run.dir={run}", "trainer.progress=false"]
     assert _cli(args, tmp_path).returncode == 0
@@ -565,7 +573,7 @@ def test_round2_item9_overwrite_replaces_the_old_runs_events_and_log(tmp_path):
     assert len(events) == len(first_events), (first_events, events)  # the old run's events are gone
     log = (run / "private" / "dptrain.log").read_text()
     assert log.count("engine=") == 1, log  # one run's log, not two
-    assert (run / "my_notes.txt").read_text() == "mine\n"
+    assert not (run / "my_notes.txt").exists()
     assert "seed: 3" in (run / ".hydra" / "config.yaml").read_text()
 
 

@@ -87,7 +87,7 @@ def test_shares_of_sectors_and_ownership(state):
 
 def test_cell_totals_match_the_worker_table(small):
     cells = small.cell_totals()
-    assert list(cells.columns) == ["place", "sector", "ownership", "n", "establishments", "x_max", "x_bound"]
+    assert list(cells.columns) == ["place", "sector", "ownership", "n", "establishments", "x_max"]  # no class: private
     assert cells["n"].sum() == small.n_jobs and cells["establishments"].sum() == small.n_establishments
     assert (cells["n"] > 0).all() and (cells["x_max"] <= cells["n"]).all()
     assert not cells[["place", "sector", "ownership"]].duplicated().any()
@@ -97,12 +97,6 @@ def test_cell_totals_match_the_worker_table(small):
     assert len(merged) == len(cells)
     assert (merged["n"] == merged["sum"]).all() and (merged["x_max"] == merged["max"]).all()
     assert (merged["establishments"] == merged["count"]).all()
-    # x_bound: the top of the largest public size class in the cell, computed from the classes alone
-    est["top"] = small.class_upper(small.size_class)
-    assert np.array_equal(cells["x_bound"].to_numpy(),
-                          est.groupby(["place", "sector", "ownership"], observed=True)["top"].max().to_numpy())
-    top_of_max = small.class_upper(np.searchsorted(SIZE_CLASS_EDGES, cells["x_max"].to_numpy(), side="right") - 1)
-    assert np.array_equal(cells["x_bound"].to_numpy(), top_of_max) and (cells["x_bound"] >= cells["x_max"]).all()
     # jobs counted from the worker rows agree too
     per_place = np.bincount(small.place[small.establishment], minlength=15)
     by_place = small.cell_totals(by=("place",))

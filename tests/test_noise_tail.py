@@ -8,6 +8,7 @@ delta (dptrain.privacy.noise_law)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -293,3 +294,26 @@ def test_the_report_names_the_refined_sampler():
     ns = report["noise_sampler"]
     assert "refined with 53 more bits" in ns["sampler"] and ns["z_max"] == pytest.approx(10.3317, abs=1e-4)
     assert ns["tail_mass"] == 318 * 11457 * 2.0**-77
+
+
+@pytest.mark.parametrize("estimator", ["dpsgd", "subsample_aggregate"])
+def test_the_interval_releases_guarantee_sentence_carries_delta_total(tmp_path, estimator):
+    """Issue 43, finding 7: the interval release's own guarantee sentence (estimator=dpsgd's private
+    Newton steps; subsample_aggregate's parts), which replaces the headline in privacy.json, dropped
+    delta_total (1.0000000278e-05 reported as 1e-05). Now it states the pair with the tail mass."""
+    from hydra import compose, initialize_config_module
+
+    from dptrain.tasks import cli
+
+    with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "experiment=logit", "data=synthetic", "data.n_rows=3000", "trainer.epochs=1", "trainer.batch_size=100",
+            "trainer.progress=false", "trainer.baseline=false", "logger.tensorboard=false",
+            f"estimator.name={estimator}", *(["estimator.parts=2"] if estimator != "dpsgd" else [])])
+    cli.run(cfg, run_dir=tmp_path / "run")
+    report = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    assert report["delta_total"] > report["delta"] == 1e-5
+    stated = f"delta_total = {report['delta_total']:.12g}"
+    assert stated in report["estimator"]["guarantee"] and stated in report["guarantee"]
+    assert report["guarantee"] == report["estimator"]["guarantee"]
+    assert report["guarantee"].count("delta_total =") == 1

@@ -80,8 +80,9 @@ _OWNERSHIP_BY_SECTOR = {
 _OWNERSHIP_SIZE_FACTOR = (1.0, 2.5, 2.5, 2.0)  # government establishments are larger
 
 ESTABLISHMENT_DIMS = ("place", "sector", "ownership")
-#: the lower edges of the PUBLIC coarse size classes (1-4, 5-9, ..., 500-999, 1000 and up to the
-#: simulator's public largest size): an establishment's class is public, its exact size is not
+#: the lower edges of the coarse size classes (1-4, 5-9, ..., 500-999, 1000 and up to the simulator's
+#: public largest size). A class is computed from the size, so it is as private as the size: no
+#: release uses it (a cell's largest class, e.g., would name itself through an interval's width)
 SIZE_CLASS_EDGES = (1, 5, 10, 20, 50, 100, 250, 500, 1000)
 WORKER_DIMS = ("age", "sex", "race")
 
@@ -149,7 +150,7 @@ class Jobs:
 
     @property
     def size_class(self) -> np.ndarray:
-        """int8, establishment -> its public size class (an index into SIZE_CLASS_EDGES)."""
+        """int8, establishment -> its size class (an index into SIZE_CLASS_EDGES; PRIVATE, as the size)."""
         return (np.searchsorted(SIZE_CLASS_EDGES, self.size, side="right") - 1).astype(np.int8)
 
     def class_upper(self, size_class) -> np.ndarray:
@@ -178,9 +179,8 @@ class Jobs:
 
     def cell_totals(self, by: tuple[str, ...] = ESTABLISHMENT_DIMS) -> pd.DataFrame:
         """Per non-empty cell of the cross product of establishment attributes ``by``: the cell
-        key (categorical columns named as ``by``), ``n`` (total jobs), ``establishments``,
-        ``x_max`` (the largest establishment's size, PRIVATE) and ``x_bound`` (the top of the largest
-        public size class in the cell: a public bound on x_max), sorted by the key."""
+        key (categorical columns named as ``by``), ``n`` (total jobs), ``establishments`` and
+        ``x_max`` (the largest establishment's size, PRIVATE), sorted by the key."""
         by = tuple(by)
         bad = [d for d in by if d not in ESTABLISHMENT_DIMS]
         if bad or not by:
@@ -192,11 +192,8 @@ class Jobs:
         count = np.bincount(inverse, minlength=cells.size).astype(np.int64)
         x_max = np.zeros(cells.size, dtype=np.int64)
         np.maximum.at(x_max, inverse, self.size)
-        top_class = np.zeros(cells.size, dtype=np.int64)
-        np.maximum.at(top_class, inverse, self.size_class)
         out = self._frame(by, list(np.unravel_index(cells, dims)))
         out["n"], out["establishments"], out["x_max"] = n, count, x_max
-        out["x_bound"] = self.class_upper(top_class)
         return out
 
     def worker_counts(self, by: tuple[str, ...] = ("sector", "sex"), *, complete: bool = False) -> pd.DataFrame:

@@ -48,6 +48,7 @@ from dptrain.inference.subsample import fit_parts, part_mechanism
 from dptrain.models.objectives import build_objective
 from dptrain.privacy.accounting import history_epsilon
 from dptrain.privacy.newton import BOUNDS
+from dptrain.privacy.report import delta_total_clause
 from dptrain.settings.inference import MAX_PARTS
 from dptrain.settings.train import MAX_TARGET_EPSILON
 from dptrain.training.fit import TrainResult, build_model, data_spec_from_config, fit, mechanism_for
@@ -178,6 +179,8 @@ def estimator_report(conf: Any, result: Any, report: dict[str, Any], section: di
     out: dict[str, Any] = {"name": est.name, "coefficients": "coefficients.csv" if section else None}
     out.update(ESTIMATORS.get(est.name).report(conf, result, eps=eps, delta=delta, accountant=acc,
                                                guarantee=report["guarantee"]))
+    if out.get("guarantee") != report["guarantee"]:  # the estimator's own sentence: the sampler's delta_total too
+        out["guarantee"] += delta_total_clause(eps, delta, report.get("delta_total"))
     if not out.get("validity_check", {"claimed": True})["claimed"]:
         log.info("coefficient intervals NOT CLAIMED (estimator=%s): %s", est.name, out["validity_check"]["why"],
                  extra={"console": False})  # the console's coefficients line says it once

@@ -39,11 +39,17 @@ NOT_COVERED = [
 ]
 
 
-def files_section(*, test_public: bool, coefficients: bool = False,
-                  checkpoint: bool = True) -> dict[str, dict[str, str]]:
+def files_section(*, test_public: bool, coefficients: bool = False, checkpoint: bool = True,
+                  covered: bool = True) -> dict[str, dict[str, str]]:
     """Which files of a training run folder may be published and which must stay with the data
     (``coefficients``: the run wrote coefficients.csv; ``checkpoint``: it wrote private/checkpoint.pt,
-    which the subsample_aggregate and ssp estimators do not)."""
+    which the subsample_aggregate and ssp estimators do not). ``covered`` False (privacy off, or no
+    noise): the files at the top are described as what they are, computed from private rows with
+    no guarantee (FILES.txt then lists them as NOT publishable: dptrain.runfolder.tracking)."""
+    settings = "the configuration (the command line; holds no secret and no private value)"
+    if not covered:
+        return {"publishable": {**_uncovered(coefficients), "FILES.txt": "this list", ".hydra/": settings},
+                "private": _private_files(test_public=test_public, checkpoint=checkpoint)}
     publishable = {
         "privacy.json, privacy.txt": "this report (no private value; N is public)",
         "model.pt": "final weights + the public feature encoder (covered by the guarantee)",
@@ -54,9 +60,22 @@ def files_section(*, test_public: bool, coefficients: bool = False,
             "intervals and whether the run claims them): a function of the released model(s) or noisy "
             "statistics only (covered by the guarantee)"} if coefficients else {}),
         "FILES.txt": "this list",
-        ".hydra/": "the configuration (the command line; holds no secret and no private value)",
+        ".hydra/": settings,
     }
-    private = {
+    return {"publishable": publishable, "private": _private_files(test_public=test_public, checkpoint=checkpoint)}
+
+
+def _uncovered(coefficients: bool) -> dict[str, str]:
+    """The files at the top of a training run without a guarantee, described as what they are."""
+    return {"privacy.json, privacy.txt": "this report: it says there is no guarantee, and holds the model's "
+            "coefficient table and settings",
+            "model.pt": "final weights + the public feature encoder, trained WITHOUT a privacy guarantee",
+            "metrics.json": "steps, epochs (test/* when the test rows are public) of a model without a guarantee",
+            **({"coefficients.csv": "the coefficient table of a model without a guarantee"} if coefficients else {})}
+
+
+def _private_files(*, test_public: bool, checkpoint: bool) -> dict[str, str]:
+    return {
         **({"private/checkpoint.pt": "resumable state (model, optimizer, accountant; generator states only "
             "when privacy.noise_seed_file is set)"} if checkpoint else {}),
         "private/metrics.json": "every metric, incl. those on private rows (baseline, timings"
@@ -65,7 +84,6 @@ def files_section(*, test_public: bool, coefficients: bool = False,
         "are covered by the guarantee)",
         "private/dptrain.log": "the log",
     }
-    return {"publishable": publishable, "private": private}
 
 
 def tier(epsilon: float) -> str:
@@ -103,7 +121,8 @@ def _run_fields(mechanism: dict[str, Any], *, data_source: str, seed: int, test_
         "stop_reason": mechanism.get("stop_reason", "completed the planned steps"),
         **{k: mechanism.get(k) for k in ("max_epsilon", "resumed_from", "distributed")},
         "resumed_from_step": mechanism.get("resumed_from_step", 0),
-        "files": files_section(test_public=test_public),
+        "files": files_section(test_public=test_public, covered=bool(mechanism["enabled"])
+                               and mechanism["noise_multiplier"] > 0),
         "versions": _versions(),
     }
 
@@ -153,6 +172,15 @@ def _guarantee(mechanism: dict[str, Any], eps: float) -> tuple[bool, str]:
                   "neighbours, for the final model and every intermediate iterate")
 
 
+def delta_total_clause(eps: float, delta: float, delta_total: float | None) -> str:
+    """What a guarantee sentence adds when the noise sampler's tail mass moves delta (delta_total
+    differs from delta): the pair it holds at, with delta_total itself; '' otherwise."""
+    if delta_total is None or delta_total == delta:
+        return ""
+    return (f"; with the noise sampler's tail mass added: ({eps:.4g}, {delta:.3g} + {delta_total - delta:.2g})-DP, "
+            f"delta_total = {delta_total:.12g} (see 'noise sampler')")
+
+
 def build_report(
     *, mechanism: dict[str, Any], epsilons: dict[str, float] | None, accountant: str, seed: int,
     data_source: str, test_public: bool = False,
@@ -166,9 +194,7 @@ def build_report(
     eps = epsilons[accountant]
     private, guarantee = _guarantee(mechanism, eps)
     sampler = noise_sampler_section(mechanism, eps)
-    if sampler and sampler["delta_total"] is not None:
-        guarantee += (f"; with the noise sampler's tail mass added: ({eps:.4g}, {mechanism['delta']:.3g} + "
-                      f"{sampler['delta_total'] - mechanism['delta']:.2g})-DP (delta_total, see 'noise sampler')")
+    guarantee += delta_total_clause(eps, mechanism["delta"], sampler and sampler["delta_total"])
     return {
         "private": private,
         "guarantee": guarantee,
@@ -217,7 +243,9 @@ def _files_lines(report: dict[str, Any]) -> list[str]:
     files = report.get("files")
     if not files:
         return []
-    return ["", "Files: may be PUBLISHED",
+    heading = ("Files: may be PUBLISHED" if report.get("private") else "Files at the top of the folder: NOT "
+               "publishable but for FILES.txt and .hydra/ (no guarantee covers this run; FILES.txt says which)")
+    return ["", heading,
             *[f"  {name}: {why}" for name, why in files["publishable"].items()],
             "Files: PRIVATE, keep them with the data",
             *[f"  {name}: {why}" for name, why in files["private"].items()]]

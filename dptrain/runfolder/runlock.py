@@ -16,6 +16,11 @@ files get their one time (:func:`dptrain.runfolder.tracking.stamp_times`), so a 
 trace of it. A lock file that still names an owner marks a run that did not end cleanly.
 ``flock`` is advisory and local: on a network file system shared by several hosts it may not
 exclude a process on another host; the owner's host in the message helps to see that case.
+
+Taking over a dead run's lock does not take over its files: the launch's claim on the folder
+(:mod:`dptrain.runfolder.ownership`) refuses a folder holding them, and :meth:`RunLock.mark_start`
+records the folder as the run found it, so that its FILES.txt never vouches for a file it did not
+write.
 """
 
 from __future__ import annotations
@@ -29,9 +34,8 @@ import socket
 from pathlib import Path
 
 from dptrain.core.errors import DPTrainError
-from dptrain.runfolder.verify import MANIFEST, read_manifest_digests
-
-LOCK_NAME = "private/run.lock"  # under private/: the top holds publishable files only
+from dptrain.runfolder import ownership
+from dptrain.runfolder.ownership import LOCK_NAME
 
 
 class RunFolderBusy(DPTrainError):
@@ -45,6 +49,14 @@ class RunLock:
         self.folder, self._fd, self.took_over = folder, fd, took_over
         self.created = False  # acquire() made the folder
         self.made_private = False  # acquire() made private/ (for the lock): removed again if left empty
+        self.before: dict | None = None  # the publishable area when the run started (mark_start)
+
+    def mark_start(self) -> None:
+        """Record the publishable area's files as they are before the run writes (once, after the
+        launch's claim on the folder): FILES.txt never vouches for those the run leaves untouched
+        (:func:`dptrain.runfolder.ownership.snapshot`)."""
+        if self.before is None:
+            self.before = ownership.snapshot(self.folder)
 
     @property
     def path(self) -> Path:
@@ -161,22 +173,9 @@ def took_over_message(lock: RunLock) -> str | None:
             "(a crashed or killed run); files it wrote may be incomplete")
 
 
-def clear_finished_run(folder: str | os.PathLike) -> list[str]:
-    """``overwrite=true``: remove what the finished run in ``folder`` wrote, before the new run
-    writes anything (its TensorBoard events and log would otherwise pile up under the new run's):
-    the files FILES.txt vouches for, FILES.txt, ``.hydra/`` and everything under ``private/``
-    except this launch's lock. Files the run did not write (not in FILES.txt, outside
-    ``private/``) stay. Returns what was removed, relative to the folder."""
-    folder = Path(folder)
-    removed = []
-    for name in [*read_manifest_digests(folder), MANIFEST, ".hydra", *(
-            f"private/{p.name}" for p in sorted((folder / "private").glob("*")) if f"private/{p.name}" != LOCK_NAME)]:
-        path = folder / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
-        else:
-            continue
-        removed.append(name)
-    return removed
+def start_snapshot(folder: str | os.PathLike) -> dict | None:
+    """The snapshot taken when this process's run in ``folder`` started (:meth:`RunLock.mark_start`),
+    or None when this process holds no lock on it (a task called from Python without the command
+    line: every file of its publishable area then counts as its own)."""
+    held = _HELD.get(Path(folder).resolve())
+    return None if held is None or held._fd is None else held.before

@@ -30,9 +30,10 @@ TASKS_ALLOWED = "train | audit | release | predict | tune | tabulate | synthesiz
 PLUGINS_HELP = "modules imported before the config is checked: they register extensions (docs/extending.md)"
 
 
-OVERWRITE_HELP = ("launch into a run folder that already holds a finished run (privacy.json, release.json or "
-                  "audit.json) and replace it; false: such a launch is refused (use a new folder, or "
-                  "trainer.resume=auto to continue a training run)")
+OVERWRITE_HELP = ("launch into a run folder that already holds files of another run (a finished run, or a "
+                  "killed run's leftovers) after emptying it: every file of the old run is removed first; false: "
+                  "such a launch is refused, nothing written (use a new folder, or trainer.resume=auto to continue "
+                  "a training run of the same settings)")
 
 
 DATA_HELP = "the data source, a config group: data=adult | table | synthetic (| atlas for task=release)"

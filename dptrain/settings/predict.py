@@ -44,8 +44,8 @@ class PredictRunConfig:
     seed: int = setting(0, help="unused by predict (scoring draws no randomness)", allowed="an integer >= 0")
     plugins: list[str] = setting(help="modules imported first: the module of a custom model or objective",
                                  allowed="a list of importable module names", factory=list)
-    overwrite: bool = setting(False, help="launch into a run folder that already holds a finished run and replace "
-                              "it", allowed="true | false")
+    overwrite: bool = setting(False, help="launch into a run folder that already holds files of another run after "
+                              "emptying it (every file of the old run is removed first)", allowed="true | false")
     run: str | None = setting(None, help="the training run whose model.pt scores the rows (required)",
                               allowed="a training run folder, or the path of its model.pt")
     trust_model_target: bool = setting(False, help="build a model whose model._target_ is not a dptrain.models "

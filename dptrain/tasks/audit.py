@@ -85,7 +85,14 @@ from dptrain.inference.audit_bound import (  # noqa: F401  (the audit's statisti
     p_value,
 )
 from dptrain.models.objectives import build_objective
-from dptrain.runfolder.tracking import Tracker, atomic_write_text, private_dir, write_json, write_manifest
+from dptrain.runfolder.tracking import (
+    Tracker,
+    atomic_write_text,
+    finite_epsilon,
+    private_dir,
+    write_json,
+    write_manifest,
+)
 from dptrain.settings.audit import validate_audit
 from dptrain.settings.train import Config, validate_against_size
 from dptrain.tasks.outputs import randomness_for
@@ -295,7 +302,8 @@ def _write_audit_files(run_dir: Path, report: dict[str, Any], *, canaries: Canar
         "private/dptrain.log": "the log",
         "private/checkpoint.pt": "not written: an audit is one fresh run",
     }, guarantee=f"the audited run claims ({report['claimed_epsilon']:.4g}, {report['delta']:.3g})-DP; this audit "
-                 "is a lower bound, not a proof", report="audit.json")
+                 "is a lower bound, not a proof", report="audit.json",
+       finite_guarantee=not report["broken"] and finite_epsilon(report["claimed_epsilon"]))
 
 
 def format_audit(report: dict[str, Any]) -> list[str]:

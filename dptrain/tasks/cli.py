@@ -19,7 +19,10 @@ Before Hydra writes anything into the run folder, :class:`LaunchChecks` (a Hydra
 they were added: ``+key``, ``++key``), settings that would silently do nothing or the wrong
 thing (judged with the command line: a sweep preset without ``-m``, an optimiser changed while
 the learning rate stays the preset's, privacy settings without privacy) and a launch into a
-folder that holds a finished run (unless ``overwrite=true`` or ``trainer.resume``).
+folder that holds a finished run or any other run's files outside private/ (unless
+``overwrite=true``, which empties it first, or ``trainer.resume`` of the same settings:
+:mod:`dptrain.runfolder.ownership`). ``dptrain verify RUN`` and ``dptrain publish RUN DEST`` run
+without Hydra (:mod:`dptrain.runfolder.verify`, :mod:`dptrain.runfolder.publish`).
 
 Importing this module imports every task (and so torch and pandas): there is one import graph,
 with no module imported inside a function (docs/architecture.md).
@@ -56,7 +59,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from dptrain.core.errors import DPTrainError
 from dptrain.core.registry import load_plugins
 from dptrain.core.validation import ConfigError
-from dptrain.runfolder import runlock, verify
+from dptrain.runfolder import ownership, publish, runlock, verify
 from dptrain.runfolder.stopping import EXIT_STOPPED, RunStopped, resume_hint
 from dptrain.runfolder.tracking import stamp_times
 from dptrain.settings.command_line import check_command_line
@@ -98,20 +101,46 @@ def _finished_run(folder: Path, depth: int) -> Path | None:
 def check_run_folder(config: DictConfig, *, multirun: bool) -> None:
     """Refuse to launch into a folder that holds a finished run (its report, checkpoint and
     .hydra/ would be overwritten, TensorBoard event files piled up) unless ``overwrite=true``,
-    or ``trainer.resume`` continues it. Runs before Hydra writes anything."""
+    or ``trainer.resume`` continues it; and into a folder whose publishable area holds files this
+    launch would not write (a killed run's leftovers, planted files: :func:`ownership.check_claim`).
+    Runs before Hydra writes anything."""
     resume = OmegaConf.select(config, "trainer.resume", default=None)
-    if config.get("overwrite", False) is True or resume is not None:
-        return
+    overwrite = config.get("overwrite", False) is True
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     folder = Path(str(OmegaConf.select(config, key)))
-    found = _finished_run(folder, 2 if multirun else 0)
-    if found is None:
-        return
-    raise ConfigError(
-        f"{key}={str(folder)!r} already holds a finished run ({found.relative_to(folder)}): launching into it "
-        "would overwrite its report, checkpoint and .hydra/ settings; refused, nothing was written. Allowed: a "
-        f"new folder (leave {key} out, or name another), trainer.resume=auto to continue a training run, or "
-        "overwrite=true to replace it")
+    found = None if overwrite or resume is not None else _finished_run(folder, 2 if multirun else 0)
+    if found is not None:
+        raise ConfigError(
+            f"{key}={str(folder)!r} already holds a finished run ({found.relative_to(folder)}): launching into it "
+            "would overwrite its report, checkpoint and .hydra/ settings; refused, nothing was written. Allowed: a "
+            f"new folder (leave {key} out, or name another), trainer.resume=auto to continue a training run, or "
+            "overwrite=true to replace it")
+    for run in _run_folders(folder, multirun=multirun):
+        differences = [] if multirun or resume is None else _config_differences(run, config)
+        ownership.check_claim(run, key=key, overwrite=overwrite, resume=resume is not None, differences=differences)
+
+
+def _run_folders(folder: Path, *, multirun: bool) -> list[Path]:
+    """The run folder of a launch, or the job folders (up to two levels) of a sweep folder."""
+    if not multirun:
+        return [folder]
+    below = [p for p in sorted(folder.glob("*")) + sorted(folder.glob("*/*")) if p.is_dir() and p.name != "private"]
+    return [p for p in below if ownership.is_run_folder(p)]
+
+
+def _config_differences(folder: Path, config: DictConfig) -> list[str] | None:
+    """The settings in which ``config`` differs from the run recorded in ``folder``'s
+    .hydra/config.yaml (None: no record), but for trainer.resume and overwrite."""
+    record = folder / ".hydra" / "config.yaml"
+    if not record.is_file():
+        return None
+    try:
+        old = OmegaConf.to_container(OmegaConf.load(record), resolve=False)
+    except (OSError, OmegaConfBaseException, ValueError):
+        return None
+    new = OmegaConf.to_container(config, resolve=False)
+    new.pop("hydra", None)
+    return ownership.config_differences(old, new)
 
 
 def precheck(config: DictConfig, *, multirun: bool) -> None:
@@ -156,9 +185,11 @@ class LaunchChecks(Callback):
             precheck(config, multirun=multirun)
             folder = OmegaConf.select(config, "hydra.sweep.dir" if multirun else "hydra.run.dir", default=None)
             if folder is not None and _rank() == 0:  # one writer: taken before Hydra writes .hydra/
-                _lock(Path(str(folder)))
+                lock = _lock(Path(str(folder)))
                 if config.get("overwrite", False) is True:
-                    _clear_old_runs(Path(str(folder)), depth=2 if multirun else 0)
+                    _clear_old_runs(Path(str(folder)), multirun=multirun)
+                if not multirun:
+                    lock.mark_start()
         except DPTrainError as err:
             print(f"dptrain: error: {err}", file=sys.stderr)
             raise SystemExit(2) from None
@@ -180,6 +211,8 @@ def run(cfg: DictConfig, *, run_dir: Path, started_ns: int | None = None) -> flo
     try:
         check_known_keys(cfg)  # again here for callers that compose without the command line
         lock = _lock(run_dir)
+        if lock is not None:  # the folder as the run found it (the command line took it before Hydra wrote):
+            lock.mark_start()  # files it leaves untouched are never vouched for (ownership.untouched)
         load_plugins(list(cfg.get("plugins") or []))
         return TASKS.get(cfg.task).run(cfg, run_dir=run_dir)
     except RunStopped as stop:
@@ -194,16 +227,14 @@ def run(cfg: DictConfig, *, run_dir: Path, started_ns: int | None = None) -> flo
             stamp_times(run_dir, started_ns)
 
 
-def _clear_old_runs(folder: Path, *, depth: int) -> None:
-    """``overwrite=true``: the finished run(s) in ``folder`` (a sweep's job folders below it) are
-    removed before Hydra writes the new run's .hydra/ and log (:func:`runlock.clear_finished_run`)."""
-    while (found := _finished_run(folder, depth)) is not None:
-        old = found.parent.parent if found.parent.name == "private" else found.parent
-        removed = runlock.clear_finished_run(old)
-        if not removed or _finished_run(old, 0) is not None:  # nothing left to remove: do not loop
-            break
-        log.info("overwrite=true: removed the finished run in %s (%d entries)", old, len(removed),
-                 extra={"console": False})
+def _clear_old_runs(folder: Path, *, multirun: bool) -> None:
+    """``overwrite=true``: every file of the old run(s) in ``folder`` (a sweep's job folders below
+    it) is removed before Hydra writes the new run's .hydra/ and log: what its report vouched for,
+    what it did not, its private files (:func:`ownership.empty_run_folder`); the lock stays."""
+    for run in _run_folders(folder, multirun=multirun):
+        if ownership.is_run_folder(run):
+            removed = ownership.empty_run_folder(run, whole=True)
+            log.info("overwrite=true: emptied %s (%d entries removed)", run, len(removed), extra={"console": False})
 
 
 def _lock(run_dir: Path) -> runlock.RunLock | None:
@@ -465,6 +496,8 @@ def _composition_message(err: Exception, overrides: list[str]) -> str:
 def main() -> None:
     if sys.argv[1:2] == ["verify"]:  # dptrain verify RUN: check a run folder's digests (no Hydra)
         raise SystemExit(verify.main(sys.argv[2:]))
+    if sys.argv[1:2] == ["publish"]:  # dptrain publish RUN DEST: export the vouched files (no Hydra)
+        raise SystemExit(publish.main(sys.argv[2:]))
     check_launcher(sys.argv[1:])
     preload_plugins(sys.argv[1:])
     check_composition(sys.argv[1:])

@@ -19,6 +19,7 @@ from dptrain.core.neighbours import Neighbours
 from dptrain.data.jobs import SECTOR_LABELS, simulate_jobs
 from dptrain.privacy.randomness import Randomness
 from dptrain.release.employer import mechanisms as mech
+from dptrain.release.employer.intervals import smooth_gamma_interval_public, smooth_laplace_interval_public
 from dptrain.release.employer.mechanisms import smooth_median
 from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json, write_manifest
 from dptrain.settings.lodes import MECHANISMS, LodesRunConfig, feasible, marginal_sets, per_table, validate_lodes
@@ -55,26 +56,24 @@ def guarantees(alpha: float, epsilon: float, delta: float, cap: int) -> dict[str
 
 
 def release(name: str, cells: pd.DataFrame, conf: LodesRunConfig, budget: tuple[float, float],
-            rng: np.random.Generator) -> pd.DataFrame:
+            rng: np.random.Generator, *, max_size: float) -> pd.DataFrame:
     """One mechanism's table at ``budget`` = (epsilon, delta): the released count per cell (the
-    cell's key columns first) and a 95% interval (the smooth mechanisms' from the public bound on
-    the smooth sensitivity at the top of the cell's largest public size class: conservative)."""
+    cell's key columns first) and a 95% interval; the smooth mechanisms' from the release and public
+    quantities only (the settings and ``max_size``, the public largest establishment size:
+    :mod:`dptrain.release.employer.intervals`), never from the cell's private largest size."""
     c, (eps, delta) = conf.lodes, budget
     n, x_max = cells["n"].to_numpy(float), cells["x_max"].to_numpy(float)
-    x_bound = cells["x_bound"].to_numpy(float)  # public: the top of the cell's largest size class
-    out = cells[[k for k in cells.columns if k not in ("n", "x_max", "x_bound", "n_capped", "establishments")]].copy()
+    out = cells[[k for k in cells.columns if k not in ("n", "x_max", "n_capped", "establishments")]].copy()
     lo = hi = None
     if name == "log_laplace":
         out["released"] = mech.log_laplace(n, c.alpha, eps, rng)
         lo, hi = mech.log_laplace_interval(out["released"].to_numpy(), c.alpha, eps)
     elif name == "smooth_gamma":
         out["released"] = mech.smooth_gamma(n, x_max, c.alpha, eps, rng)
-        s_bound = mech.smooth_sensitivity(x_bound, c.alpha, mech.smooth_gamma_params(eps)[0])
-        lo, hi = mech.smooth_gamma_interval(out["released"].to_numpy(), s_bound, eps)
+        lo, hi = smooth_gamma_interval_public(out["released"].to_numpy(), c.alpha, eps, max_size)
     elif name == "smooth_laplace":
         out["released"] = mech.smooth_laplace(n, x_max, c.alpha, eps, delta, rng)
-        s_bound = mech.smooth_sensitivity(x_bound, c.alpha, mech.smooth_laplace_params(eps, delta)[0])
-        lo, hi = mech.smooth_laplace_interval(out["released"].to_numpy(), s_bound, eps, delta)
+        lo, hi = smooth_laplace_interval_public(out["released"].to_numpy(), c.alpha, eps, delta, max_size)
     elif name == "laplace_worker":
         out["released"] = mech.laplace_worker(n, eps, rng)
         lo, hi = mech.laplace_worker_interval(out["released"].to_numpy(), eps)
@@ -142,7 +141,8 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     secret, rows, published = Randomness.fresh(), [], {}
     for by in marginal_sets(c.marginals):
         cells, label = _cells(jobs, by, c.employer_cap), "__".join(by)
-        tables = {n: release(n, cells, conf, budget, secret.numpy(f"lodes-{n}-{label}")) for n in names}
+        tables = {n: release(n, cells, conf, budget, secret.numpy(f"lodes-{n}-{label}"), max_size=jobs.config.max_size)
+                  for n in names}
         for name, table in tables.items():
             where = run_dir / "tables" if name == c.publish else private_dir(run_dir) / "tables" / name
             where.mkdir(parents=True, exist_ok=True)
@@ -169,7 +169,7 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
                                          "tables/": f"the published tables ({c.publish}; covered by the guarantee; "
                                                     "median_size_by_sector.csv with lodes.median)",
                                          "FILES.txt": "this list", ".hydra/": "the configuration"},
-                   private=private, guarantee=report["guarantee"], report="privacy.json")
+                   private=private, guarantee=report["guarantee"], report="privacy.json", finite_guarantee=True)
     log.info("lodes: %d jobs, %d establishments, %d tables (%s); published %s: %s", jobs.n_jobs,
              jobs.n_establishments, len(published), c.marginals, c.publish, report["guarantee"].split(":")[0])
     mine = comparison[comparison.mechanism == c.publish]
@@ -196,9 +196,10 @@ def _report(conf: LodesRunConfig, budget: tuple[float, float], names: tuple[str,
             "delta": p.delta, "public": PUBLIC, "noise": NOISE}
 
 
-PUBLIC = ("each establishment's existence, place, sector, ownership and size class (1-4, 5-9, 10-19, 20-49, 50-99, "
-          "100-249, 250-499, 500-999, 1000+; so the list of non-empty cells and each cell's largest class, which "
-          "bounds the smooth mechanisms' intervals), the simulator's seed")
+PUBLIC = ("each establishment's existence, place, sector and ownership (so the list of non-empty cells), the largest "
+          "size an establishment can have (30,000: the smooth mechanisms' intervals use it and the release only), the "
+          "simulator's seed. NOT public: an establishment's size or size class (no output is computed from either "
+          "but through the mechanisms)")
 NOISE = ("worker- and employer-level: OpenDP's exact discrete Laplace on the integer counts; log-Laplace: the grid "
          "Laplace on ln(n + 1/alpha); smooth mechanisms: continuous noise (its scale is the private smooth "
          "sensitivity) rounded with the count onto a public grid (step about 2^-20 of the noise scale per unit of "

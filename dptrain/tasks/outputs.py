@@ -19,7 +19,7 @@ from dptrain.data import write_data_diagnostics
 from dptrain.inference.run import coefficient_section, estimator_report
 from dptrain.privacy.randomness import Randomness, settings_digest
 from dptrain.privacy.report import build_report, files_section, format_report
-from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json, write_manifest
+from dptrain.runfolder.tracking import atomic_write_text, finite_epsilon, private_dir, write_json, write_manifest
 from dptrain.settings.train import Config
 from dptrain.training.checkpoint import MODEL_FILENAME, save_model
 from dptrain.training.fit import final_epsilons
@@ -71,7 +71,7 @@ def write_training_outputs(conf: Config, cfg: Any, result: Any, *, data: Any, tr
     write_json(run_dir / "privacy.json", report)
     atomic_write_text(run_dir / "privacy.txt", format_report(report))
     write_manifest(run_dir, publishable=files["publishable"], private=files["private"], guarantee=report["guarantee"],
-                   report="privacy.json")
+                   report="privacy.json", finite_guarantee=report["private"] and finite_epsilon(report.get("epsilon")))
     return report
 
 
@@ -95,7 +95,7 @@ def _coefficients(conf: Config, result: Any, report: dict, run_dir: Path) -> dic
                       "(features and target); L2 sensitivity of Z'Z given as max_grad_norm", noise=(
                           "Gaussian N(0, (sigma x sensitivity)^2) on each entry of the upper triangle of Z'Z"))
     report["files"] = files_section(test_public=bool(conf.data.test_public), coefficients=table is not None,
-                          checkpoint=(run_dir / "private" / "checkpoint.pt").is_file())
+                          checkpoint=(run_dir / "private" / "checkpoint.pt").is_file(), covered=report["private"])
     return table
 
 

@@ -42,7 +42,14 @@ from dptrain.core.validation import ConfigError
 from dptrain.data.table import DataError, Schema, detect_format, encode_features, numeric_values, read_table
 from dptrain.inference.coefficients import linear_layer
 from dptrain.models.objectives import build_objective
-from dptrain.runfolder.tracking import MODEL_FILENAME, PRIVATE_DIR, atomic_write_text, model_path_in, write_manifest  # noqa: F401
+from dptrain.runfolder.tracking import (  # noqa: F401
+    MODEL_FILENAME,
+    PRIVATE_DIR,
+    atomic_write_text,
+    finite_epsilon,
+    model_path_in,
+    write_manifest,
+)
 from dptrain.settings.predict import PredictDataConfig, PredictRunConfig, validate_predict, validate_predict_run
 from dptrain.training.checkpoint import CheckpointError, _build_module, _read_model_file, schema_from_dict
 
@@ -249,7 +256,8 @@ def _manifest(run_dir: Path, *, model: TrainedModel, public: bool, origin: str) 
         private[f"{PRIVATE_DIR}/{PREDICTIONS}"] = what + ": as private as those rows (data.public=false)"
     guarantee = (f"none for the rows scored: the predictions are a function of the rows in {origin}. The model "
                  f"({model.path}) protects its TRAINING rows only: {model.guarantee}")
-    write_manifest(run_dir, publishable=publishable, private=private, guarantee=guarantee)
+    covered = public and bool(model.privacy.get("private")) and finite_epsilon(model.privacy.get("epsilon"))
+    write_manifest(run_dir, publishable=publishable, private=private, guarantee=guarantee, finite_guarantee=covered)
     return target
 
 

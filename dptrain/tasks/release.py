@@ -54,7 +54,7 @@ from dptrain.release.methods import (
 )
 from dptrain.release.mos import NOT_DP
 from dptrain.release.prepared import ReleaseRun
-from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json, write_manifest
+from dptrain.runfolder.tracking import atomic_write_text, finite_epsilon, private_dir, write_json, write_manifest
 from dptrain.settings.release import ReleaseRunConfig, resolved_domain, validate_release_run
 
 log = logging.getLogger(__name__)
@@ -234,9 +234,10 @@ def run_release(conf: ReleaseRunConfig, run_dir: Path, *, randomness: Randomness
         files, rmse = write_evaluation(eval_dir, run, results)
         private_files.update({f"private/{EVALUATION_DIR}/{p.name}": why for p, why in files.items()})
         log.warning("private evaluation (exact values, every method) written to %s: never publish it", eval_dir)
+    covered = method.has_guarantee and finite_epsilon((facts.get("total") or {}).get("epsilon"))
     write_files_list(run, f"the released cells of method {r.method} (one row per listed cell)",
                      "the facts of that release: method, neighbours, epsilon, delta, guarantee",
-                     private=private_files, guarantee=report.guarantee_line(facts))
+                     private=private_files, guarantee=report.guarantee_line(facts), finite_guarantee=covered)
     log.info("release written: release.csv, release.json (%s%s)", total_epsilon_text(facts), facts["guarantee"])
     return rmse
 
@@ -292,12 +293,15 @@ def write_release(run: ReleaseRun, method: ReleaseMethod, result: MethodResult) 
     return facts
 
 
-def write_files_list(run: ReleaseRun, csv_note: str, json_note: str, *, private: dict, guarantee: str) -> None:
-    """FILES.txt: the publishable files at the top of the run folder, and the private ones."""
+def write_files_list(run: ReleaseRun, csv_note: str, json_note: str, *, private: dict, guarantee: str,
+                     finite_guarantee: bool) -> None:
+    """FILES.txt: the publishable files at the top of the run folder, and the private ones
+    (``finite_guarantee`` False: a method without a guarantee, nothing publishable but the settings)."""
     publishable = {"release.csv": csv_note, "release.json": json_note, "FILES.txt": "this list"}
     if (run.run_dir / ".hydra").is_dir():
         publishable[".hydra/"] = "the run's settings (no data values; check file paths before publishing)"
-    write_manifest(run.run_dir, publishable=publishable, private=private, guarantee=guarantee, report="release.json")
+    write_manifest(run.run_dir, publishable=publishable, private=private, guarantee=guarantee, report="release.json",
+                   finite_guarantee=finite_guarantee)
 
 
 def load_stat_fn(spec: str) -> Callable:
@@ -325,6 +329,6 @@ def run_custom(run: ReleaseRun) -> float:
     facts = report.custom_json(rel, stat_fn=r.stat_fn, facts=run.facts())
     write_json(run.run_dir / "release.json", facts)
     write_files_list(run, "the released cells (MOS, custom statistic)", "its facts",
-                     private={**LOG_FILE, **write_diagnostics(run)}, guarantee=NOT_DP)
+                     private={**LOG_FILE, **write_diagnostics(run)}, guarantee=NOT_DP, finite_guarantee=False)
     log.info("release written: release.csv, release.json (MOS, custom statistic %s)", r.stat_fn)
     return float("nan")

@@ -70,7 +70,7 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     if error is not None:
         private["private/evaluation.json"] = "the synthetic file's marginal error against the real rows"
     write_manifest(run_dir, publishable=publishable, private=private, guarantee=report["guarantee"],
-                   report="privacy.json")
+                   report="privacy.json", finite_guarantee=True)
     log.info("privacy: %s", report["guarantee"])
     log.info("synthetic: %d rows (a noisy count), %d columns (%s) -> %s/synthetic.csv", n, len(columns), s.method,
              run_dir)

@@ -82,7 +82,7 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     if error is not None:
         private["private/evaluation.json"] = "the released tables' error against the exact counts"
     write_manifest(run_dir, publishable=publishable, private=private, guarantee=report["guarantee"],
-                   report="privacy.json")
+                   report="privacy.json", finite_guarantee=True)
     log.info("privacy: %s", report["guarantee"])
     log.info("tables: %d marginals, %d cells, total %d (a noisy count) -> %s/tables/", len(sets), sum(cells),
              int(released[0].sum()), run_dir)
@@ -127,7 +127,8 @@ def _run_sparse(conf: TabulateRunConfig, run_dir: Path, schema: Any, columns: li
     write_manifest(run_dir, publishable={"privacy.json, privacy.txt": "this report", "tables/": "the listed cells "
                                          "and their noisy counts (covered by the guarantee)", "FILES.txt": "this list",
                                          ".hydra/": "the configuration"},
-                   private={"private/dptrain.log": "the log"}, guarantee=guarantee, report="privacy.json")
+                   private={"private/dptrain.log": "the log"}, guarantee=guarantee, report="privacy.json",
+                   finite_guarantee=True)
     log.info("privacy: %s", guarantee)
     return float("nan")
 

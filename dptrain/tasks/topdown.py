@@ -69,7 +69,7 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
                                          "FILES.txt": "this list", ".hydra/": "the configuration"},
                    private={"private/evaluation.csv": "TopDown, bottom-up and no post-processing against the "
                             "simulated truth", "private/dptrain.log": "the log"},
-                   guarantee=guarantee, report="privacy.json")
+                   guarantee=guarantee, report="privacy.json", finite_guarantee=True)
     tract = evaluation[(evaluation.method == "topdown") & (evaluation.level == geo.levels[-1])]
     log.info("privacy: %s", guarantee)
     log.info("topdown: %s; tract cells' mean absolute error %.3g (bottom-up %.3g) -> %s/tables/",

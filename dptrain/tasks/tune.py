@@ -69,7 +69,7 @@ from dptrain.privacy.report import (
     noise_sampler_section,
     summary_lines,
 )
-from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json, write_manifest
+from dptrain.runfolder.tracking import atomic_write_text, finite_epsilon, private_dir, write_json, write_manifest
 from dptrain.settings.command_line import check_known_keys
 from dptrain.settings.train import validate_against_size
 from dptrain.settings.tune import LAWS, TuneRunConfig, check_tune, flatten_space, validate_tune
@@ -486,6 +486,10 @@ def _write(conf: Any, cfg: Any, *, run_dir: Path, data: Any, best: dict | None, 
                   "tuning": _tuning_section(conf, search, None), "released": "no model: the law drew no candidate"}
         write_json(run_dir / "privacy.json", report)
         atomic_write_text(run_dir / "privacy.txt", json.dumps(report, indent=2) + "\n")
+        write_manifest(run_dir, publishable={"privacy.json, privacy.txt": "this report (no model: the law drew no "
+                                             "candidate)", "FILES.txt": "this list", ".hydra/": "the configuration"},
+                       private={"private/dptrain.log": "the log"}, guarantee=report["guarantee"], report="privacy.json",
+                       finite_guarantee=finite_epsilon(search.epsilon))
         return float("nan")
     report = _report(conf, data, search, best)
     table = coefficient_section(conf, best["result"], report)  # a linear model: its estimates (no interval)
@@ -510,7 +514,7 @@ def _write(conf: Any, cfg: Any, *, run_dir: Path, data: Any, best: dict | None, 
     atomic_write_text(run_dir / "privacy.txt", format_report(report))
     files = report["files"]
     write_manifest(run_dir, publishable=files["publishable"], private=files["private"], guarantee=report["guarantee"],
-                   report="privacy.json")
+                   report="privacy.json", finite_guarantee=finite_epsilon(search.epsilon))
     log.info("tune: selected %s (noisy validation score %.4f); epsilon %.6g for the whole search",
              best["settings"], best["score"], search.epsilon)
     lines = summary_lines(best["result"], {**report, "estimator": {} if table is None else {

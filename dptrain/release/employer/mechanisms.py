@@ -33,9 +33,15 @@ median snaps the values to its public grid first (a per-row map: neighbours stay
 
 Intervals (``*_interval``): 95% (``level``) intervals for the true count given the release. For
 the smooth mechanisms the noise scale depends on the private largest establishment, so an
-interval needs a PUBLIC upper bound on S: S at the top of the largest public size class of the
-cell's establishments (S is increasing in x_max; ``Jobs.cell_totals``' ``x_bound``); with it the
-interval is conservative (it covers at least ``level``), and it widens by the grid's half step.
+interval built from it (or from anything computed from the private sizes, such as the size class
+of the cell's largest establishment) would publish it: the width alone would name it. The
+``*_interval_public`` functions (:mod:`dptrain.release.employer.intervals`) use public quantities
+only: the release y, the settings and the public largest size M. The largest establishment is at
+most min(n, M) (a cell's total includes it), S grows with it, so the true n lies, with probability
+at least ``level``, in the set of counts m with |y - m| <= c S(min(m, M)) + half the grid step (c
+the noise law's quantile per unit of S); the interval is that set's hull. It is a function of the
+release (post-processing: no privacy cost), conservative, and wide where a cell's total could be
+one establishment (it then is as wide as that establishment's noise).
 """
 
 from __future__ import annotations
