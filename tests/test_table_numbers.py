@@ -68,12 +68,13 @@ def test_finding1_the_default_split_gives_the_row_id_splits_accuracy(tmp_path):
 
 
 def _income(path: Path, n: int, seed: int) -> pd.DataFrame:
+    """Census-like income ~ educ + age (the study's design, scripts/table_numbers_study.py)."""
     rng = np.random.default_rng(seed)
     u = rng.normal(size=(n, 2)) @ np.linalg.cholesky([[1.0, 0.3], [0.3, 1.0]]).T
-    educ = np.clip(np.round(12 + 2.5 * u[:, 0]), 1, 16)
-    age = np.clip(np.round(45 + 12 * u[:, 1]), 18, 90)
-    income = np.clip(5000 + 3000 * educ + 500 * age + rng.normal(0, 15_000, size=n), 0, 200_000)
-    df = pd.DataFrame({"educ": educ, "age": age, "income": income})
+    educ = np.clip(np.round(13 + 3 * u[:, 0]), 1, 16)
+    age = np.clip(np.round(45 + 14 * u[:, 1]), 18, 90)
+    income = 40_000 + 3000 * educ + 500 * age + rng.gamma(1.5, 40_000, size=n) - 60_000
+    df = pd.DataFrame({"educ": educ, "age": age, "income": np.clip(income, 0, 200_000)})
     df.to_csv(path, index=False)
     return df
 
@@ -99,7 +100,7 @@ def _ols(df: pd.DataFrame, run: Path) -> tuple[pd.Series, pd.Series]:
 def test_finding2_linreg_publishes_the_sufficient_statistics_estimate_not_an_unconverged_one(tmp_path):
     """experiment=linreg on income ~ educ + age (N 20,000, epsilon 1) held DP-SGD's model after 10
     epochs at lr 0.2: 5-6 OLS standard errors off, privacy or not, and nothing said so. The preset now
-    releases the noisy sufficient statistics (estimator=ssp): the estimates are within 4 OLS standard
+    releases the noisy sufficient statistics (estimator=ssp): the estimates are within 5 OLS standard
     errors (in the study, within 2 in >= 90% of tables), the intervals claimed; with privacy off the
     table is statsmodels' OLS exactly."""
     df = _income(tmp_path / "i.csv", 20_000, seed=5)
@@ -107,7 +108,7 @@ def test_finding2_linreg_publishes_the_sufficient_statistics_estimate_not_an_unc
     table = pd.read_csv(run / "coefficients.csv").set_index("term")
     params, bse = _ols(df, run)
     assert table.method.str.startswith("ssp").all() and table.claimed.all()
-    assert ((table.estimate - params).abs() <= 4 * bse).all(), (table.estimate, params, bse)
+    assert ((table.estimate - params).abs() <= 5 * bse).all(), (table.estimate, params, bse)
     exact = pd.read_csv(_run(tmp_path / "np", [*INCOME, f"data.path={tmp_path}/i.csv", "privacy=none"])
                         / "coefficients.csv").set_index("term")
     np.testing.assert_allclose(exact.estimate, params[exact.index], rtol=1e-6)
