@@ -60,6 +60,7 @@ from dptrain.runfolder import runlock, verify
 from dptrain.runfolder.stopping import EXIT_STOPPED, RunStopped, resume_hint
 from dptrain.runfolder.tracking import stamp_times
 from dptrain.settings.command_line import check_command_line
+from dptrain.tasks import check as table_check
 from dptrain.tasks.registry import TASKS, check_known_keys, register_configs
 from dptrain.training.distributed import env_rank
 
@@ -465,6 +466,8 @@ def _composition_message(err: Exception, overrides: list[str]) -> str:
 def main() -> None:
     if sys.argv[1:2] == ["verify"]:  # dptrain verify RUN: check a run folder's digests (no Hydra)
         raise SystemExit(verify.main(sys.argv[2:]))
+    if sys.argv[1:2] == ["check"]:  # dptrain check SETTINGS: the data holder's check of a table (no run)
+        raise SystemExit(table_check.main(sys.argv[2:]))
     check_launcher(sys.argv[1:])
     preload_plugins(sys.argv[1:])
     check_composition(sys.argv[1:])
