@@ -94,12 +94,44 @@ def test_check_names_every_problem_and_the_settings_then_the_run_counts_the_trut
     assert diagnostics["clipped"] == truth["clipped"]
     privacy = json.loads((run / "privacy.json").read_text())
     assert privacy["dataset_size"] == rows["train"] and rows["train"] + rows["test"] == truth["kept"]
+    # the report says which outcomes still depend on the rows (issue 44): no training row, data.nonfinite=error
+    assert any("a read that leaves no training row" in item and "data.nonfinite=error" in item
+               for item in privacy["not_covered"])
     line = next(r.getMessage() for r in caplog.records if "PRIVATE counts" in r.getMessage())
     assert f"3000 rows read, {truth['kept']} used, {truth['left_out']} left out" in line
     assert "dptrain check" in caplog.text  # rows were left out and lumped: the pointer to the check
     for f in run.rglob("*"):  # no count of the rules in a publishable file
         if f.is_file() and "private" not in f.parts and f.suffix != ".pt":
             assert b"left_out_by" not in f.read_bytes() and b"3000 rows read" not in f.read_bytes(), f
+
+
+def test_check_of_a_release_table(tmp_path, capsys):
+    """dptrain check with a release's settings (task=release): x and y read with the release's
+    rules, the rows a release would leave out (unlisted or missing cells, no number), the listed
+    cells below release.min_n; nothing but the private report is written."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"cell": rng.choice(["a", "b", "zz"], 90), "x": rng.uniform(0, 2, 90).round(3),
+                       "y": rng.uniform(0, 1, 90)})
+    df["x"] = df["x"].astype(object)
+    df.loc[:2, "x"] = "unknown"
+    df.loc[3:5, "cell"] = None
+    path = tmp_path / "rel.csv"
+    df.to_csv(path, index=False)
+    folder = tmp_path / "check"
+    code = table_check.main(["task=release", "data=table", f"data.path={path}", "release.x=x", "release.y=y",
+                             "release.cells=[cell]", "release.cell_values={cell: [a, b, c]}",
+                             "release.domain={x_lo: 0, x_hi: 1, y_lo: 0, y_hi: 1}", f"hydra.run.dir={folder}"])
+    assert code == 0, capsys.readouterr()
+    report = json.loads((folder / "private" / "check.json").read_text())
+    unlisted = int((df.cell == "zz").sum()) + 3
+    assert report["numeric"]["x"]["not_a_number"] == 3 and report["cells"]["cell"]["missing"] == 3
+    assert report["numeric"]["x"]["above_upper"] == int((pd.to_numeric(df.x, errors="coerce") > 1).sum())
+    assert report["run"]["left_out_by"]["cells"]["not_listed_or_missing"] == unlisted
+    assert report["run"]["cells_listed"] == 3 and report["run"]["cells_below_min_n"] == 1  # c: declared, no rows
+    assert sorted(p.name for p in folder.rglob("*") if p.is_file()) == ["check.json", "check.txt"]
 
 
 def test_a_yes_or_a_blank_target_is_never_a_negative(messy):
@@ -121,3 +153,21 @@ def test_a_yes_or_a_blank_target_is_never_a_negative(messy):
                                     & complete).sum())
         target = data.diagnostics["rows"]["left_out_by"]["target"]["answer"]
         assert target == {"missing": truth["answers"][""], "undeclared": 0 if label_map else truth["answers"]["Yes"]}
+
+
+def test_check_refuses_what_it_cannot_read_by_name(messy, tmp_path, capsys):
+    """Exit 2 and dptrain's one error style: a missing file, a declared column the file lacks, a
+    sweep; a folder that holds a run is not written into."""
+    path, _ = messy
+    cases = [([*MESSY.DECLARED, "data.path=nope.csv"], "no such file"),
+             ([*MESSY.DECLARED, f"data.path={path}", "data.target=answr"], "'answer'"),
+             ([*MESSY.DECLARED, f"data.path={path}", "seed=1,2"], "ONE run"),
+             (["-m", *MESSY.DECLARED, f"data.path={path}"], "no sweep")]
+    for args, needle in cases:
+        assert table_check.main([*args, f"hydra.run.dir={tmp_path / 'c'}"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("dptrain: error:") and needle in err, err
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "FILES.txt").write_text("a run\n")
+    assert table_check.main([*MESSY.DECLARED, f"data.path={path}", f"hydra.run.dir={tmp_path / 'run'}"]) == 2
+    assert not (tmp_path / "run" / "private").exists()

@@ -29,7 +29,7 @@ from dptrain.data.rules import NUMBER_SHAPES, number_shapes, shape_setting
 from dptrain.data.schema import OTHER, Schema, _label, _nfc
 from dptrain.data.table import DataError, _numbers, _numeric_settings, encode_rows
 
-__all__ = ["ID_NAME", "check_table", "format_check"]
+__all__ = ["ID_NAME", "check_table", "format_check", "id_columns", "numeric_problems", "numeric_lines"]
 
 #: a column name that reads as an identifier (person_id, id, pid, record_no, ...)
 ID_NAME = re.compile(r"(?i)((^|[_\W])(id|ids|pid|uid|person|persnr|record|key)([_\W]|$)|id$)")
@@ -95,7 +95,7 @@ def _target(df: pd.DataFrame, schema: Schema) -> dict[str, Any]:
     col = df[schema.target]
     labels = schema.target_labels
     if schema.target_bounds is not None:
-        return {"kind": "continuous", **_numeric(col, schema, *schema.target_bounds)}
+        return {"kind": "continuous", **numeric_problems(col, schema, *schema.target_bounds)}
     if labels is None and schema.positive is not None:  # data.negative not declared yet: show the labels
         found = _label_column(col, [schema.positive], schema.labels_map(schema.target))
         return {"kind": "binary", "negative_missing": True, **found}
@@ -109,7 +109,7 @@ def _target(df: pd.DataFrame, schema: Schema) -> dict[str, Any]:
     return {"kind": schema.target_kind, **_label_column(col, labels, schema.labels_map(schema.target))}
 
 
-def _numeric(col: pd.Series, schema: Schema, lower: float, upper: float) -> dict[str, Any]:
+def numeric_problems(col: pd.Series, schema: Schema, lower: float, upper: float) -> dict[str, Any]:
     """Missing, infinite and non-numeric entries (by shape, with the setting that reads them) and
     the values outside [lower, upper] of a numeric column, read with the declared separators."""
     v, text = _numbers(col, schema)
@@ -124,7 +124,7 @@ def _numeric(col: pd.Series, schema: Schema, lower: float, upper: float) -> dict
     return out
 
 
-def _ids(df: pd.DataFrame, schema: Schema) -> dict[str, Any]:
+def id_columns(df: pd.DataFrame, schema: Schema) -> dict[str, Any]:
     """Columns that identify a person (data.split_key's, or a name like person_id): how many
     distinct values, how many repeat and the most rows one value has."""
     declared = set(schema.columns)
@@ -151,12 +151,12 @@ def _run_counts(df: pd.DataFrame, schema: Schema, seed: int) -> dict[str, Any]:
 def check_table(df: pd.DataFrame, schema: Schema, *, seed: int = 0) -> dict[str, Any]:
     """Every problem of ``df`` against ``schema`` (module docstring), as one JSON-ready report
     with the settings that handle them (``settings``: command-line overrides to add)."""
-    numeric = {spec.name: _numeric(df[spec.name], schema, spec.lower, spec.upper)
+    numeric = {spec.name: numeric_problems(df[spec.name], schema, spec.lower, spec.upper)
                for setting, spec in _numeric_settings(schema) if setting.startswith("data.numeric")}
     categorical = {col: _label_column(df[col], cats, schema.labels_map(col)) for col, cats in schema.categorical}
     report = {"rows": int(len(df)), "columns": [str(c) for c in df.attrs.get("file_columns", df.columns)],
               "target": {"column": schema.target, **_target(df, schema)}, "numeric": numeric,
-              "categorical": categorical, "ids": _ids(df, schema), "unlisted": schema.unlisted,
+              "categorical": categorical, "ids": id_columns(df, schema), "unlisted": schema.unlisted,
               "nonfinite": schema.nonfinite}
     if schema.split_column is not None:
         split = _labels(df[schema.split_column]).str.lower()
@@ -238,7 +238,8 @@ def _label_lines(name: str, setting: str, found: dict[str, Any], rule: str) -> l
     return lines
 
 
-def _numeric_lines(name: str, found: dict[str, Any], nonfinite: str) -> list[str]:
+def numeric_lines(name: str, found: dict[str, Any], nonfinite: str, bounds: str = "") -> list[str]:
+    """The lines of one numeric column's problems (``bounds``: the setting of its bounds)."""
     rule = "row left out (data.nonfinite=drop)" if nonfinite == "drop" else "the run is REFUSED (data.nonfinite=error)"
     lines = [f"  {name}: {found[k]} rows {k.replace('_', ' ')} -> {rule}" for k in ("missing", "infinite") if found[k]]
     for shape, v in found["shapes"].items():
@@ -247,7 +248,7 @@ def _numeric_lines(name: str, found: dict[str, Any], nonfinite: str) -> list[str
     for k, bound in (("below_lower", f"below {lo:g}"), ("above_upper", f"above {hi:g}")):
         if found[k]:
             lines.append(f"  {name}: {found[k]} values {bound} -> clipped into the bounds "
-                         f"(data.numeric.{name}.lower/upper)")
+                         f"({bounds or f'data.numeric.{name}.lower/upper'})")
     return lines
 
 
@@ -264,7 +265,7 @@ def format_check(report: dict[str, Any], origin: str) -> str:
     lines += _label_lines(t["column"], setting, t, "row left out (never read as a negative)") if "missing" in t \
         else []
     lines += ["", "Numeric columns"] + [x for name, f in report["numeric"].items()
-                                        for x in _numeric_lines(name, f, report["nonfinite"])]
+                                        for x in numeric_lines(name, f, report["nonfinite"])]
     rule = {"other": f"lumped into {OTHER} (data.unlisted=other)", "drop": "row left out (data.unlisted=drop)"}
     lines += ["", "Categorical columns"] + [x for name, f in report["categorical"].items()
                                             for x in _label_lines(name, f"data.categorical.{name}", f,

@@ -547,9 +547,10 @@ def _target(col: pd.Series, schema: Schema, numeric: Mapping[str, np.ndarray], c
         counts.leave_out("target", schema.target, "undeclared", (y < 0) & ~missing)
         counts.count_mapped(schema.target, mapped, codes, declared=bool(schema.labels_map(schema.target)))
         return y if schema.classes is not None else y.astype(np.float32)
-    v, text = _numbers(col, Schema(schema.target, None, (), ()))  # 0 and 1, written as numbers
-    v = np.asarray(v, dtype=np.float64)
-    missing = np.isnan(v) & (True if text is None else ~text)
+    v, text = _numbers(col, Schema(schema.target, None, (), ()))  # 0 and 1, written as numbers (a view)
+    missing = np.isnan(v) if v.dtype.kind == "f" else np.zeros(len(v), dtype=bool)
+    if text is not None:
+        missing &= ~text
     counts.leave_out("target", schema.target, "missing", missing)
     counts.leave_out("target", schema.target, "not_0_or_1", ~missing & (v != 0) & (v != 1))
     return (v == 1).astype(np.float32)

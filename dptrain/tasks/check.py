@@ -27,11 +27,15 @@ from omegaconf.errors import OmegaConfBaseException
 from dptrain.core.errors import DPTrainError
 from dptrain.core.validation import ConfigError
 from dptrain.data import read_table, schema_from_config
-from dptrain.data.check import check_table, format_check
+from dptrain.data.check import check_table, format_check, id_columns, numeric_lines, numeric_problems
 from dptrain.data.parquet import read_folder
-from dptrain.data.table import missing_column_error, missing_columns
+from dptrain.data.table import Schema, missing_column_error, missing_columns
+from dptrain.release.api import estimates_for_listed
+from dptrain.release.cell_domain import from_table, from_values, read_keys_file
+from dptrain.release.cells import Domain, ReleaseError
 from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json
 from dptrain.settings.data import TRAIN_DATA, as_source, check_source
+from dptrain.settings.release import resolved_domain
 
 USAGE = ("usage: dptrain check [--config-dir DIR] [SETTING=VALUE ...]   (the settings of the run: data=table "
          "data.path=FILE data.target=COLUMN ...; writes its PRIVATE report under hydra.run.dir, default "
@@ -89,19 +93,63 @@ def _table(data: Any, schema: Any) -> Any:
     return df
 
 
+def _release_check(conf: Any) -> tuple[dict[str, Any], str]:
+    """task=release's table: x and y (missing, text, outside release.domain), the cell columns'
+    missing values, the rows of cells not listed and the cells without release.min_n rows, what
+    the release's rules would leave out, and id columns."""
+    r, data = conf.release, conf.data
+    check_source(data, ("table",), "dptrain check of a release")
+    lo_x, hi_x, lo_y, hi_y = resolved_domain(r, "table")
+    df = read_table(data.path, fmt=data.format, delimiter=data.delimiter)
+    plain = Schema(r.y, None, (), (), split_key=tuple(c for c in df.columns if c in r.cells))
+    for setting, col in [("release.x", r.x), ("release.y", r.y), *[("release.cells", c) for c in r.cells]]:
+        if col not in df.columns:
+            raise ReleaseError(f"{setting}: column {col!r} is not in data.path={str(data.path)!r}; allowed: a column "
+                               "of the table")
+    report = {"rows": len(df), "numeric": {c: numeric_problems(df[c], plain, lo, hi) for c, lo, hi in
+                                           ((r.x, lo_x, hi_x), (r.y, lo_y, hi_y))},
+              "cells": {c: {"missing": int(df[c].isna().sum())} for c in r.cells},
+              "ids": id_columns(df, Schema(r.y, None, (), ())), "run": None}
+    listed = (from_values(dict(r.cell_values), list(r.cells)) if r.cell_values is not None else
+              from_table(read_keys_file(r.cell_keys_file, list(r.cells)), list(r.cells), origin="declared",
+                         setting="release.cell_keys_file") if r.cell_keys_file is not None else None)
+    if listed is not None:
+        est = estimates_for_listed(df, listed, x=r.x, y=r.y, domain=Domain(lo_x, hi_x, lo_y, hi_y), clip=r.clip,
+                                   drop_nonfinite=True)
+        report["run"] = {**est.rows, "cells_below_min_n": int((est.cells.n < r.min_n).sum()),
+                         "cells_listed": int(len(est.cells.n))}
+    lines = [f"dptrain check of a release table: {len(df)} rows (PRIVATE: for the data holder, never published)"]
+    for col, found in report["numeric"].items():
+        lines += numeric_lines(col, found, data.nonfinite, "release.domain")
+    lines += [f"  {c}: {v['missing']} rows with a missing cell value -> row left out" for c, v in
+              report["cells"].items() if v["missing"]]
+    if report["run"] is not None:
+        run = report["run"]
+        why = ", ".join(f"{what} {rule.replace('_', ' ')}: {n}" for what, rules in run["left_out_by"].items()
+                        for rule, n in rules.items() if n) or "none"
+        lines += [f"A release with these settings: {run['read']} rows read, {run['kept']} used, {run['left_out']} "
+                  f"left out ({why}); {run['cells_below_min_n']} of {run['cells_listed']} listed cells have fewer "
+                  f"than release.min_n={r.min_n} rows (not released)"]
+    return report, "\n".join(lines)
+
+
 def run_check(argv: list[str]) -> int:
     """``dptrain check`` (module docstring); returns the exit status."""
     overrides, config_dir, folder = _arguments(argv)
     if (folder / "FILES.txt").exists():
         raise ConfigError(f"hydra.run.dir={str(folder)!r} holds a run; allowed: a new folder for the check's report")
     cfg = _compose(overrides, config_dir)
-    data = as_source(OmegaConf.to_object(cfg.data))
-    check_source(data, TRAIN_DATA, "dptrain check")
-    schema = schema_from_config(data, require_negative=False)  # a missing data.negative is reported, with labels
-    df = _table(data, schema)
-    origin = f"data.path={str(data.path)!r}"
-    report = check_table(df, schema, seed=int(cfg.get("seed", 0) or 0))
-    text = format_check(report, origin)
+    if cfg.get("task") == "release":
+        report, text = _release_check(OmegaConf.to_object(cfg))
+        origin = f"data.path={str(cfg.data.path)!r}"
+    else:
+        data = as_source(OmegaConf.to_object(cfg.data))
+        check_source(data, TRAIN_DATA, "dptrain check")
+        schema = schema_from_config(data, require_negative=False)  # a missing data.negative is reported
+        df = _table(data, schema)
+        origin = f"data.path={str(data.path)!r}"
+        report = check_table(df, schema, seed=int(cfg.get("seed", 0) or 0))
+        text = format_check(report, origin)
     private = private_dir(folder)
     write_json(private / "check.json", {"data": origin, **report})
     atomic_write_text(private / "check.txt", text + "\n")

@@ -32,6 +32,7 @@ from dptrain.data import read_table
 from dptrain.data.atlas import design_cells, simulate_atlas, simulate_figure2
 from dptrain.data.rules import CHECK_HINT
 from dptrain.privacy.randomness import Randomness, data_digest, settings_digest
+from dptrain.privacy.report import LOG_AND_REFUSALS
 from dptrain.release import report
 from dptrain.release.api import estimates_for_listed, release_custom
 from dptrain.release.cell_domain import (
@@ -292,6 +293,8 @@ def write_release(run: ReleaseRun, method: ReleaseMethod, result: MethodResult) 
     name = run.conf.release.method
     run.run_dir.mkdir(parents=True, exist_ok=True)
     facts = method.release_json(name, result, facts=run.facts())
+    if run.conf.data.name != "atlas":  # a user's table: what its log, console and refusals do not cover
+        facts["not_covered"] = [*facts.get("not_covered", []), LOG_AND_REFUSALS]
     atomic_write_text(run.run_dir / "release.csv", method.published(run.est, result).to_csv(index=False))
     write_json(run.run_dir / "release.json", facts)
     return facts
