@@ -27,7 +27,7 @@ import pandas as pd
 
 from dptrain.data.rules import NUMBER_SHAPES, number_shapes, shape_setting
 from dptrain.data.schema import OTHER, Schema, _label, _nfc
-from dptrain.data.table import DataError, _numbers, _numeric_settings, encode_rows
+from dptrain.data.table import _numbers, _numeric_settings, encode_rows
 
 __all__ = ["ID_NAME", "check_table", "format_check", "id_columns", "numeric_problems", "numeric_lines"]
 
@@ -299,7 +299,3 @@ def _run_lines(report: dict[str, Any]) -> list[str]:
     lines += [f"  {s}" for s in settings]
     return lines
 
-
-def check_error(err: DataError) -> dict[str, Any]:
-    """The report of a table that cannot be read as a table (the reader's error)."""
-    return {"error": str(err)}

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["CHECK_HINT", "NUMBER_SHAPES", "RowCounts", "add_counts", "counts_line", "number_shapes",
-           "parse_numbers"]
+           "parse_numbers", "shape_setting"]
 
 #: the shapes of non-numeric text in a numeric column, in the order they are tried: (name, regular
 #: expression, the setting that reads it). A shape names a pattern, never a value of the file.
