@@ -188,7 +188,7 @@ def summarise(reps: pd.DataFrame, *, kind: str, n: int, eps: float, seconds: flo
     return out
 
 
-ADULT_DECL = {"target": "income", "positive": ">50K",
+ADULT_DECL = {"target": "income", "positive": ">50K", "negative": "<=50K",
               "numeric": {"age": {"lower": 17, "upper": 90}, "education_num": {"lower": 1, "upper": 16},
                           "hours_per_week": {"lower": 1, "upper": 99}},
               "categorical": {"sex": ["Female", "Male"]}}

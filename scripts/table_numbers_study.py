@@ -91,6 +91,7 @@ def overrides(design: str, path: Path, epsilon: float) -> list[str]:
                 "++data.numeric={educ: {lower: 1, upper: 16}, age: {lower: 18, upper: 90}}",
                 f"privacy.target_epsilon={epsilon}", "trainer.progress=false"]
     out = ["experiment=logit", "data=table", f"data.path={path}", "data.target=married", "data.positive=1",
+           "data.negative=0",
            "++data.numeric={educ: {lower: 1, upper: 16}}", f"privacy.target_epsilon={epsilon}",
            "trainer.progress=false"]
     if design == "survey_region":

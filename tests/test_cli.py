@@ -247,7 +247,7 @@ def test_readme_own_data_example(tmp_path):
     df["income"] = np.where(df.age + 10 * (df.sex == "Male") + rng.normal(0, 10, n) > 55, ">50K", "<=50K")
     df.to_parquet(tmp_path / "people.parquet")
     res = _cli(["experiment=logit", "data=table", "data.path=people.parquet", "data.target=income",
-                'data.positive=">50K"',
+                'data.positive=">50K"', 'data.negative="<=50K"',
                 "++data.numeric={age: {lower: 17, upper: 90}, hours: {lower: 1, upper: 99}}",
                 "++data.categorical={sex: [Female, Male], region: [North, South, East, West]}",
                 "trainer.batch_size=100", f"hydra.run.dir={tmp_path}/run"], tmp_path)
@@ -326,7 +326,7 @@ def test_readme_first_own_data_walkthrough_runs_as_written(tmp_path):
 
     section = _doc_section("docs/quickstart.md", "## Step by step: your first own-data run")
     blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
-    assert len(blocks) == 5, "the walk-through's bash blocks changed: update this test"
+    assert len(blocks) == 6, "the walk-through's bash blocks changed: update this test"
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     res = subprocess.run(["bash", "-euo", "pipefail", "-c", "\n".join(blocks)], cwd=tmp_path, env=env,
@@ -334,6 +334,12 @@ def test_readme_first_own_data_walkthrough_runs_as_written(tmp_path):
     assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-3000:])
     work = tmp_path / "first-run"
     run, scored = work / "runs" / "people", work / "runs" / "people_scored"
+    # the check came first (issue 44): its report is private, the folder holds nothing else
+    check = json.loads((work / "checks" / "people" / "private" / "check.json").read_text())
+    assert check["rows"] == 32561 and check["categorical"]["marital_status"]["undeclared_rows"] > 0
+    assert sorted(p.name for p in (work / "checks" / "people").rglob("*") if p.is_file()) == ["check.json",
+                                                                                            "check.txt"]
+    assert "Settings that read or merge" in res.stdout or "No setting to add" in res.stdout
     privacy = json.loads((run / "privacy.json").read_text())
     assert privacy["epsilon"] <= 1.0 and privacy["noise_multiplier_source"] == "calibrated"
     assert "people.csv" in privacy["data"]

@@ -145,7 +145,16 @@ def test_encoded_rows_are_the_whole_array_encoding_bit_for_bit(threads):
     f32 = df["f32"].to_numpy(np.float64)[kept]
     assert rows.facts["clipped"]["f32"] == {"below_lower": int((f32 < 0).sum()), "above_upper": int((f32 > 1).sum())}
     assert rows.facts["clipped"]["count"]["above_upper"] == int((df["count"].to_numpy()[kept] > 40).sum())
-    assert rows.facts["dropped_in"] == ["f64"] and rows.facts["categories_matched"] == {"region": True, "sector": True}
+    assert rows.facts["rows"]["left_out_by"]["numeric"] == {"f64": {"missing": len(df) - len(kept), "infinite": 0}}
+    region, sector = (pd.Series(df[c].to_numpy(dtype=object)[kept]) for c in ("region", "sector"))
+
+    def other(col, declared):  # the kept rows whose value goes to <other>: missing, or not declared (stripped)
+        return {"missing": int(col.isna().sum()),
+                "undeclared": int((col.notna() & ~col.astype(str).str.strip().isin(declared)).sum())}
+
+    assert rows.facts["rows"]["lumped"] == {"region": other(region, ["north", "south", "east"]),
+                                            "sector": other(sector, ["a", "b", "c"])}
+    assert rows.facts["rows"]["lumped"]["sector"]["undeclared"] > 1000  # the 'd' rows
     # every row kept: the slices path, the same encoding
     full = table.encode_rows(df.assign(f64=df["f64"].fillna(0.25)), schema, seed=3)
     assert len(full.y_train) + len(full.y_test) == len(df)
@@ -157,7 +166,8 @@ def test_encode_features_and_unmatched_categories():
     x = table.encode_features(df.assign(f64=df["f64"].fillna(0.0)), schema, rows)
     assert np.array_equal(x, reference_features(df.assign(f64=df["f64"].fillna(0.0)), schema, rows))
     none = df.assign(region=pd.Categorical(["nowhere"] * len(df)), f64=df["f64"].fillna(0.0))
-    assert table.encode_rows(none, schema, seed=0).facts["categories_matched"]["region"] is False
+    assert table.encode_rows(none, schema, seed=0).facts["rows"]["lumped"]["region"] == {"missing": 0,
+                                                                                       "undeclared": len(df)}
 
 
 def test_row_uniform_is_unchanged():

@@ -99,9 +99,9 @@ def test_a_changed_file_schema_or_seed_is_another_entry(tmp_path, change):
 
 def test_refused_data_is_not_cached_and_is_refused_alike(tmp_path):
     path, cache = tmp_path / "t.parquet", tmp_path / "cache"
-    _frame().assign(y=np.int8(1)).to_parquet(path)  # one class only
+    _frame().assign(x=np.nan).to_parquet(path)  # every row left out by data.nonfinite=drop: no training row
     for _ in range(2):
-        with pytest.raises(DataError, match="all in one class"):
+        with pytest.raises(DataError, match="no training rows"):
             load_dataset(_config(path, cache), seed=1)
     assert not cache.exists() or not any(cache.iterdir())
 
@@ -113,8 +113,9 @@ def test_warnings_are_repeated_from_the_cached_facts(tmp_path, caplog):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="dptrain.data"):
             data = load_dataset(_config(path, cache), seed=1)
-        assert "clipped into them in numeric column(s) 'z'" in caplog.text
-        assert data.diagnostics["clipped"]["z"]["below_lower"] > 0
+        clipped = data.diagnostics["clipped"]["z"]
+        assert clipped["below_lower"] > 0
+        assert f"clipped into the declared bounds: z {clipped['below_lower'] + clipped['above_upper']}" in caplog.text
 
 
 def test_a_damaged_entry_and_an_unwritable_folder_are_named(tmp_path):
@@ -184,7 +185,7 @@ def test_a_run_folder_never_holds_the_key(tmp_path):
             if f.is_file():
                 assert key not in f.read_bytes().decode("latin-1"), f
     facts = json.loads((cache / key / "facts.json").read_text())
-    assert set(facts) >= {"clipped", "classes_seen", "any_test"}
+    assert set(facts) == {"clipped", "rows", "any_train", "any_test"} and facts["rows"]["read"] == 4000
 
 
 def test_a_sharded_read_refuses_the_cache_by_name(tmp_path):

@@ -181,7 +181,7 @@ def _bad_files(tmp: Path) -> list[tuple[str, Path, dict]]:
     df["y"] = np.where(df.y == 1, CAT, LABEL)
     p = tmp / "nopositive.csv"
     df.to_csv(p, index=False)
-    out.append(("positive label absent", p, {"positive": "yes"}))
+    out.append(("positive label absent", p, {"positive": "yes", "negative": "no"}))
     out.append(("text target with positive=null", p, {}))
 
     df = good.copy()
@@ -193,10 +193,17 @@ def _bad_files(tmp: Path) -> list[tuple[str, Path, dict]]:
     return out
 
 
+#: bad rows a declared rule handles (issue 44): the table loads, its rows left out and counted
+RUNS = {"target not 0/1", "bad split value", "one class"}
+
+
 def test_bad_data_errors_quote_no_private_value(tmp_path, caplog):
     caplog.set_level(logging.DEBUG)
     cases = _bad_files(tmp_path)
     for what, path, over in cases:
+        if what in RUNS:
+            assert load_dataset(data_cfg(path, **over), seed=0).n_train > 0, what
+            continue
         with pytest.raises(DataError) as ei:
             load_dataset(data_cfg(path, **over), seed=0)
         msg = str(ei.value)
@@ -206,9 +213,10 @@ def test_bad_data_errors_quote_no_private_value(tmp_path, caplog):
     assert_clean(caplog.text, "the log records of the loader")
 
 
-def test_dropped_rows_logged_without_counts(tmp_path, caplog):
-    """The drop warning names the columns, never how many rows were dropped (a private count:
-    issue 12, item 6)."""
+def test_dropped_rows_counted_in_one_private_line_only(tmp_path, caplog):
+    """How many rows were dropped is a private count (issue 12, item 6): since issue 44 it is in
+    private/data_diagnostics.json and in ONE console line marked PRIVATE for the data holder;
+    no other record quotes it."""
     df = table(60)
     df.loc[[1, 2], "a"] = np.nan
     df.loc[3, "b"] = -np.inf
@@ -217,8 +225,10 @@ def test_dropped_rows_logged_without_counts(tmp_path, caplog):
     with caplog.at_level(logging.DEBUG):
         ds = load_dataset(data_cfg(p, nonfinite="drop"), seed=0)
     assert ds.n_train + ds.n_test == 57
-    assert "dropped the rows with NaN/inf in numeric column(s) 'a', 'b'" in caplog.text
-    logged = " ".join(r.getMessage() for r in caplog.records)
+    private = [r.getMessage() for r in caplog.records if "PRIVATE counts" in r.getMessage()]
+    assert len(private) == 1 and "60 rows read, 57 used, 3 left out" in private[0]
+    assert "a 2 missing" in private[0] and "b 1 infinite" in private[0]
+    logged = " ".join(r.getMessage() for r in caplog.records if "PRIVATE counts" not in r.getMessage())
     assert not re.search(r"\b(1|2|3|57|60)\b", logged), logged
     assert_clean(caplog.text, "the drop warning")
 
@@ -272,10 +282,13 @@ def test_train_run_logs_console_and_tensorboard_hold_no_private_value(tmp_path, 
     acc = cli.run(_compose(_train_overrides(p)), run_dir=run)
     assert 0 <= acc <= 1
     out, err = capfd.readouterr()
-    assert "dropped the rows with NaN/inf" in caplog.text  # the run did see the planted rows
-    # ... and logged no count of them: 398 as a number of its own, not inside a printed coefficient
-    # (the noise is fresh per run, so a coefficient such as -0.023982 holds those digits by chance)
-    assert not re.search(r"(?<![\d.])398(?!\d|\.\d)", caplog.text)
+    # the run did see the planted rows and counted them in the one PRIVATE line for the data holder (console
+    # and private/dptrain.log), never in a publishable file
+    assert "400 rows read, 398 used, 2 left out" in caplog.text
+    public = [f for f in run.rglob("*") if f.is_file() and "private" not in f.parts and f.suffix != ".pt"]
+    assert public and not any(b"398 used" in f.read_bytes() or b"left_out" in f.read_bytes() for f in public)
+    diagnostics = json.loads((run / "private" / "data_diagnostics.json").read_text())
+    assert diagnostics["rows"]["left_out_by"]["numeric"]["a"]["missing"] == 2
     for text, where in ((caplog.text, "the log records"), (out, "stdout"), (err, "stderr (progress bar)")):
         assert_clean(text, where)
     privacy = json.loads((run / "privacy.json").read_text())
@@ -296,11 +309,11 @@ def test_refused_run_logs_no_private_value(tmp_path, caplog, capfd):
     p = tmp_path / "bad.csv"
     df.to_csv(p, index=False)
     caplog.set_level(logging.DEBUG)
-    with pytest.raises(SystemExit) as exc:
-        cli.run(_compose(_train_overrides(p)), run_dir=tmp_path / "run")
+    with pytest.raises(SystemExit) as exc:  # data.nonfinite=error: the user's choice of a refusal
+        cli.run(_compose([*_train_overrides(p), "data.nonfinite=error"]), run_dir=tmp_path / "run")
     assert exc.value.code == 2
     out, err = capfd.readouterr()
-    assert "column 'a' has non-numeric entries" in err and "3 non-numeric" not in err
+    assert "column 'a' has non-numeric entries" in err and "3 non-numeric" not in err  # data.nonfinite=error
     for text, where in ((caplog.text, "the log records"), (out, "stdout"), (err, "stderr")):
         assert_clean(text, where)
     for name in ("privacy.json", "privacy.txt", "metrics.json"):

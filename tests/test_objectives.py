@@ -16,7 +16,7 @@ import torch
 from hydra import compose, initialize_config_module
 
 from dptrain.core.errors import DPTrainError
-from dptrain.data import DataError, load_dataset, schema_from_config
+from dptrain.data import load_dataset, schema_from_config
 from dptrain.data.table import build_dataset
 from dptrain.models.networks import logit, mlp
 from dptrain.models.objectives import BINARY, OBJECTIVES, DataSpec, Multinomial
@@ -233,7 +233,7 @@ def _table(tmp_path, labels, name="t.csv"):
     return path, df
 
 
-def test_multiclass_target_is_class_indices_and_undeclared_labels_are_refused(tmp_path):
+def test_multiclass_target_is_class_indices_and_undeclared_labels_are_left_out(tmp_path):
     labels = ["lo", "mid", "hi", "mid"] * 25
     path, df = _table(tmp_path, labels)
     decl = {"target": "y", "classes": ["hi", "lo", "mid"], "numeric": {"a": {"lower": 0, "upper": 1}},
@@ -242,11 +242,16 @@ def test_multiclass_target_is_class_indices_and_undeclared_labels_are_refused(tm
     assert data.y_train.dtype == torch.int64 and data.spec.n_classes == 3
     codes = {"hi": 0, "lo": 1, "mid": 2}
     assert data.y_train.tolist() == [codes[v] for v in labels[::2]]
-    bad = df.assign(y=["lo", "mid", "Zebra-secret", "mid"] * 25)
-    with pytest.raises(DataError) as err:
-        build_dataset(bad, schema_from_config(decl), seed=0, source="t", origin="t")
-    assert "data.classes" in str(err.value) and "Zebra" not in str(err.value)
-    assert not any(ch.isdigit() for ch in str(err.value))  # no private count
+    bad = df.assign(y=["lo", "mid", "Zebra-secret", None] * 25)  # issue 44: left out and counted, not refused
+    data = build_dataset(bad, schema_from_config(decl), seed=0, source="t", origin="t")
+    assert data.y_train.tolist() == [codes["lo"]] * 25 and data.y_test.tolist() == [codes["mid"]] * 25
+    assert data.diagnostics["rows"]["left_out_by"]["target"] == {"y": {"missing": 25, "undeclared": 25}}
+    mapped = build_dataset(bad, schema_from_config({**decl, "label_map": {"y": {"Zebra-secret": "hi"}}}), seed=0,
+                           source="t", origin="t")
+    assert mapped.y_train.tolist() == [codes["lo"], codes["hi"]] * 25 and mapped.diagnostics["rows"]["mapped"] == {
+        "y": 25}
+    with pytest.raises(DPTrainError, match="data.label_map.y"):  # a map onto an undeclared class
+        schema_from_config({**decl, "label_map": {"y": {"Zebra-secret": "zebra"}}})
     with pytest.raises(DPTrainError, match="data.positive and data.classes"):
         schema_from_config({**decl, "positive": "hi"})
     with pytest.raises(DPTrainError, match="data.classes"):
@@ -284,8 +289,12 @@ def test_adult_target_choice_removes_it_from_the_features():
     assert base.target == "income" and base.positive == ">50K" and base.target_kind == "binary"
     with pytest.raises(DPTrainError, match="data.target='relationship' is not allowed alone"):
         schema_from_config(DataConfig(name="adult", schema="adult", target="relationship"))
-    sex = schema_from_config(DataConfig(name="adult", schema="adult", target="sex", positive="Female"))
+    sex = schema_from_config(DataConfig(name="adult", schema="adult", target="sex", positive="Female",
+                                        negative="Male"))
     assert sex.target_kind == "binary" and not any(f.startswith("sex=") for f in sex.feature_names)
+    assert sex.target_labels == ("Male", "Female") and base.target_labels == ("<=50K", ">50K")
+    with pytest.raises(DPTrainError, match="data.positive='Female' is not allowed alone"):
+        schema_from_config(DataConfig(name="adult", schema="adult", target="sex", positive="Female"))
 
 
 def _compose(overrides: list[str]):

@@ -67,7 +67,7 @@ def test_model_file_holds_weights_and_the_resolved_public_schema_only(logit_run)
     privacy = json.loads((logit_run / "privacy.json").read_text())
     assert state["guarantee"] == privacy["guarantee"] and state["privacy"]["epsilon"] == privacy["epsilon"]
     # the data config's other settings (paths, split, sizes) are not in the model file
-    assert set(schema) == {"target", "positive", "numeric", "categorical", "feature_names"}
+    assert set(schema) == {"target", "positive", "negative", "numeric", "categorical", "feature_names"}
     assert set(state) == {"format", "state_dict", "model", "in_features", "objective", "schema", "feature_names",
                           "guarantee", "privacy", "coefficients"}
     # the coefficient table (publishable, as coefficients.csv) travels with the model: load_model(run).coefficients()

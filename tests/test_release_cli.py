@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -150,29 +151,36 @@ def test_bad_release_input_refused_by_name(extra, needle, tmp_path, capsys):
     assert not (tmp_path / "release.csv").exists()
 
 
-def test_bad_tables_refused(tmp_path, capsys):
+def test_bad_rows_are_left_out_by_rule_and_counted(tmp_path, capsys, caplog):
+    """Issue 44: rows outside release.domain with release.clip=false, and x entries that are no
+    numbers, refused the table (a refusal that tells a table with one such row from its neighbour);
+    a table whose listed cells have too few rows was refused too. Each now runs: the rows are left
+    out by the stated rule, counted privately, and the cells without enough rows are not released."""
     outside = pd.DataFrame({"cell": [1, 2] * 10, "x": np.linspace(0, 2, 20), "y": 0.5})
     outside.to_csv(tmp_path / "out.csv", index=False)
     text = pd.DataFrame({"cell": [1, 2] * 10, "x": ["a"] * 20, "y": 0.5})
     text.to_csv(tmp_path / "text.csv", index=False)
     empty = tmp_path / "empty.csv"
     empty.write_text("cell,x,y\n")
-    cases = [("out.csv", ["release.clip=false"], "outside the declared domain"),
-             ("text.csv", [], "non-numeric")]
-    for name, extra, needle in cases:
-        with pytest.raises(SystemExit):
-            _run(["task=release", "data=table", f"data.path={tmp_path / name}", "release.cell_values={cell: [1, 2]}",
-                  *extra], tmp_path / "run" / name)
-        err = capsys.readouterr().err
-        assert needle in err, (name, err)
-        assert not (tmp_path / "run" / name / "release.csv").exists()
-    # a header-only table over declared cells: no cell can have release.min_n rows, refused by that
-    # setting before any method runs and before anything is written
-    with pytest.raises(SystemExit):
-        _run(["task=release", "data=table", f"data.path={empty}", "release.cell_values={cell: [1, 2]}"],
-             tmp_path / "run" / "empty")
-    assert "release.min_n=3: no listed cell has at least 3 rows" in capsys.readouterr().err
-    assert not (tmp_path / "run" / "empty" / "release.csv").exists()
+    caplog.set_level(logging.INFO, logger="dptrain")
+    cases = [("out.csv", ["release.clip=false"], {"domain": {"outside (release.clip=false)": 10}}, 10),
+             ("text.csv", [], {"x": {"missing_or_not_a_number": 20}}, 20), ("empty.csv", [], {}, 0)]
+    for name, extra, left, n_left in cases:
+        run = tmp_path / "run" / name
+        _run(["task=release", "data=table", f"data.path={tmp_path / name}", "release.cell_values={cell: [1, 2]}",
+              *extra], run)
+        released = pd.read_csv(run / "release.csv")
+        assert len(released) == 2, name  # every listed cell, released or not
+        rows = json.loads((run / "private" / "data_diagnostics.json").read_text())["rows"]
+        assert rows["left_out"] == n_left and all(rows["left_out_by"][k] == v for k, v in left.items()), (name, rows)
+        public = (run / "release.csv").read_text() + (run / "release.json").read_text()
+        assert "not_listed_or_missing" not in public and "rows read" not in public
+    assert "20 rows read, 0 used, 20 left out" in caplog.text and "dptrain check" in caplog.text
+    with pytest.raises(SystemExit):  # data.nonfinite=error: the user's choice of a refusal
+        _run(["task=release", "data=table", f"data.path={tmp_path / 'text.csv'}", "data.nonfinite=error",
+              "release.cell_values={cell: [1, 2]}"], tmp_path / "run" / "strict")
+    assert "non-numeric" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "strict" / "release.csv").exists()
 
 
 def test_custom_statistic_through_the_cli(tmp_path, monkeypatch):

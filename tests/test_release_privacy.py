@@ -100,7 +100,8 @@ def test_release_refused_without_a_declaration_before_any_row_is_read(tmp_path, 
 
 def test_cell_keys_file_and_rows_outside_left_out_without_count(tmp_path, caplog):
     """A cell-keys file declares a domain that is not a product; rows of undeclared cells (and
-    rows with a missing cell value) are left out one by one, and the log says so without a count."""
+    rows with a missing cell value) are left out one by one, counted in private/data_diagnostics.json
+    and in the one PRIVATE console line for the data holder, in no other log record."""
     d = _table([30, 40, 25, 1013, 20], names=["a", "b", "c", "zzz", "d"])
     d.loc[d.index[:3], "cell"] = None
     keys = tmp_path / "keys.csv"
@@ -110,8 +111,11 @@ def test_cell_keys_file_and_rows_outside_left_out_without_count(tmp_path, caplog
     assert list(rel.cell) == ["a", "b", "c", "d", " e "] or list(rel.cell) == ["a", "b", "c", "d", "e"]
     assert set(rel.group) == {"N", "S"} and len(meta["chi"]) == 2  # chi groups from the public key file
     assert not rel.loc[4, "released"] and rel.loc[4, "reason"] == "n < 3"  # declared, no rows
-    assert any("not listed" in m for m in caplog.messages)
-    assert not any("1013" in m or "1016" in m for m in caplog.messages)
+    private = [m for m in caplog.messages if "PRIVATE counts" in m]
+    assert len(private) == 1 and "cells: 1016 not_listed_or_missing" in private[0]
+    assert not any("1013" in m or "1016" in m for m in caplog.messages if "PRIVATE counts" not in m)
+    rows = json.loads((tmp_path / "run" / "private" / "data_diagnostics.json").read_text())["rows"]
+    assert rows["left_out_by"]["cells"] == {"not_listed_or_missing": 1016}
 
 
 def test_selection_threshold_is_exact():
@@ -314,13 +318,19 @@ def test_logs_and_errors_quote_no_private_count(tmp_path, caplog, capsys):
     bad.loc[bad.index[:1013], "x"] = "n/a"
     bad.loc[bad.index[:1117], "y"] = 3.0
     bad.to_csv(tmp_path / "bad.csv", index=False)
-    for extra in (["release.chi_by=[region]"], ["release.clip=false", "release.x=y"], [],
+    for extra in (["release.chi_by=[region]"], ["data.nonfinite=error"],
                   ["release.rate_outcome=true", "release.method=suppression_10", "release.y=x", "release.x=y"]):
-        src = p if extra and extra[0] != "release.clip=false" else tmp_path / "bad.csv"
+        src = p if extra[0].startswith("release.") else tmp_path / "bad.csv"
         with pytest.raises(SystemExit):
             _run(["task=release", "data=table", f"data.path={src}", DECLARED, *extra], tmp_path / "bad")
+    # rows outside the domain (release.clip=false) and x entries that are no numbers: left out by rule (issue 44)
+    for n, extra in enumerate((["release.clip=false", "release.x=y"], [])):
+        _run(["task=release", "data=table", f"data.path={tmp_path / 'bad.csv'}", DECLARED, *extra],
+             tmp_path / f"ran{n}")
     out, err = capsys.readouterr()
-    assert err.count("dptrain: error:") == 4
-    for text in (*caplog.messages, out, err):
+    assert err.count("dptrain: error:") == 3
+    private = [m for m in caplog.messages if "PRIVATE counts" in m]  # the data holder's one line per run
+    assert private and all("rows read" in m for m in private)
+    for text in (*(m for m in caplog.messages if "PRIVATE counts" not in m), out, err):
         for c in COUNTS:
             assert c not in text, (c, text[:300])

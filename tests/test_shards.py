@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 NUMERIC = {"x0": {"lower": -1, "upper": 1}, "x1": {"lower": -1, "upper": 1}, "x2": {"lower": 0, "upper": 10}}
 CATEGORICAL = {"cat": ["a", "b", "c"]}
-SCHEMA_ARGS = ["data=table", "data.target=y", "data.positive=yes",
+SCHEMA_ARGS = ["data=table", "data.target=y", "data.positive=yes", "data.negative=no",
                "++data.numeric={x0: {lower: -1, upper: 1}, x1: {lower: -1, upper: 1}, x2: {lower: 0, upper: 10}}",
                "++data.categorical={cat: [a, b, c]}"]
 # file name -> row-group sizes (several files, several row groups, unequal sizes)
@@ -84,7 +84,7 @@ def write_set(root: Path, layout: dict[str, list[int]] = LAYOUT, seed: int = 0) 
 
 
 def data_cfg(path: Path, **extra) -> dict:
-    return {"name": "table", "path": str(path), "target": "y", "positive": "yes", "numeric": NUMERIC,
+    return {"name": "table", "path": str(path), "target": "y", "positive": "yes", "negative": "no", "numeric": NUMERIC,
             "categorical": CATEGORICAL, **extra}
 
 
@@ -219,18 +219,22 @@ def test_a_refused_shard_is_refused_on_every_rank_with_the_whole_tables_error(tm
     bad.loc[5, "x0"] = "SECRETVALUE"
     for name, df in (("a.parquet", good), ("b.parquet", bad)):
         pq.write_table(pa.Table.from_pandas(df, preserve_index=False), root / name)
+    strict = data_cfg(root, nonfinite="error")  # the user's choice of a refusal that depends on the rows
     with pytest.raises(DataError) as whole:
-        load_dataset(data_cfg(root), seed=0)
-    errors = Threads(2).run(lambda d: load_shard(data_cfg(root), open_parquet_set(root), seed=0, dist=d))
+        load_dataset(strict, seed=0)
+    errors = Threads(2).run(lambda d: load_shard(strict, open_parquet_set(root), seed=0, dist=d))
     assert all(isinstance(e, DataError) for e in errors), errors
     assert str(errors[0]) == str(errors[1]) == str(whole.value)
     assert "data.numeric.x0" in str(whole.value) and "SECRETVALUE" not in str(whole.value)
-    # a check over every row: no row anywhere with the positive label
+    # with data.nonfinite=drop (the default) the row is left out on its shard, and counted over every shard
+    parts = Threads(2).run(lambda d: load_shard(data_cfg(root), open_parquet_set(root), seed=0, dist=d))
+    assert {p.diagnostics["rows"]["left_out_by"]["numeric"]["x0"]["not_a_number"] for p in parts} == {1}
+    # no row anywhere with the positive label: every shard loads (issue 44: a refusal would tell it)
     for name, df in (("a.parquet", good), ("b.parquet", _frame(200, 2))):
         df = df.assign(y="no")
         pq.write_table(pa.Table.from_pandas(df, preserve_index=False), root / name)
-    errors = Threads(2).run(lambda d: load_shard(data_cfg(root), open_parquet_set(root), seed=0, dist=d))
-    assert all(isinstance(e, DataError) and "data.positive='yes'" in str(e) for e in errors), errors
+    parts = Threads(2).run(lambda d: load_shard(data_cfg(root), open_parquet_set(root), seed=0, dist=d))
+    assert all(not isinstance(p, Exception) and float(p.y_train.max()) == 0.0 for p in parts), parts
     # a declared column missing from one file: from the metadata, naming that file
     pq.write_table(pa.Table.from_pandas(good.drop(columns=["cat"]), preserve_index=False), root / "b.parquet")
     with pytest.raises(DataError, match="data.categorical.cat: column 'cat' is not in .*the folder's file 'b.parquet'"):

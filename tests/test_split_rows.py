@@ -28,7 +28,7 @@ def survey(n: int, seed: int) -> pd.DataFrame:
 
 
 def cfg(path, **over) -> dict:
-    out = dict(name="table", path=str(path), format="auto", target="married", positive=1,
+    out = dict(name="table", path=str(path), format="auto", target="married", positive=1, negative=0,
                numeric={"educ": {"lower": 1, "upper": 16}}, categorical={}, nonfinite="error",
                split_column=None, test_fraction=0.25)
     out.update(over)

@@ -50,7 +50,8 @@ def _survey(path: Path, n: int, seed: int, *, rid: bool = False, region: bool = 
     return df
 
 
-SURVEY = ["data=table", "data.target=married", "data.positive=1", "++data.numeric={educ: {lower: 1, upper: 16}}"]
+SURVEY = ["data=table", "data.target=married", "data.positive=1", "data.negative=0",
+          "++data.numeric={educ: {lower: 1, upper: 16}}"]
 
 
 def test_finding1_the_default_split_gives_the_row_id_splits_accuracy(tmp_path):
@@ -177,7 +178,7 @@ def test_finding5_a_non_private_run_is_the_exact_glm_with_aliased_terms_marked(t
     df["y"] = (rng.uniform(size=n) < 1 / (1 + np.exp(-eta))).astype(int)
     df.to_csv(tmp_path / "t.csv", index=False)
     over = ["experiment=logit_nonprivate", "data=table", f"data.path={tmp_path}/t.csv", "data.target=y",
-            "data.positive=1", "++data.categorical={region: [a, b, c]}",
+            "data.positive=1", "data.negative=0", "++data.categorical={region: [a, b, c]}",
             "++data.numeric={age: {lower: 20, upper: 70}, region_code: {lower: 1, upper: 3}}"]
     tables = [pd.read_csv(_run(tmp_path / f"run{k}", over) / "coefficients.csv").set_index("term") for k in (0, 1)]
     table = tables[0]

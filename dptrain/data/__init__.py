@@ -47,6 +47,7 @@ from dptrain.data.table import (
     check_rows,
     dataset_from_rows,
     detect_format,
+    diagnostics,
     encode_checked,
     encode_features,
     numeric_spec,
@@ -155,8 +156,9 @@ def _get(obj: Any, name: str, default: Any = None) -> Any:
     return getattr(obj, name, default)
 
 
-DECLARATION_KEYS = ("target", "positive", "classes", "target_bounds", "numeric", "categorical", "split_column",
-                    "nonfinite", "test_fraction", "split_key")
+DECLARATION_KEYS = ("target", "positive", "negative", "classes", "target_bounds", "numeric", "categorical",
+                    "split_column", "nonfinite", "test_fraction", "split_key", "label_map", "unlisted", "thousands",
+                    "decimal")
 
 
 def shipped_schema(key: Any) -> dict[str, Any]:
@@ -176,8 +178,8 @@ def _shipped_declaration(cfg: Any, key: Any) -> dict[str, Any]:
         if _get(cfg, own):
             raise ConfigError(f"data.{own} is not allowed with data.schema={key!r} (the shipped schema "
                               "declares the columns); use data=table to declare your own")
-    out = {"nonfinite": "error", "test_fraction": 0.25, "positive": None, "split_column": None, "split_key": None,
-           "classes": None, "target_bounds": None, **shipped_schema(key)}
+    out = {"nonfinite": "drop", "test_fraction": 0.25, "positive": None, "negative": None, "split_column": None,
+           "split_key": None, "classes": None, "target_bounds": None, **shipped_schema(key)}
     exclude = [str(c).strip() for c in (_get(cfg, "exclude") or [])]
     columns = [*out["numeric"], *out["categorical"]]
     for c in exclude:
@@ -186,7 +188,7 @@ def _shipped_declaration(cfg: Any, key: Any) -> dict[str, Any]:
                               f"schema {key!r}; allowed: a list of {', '.join(columns)}")
     out["numeric"] = {c: v for c, v in out["numeric"].items() if c not in exclude}
     out["categorical"] = {c: v for c, v in out["categorical"].items() if c not in exclude}
-    target, positive = _get(cfg, "target"), _get(cfg, "positive")
+    target, positive, negative = _get(cfg, "target"), _get(cfg, "positive"), _get(cfg, "negative")
     bounds = _get(cfg, "target_bounds")
     bounds = None if bounds is None or (_get(bounds, "lower") is None and _get(bounds, "upper") is None) else bounds
     kind_given = _get(cfg, "classes") is not None or bounds is not None
@@ -198,9 +200,14 @@ def _shipped_declaration(cfg: Any, key: Any) -> dict[str, Any]:
                               "upper: U} (continuous) or data.positive=LABEL (binary)")
         out["numeric"] = {c: v for c, v in out["numeric"].items() if c != target}
         out["categorical"] = {c: v for c, v in out["categorical"].items() if c != target}
-        out.update(target=target, positive=positive)
-    elif positive is not None or kind_given:  # the shipped target declared another way
-        out["positive"] = positive
+        out.update(target=target, positive=positive, negative=negative)
+    elif kind_given:  # the shipped target declared another way
+        out.update(positive=positive, negative=negative)
+    elif positive is not None or negative is not None:  # the shipped negative goes with the shipped positive only
+        shipped = out["positive"]
+        out["positive"] = positive if positive is not None else shipped
+        keep = out["negative"] if out["positive"] == shipped else None
+        out["negative"] = negative if negative is not None else keep
     out.update(classes=_get(cfg, "classes"), target_bounds=bounds)
     return out
 
@@ -215,7 +222,7 @@ def declaration(cfg: Any) -> dict[str, Any]:
     if key is not None:
         return _shipped_declaration(cfg, key)
     out = {k: _get(cfg, k) for k in DECLARATION_KEYS}
-    out["nonfinite"] = out["nonfinite"] or "error"
+    out["nonfinite"] = out["nonfinite"] or "drop"
     out["test_fraction"] = 0.25 if out["test_fraction"] is None else out["test_fraction"]
     if _get(cfg, "name") == "synthetic":
         _, _, numeric = _synthetic_schema(cfg)
@@ -223,10 +230,10 @@ def declaration(cfg: Any) -> dict[str, Any]:
     return out
 
 
-def schema_from_config(cfg: Any, *, numeric: Any = None) -> Schema:
+def schema_from_config(cfg: Any, *, numeric: Any = None, require_negative: bool = True) -> Schema:
     """The checked public schema of a data config (any source; :func:`declaration`).
     ``numeric`` replaces the declared numeric columns. Raises ConfigError."""
-    return _schema_from_declaration(declaration(cfg), numeric=numeric)
+    return _schema_from_declaration(declaration(cfg), numeric=numeric, require_negative=require_negative)
 
 
 def load_dataset(cfg: Any, *, seed: int) -> Dataset:
@@ -283,8 +290,9 @@ def _load_table(cfg: Any, *, seed: int) -> Dataset:
         rows = load_cached(cache, key)
     if rows is None:
         df = read_folder(path, schema, fmt) if folder else read_table(path, fmt=fmt, columns=schema.read_columns,
-                                                                         delimiter=delimiter)
-        rows = encode_checked(df, schema, seed=seed, origin=origin)
+                                                                         delimiter=delimiter,
+                                                                         text_columns=schema.text_columns)
+        rows = encode_checked(df, schema, seed=seed, origin=origin, holder=True)
         del df  # the raw columns: only the encoded rows are kept
         release_arrow_memory()
         if cache:
@@ -292,16 +300,17 @@ def _load_table(cfg: Any, *, seed: int) -> Dataset:
             log.info("data: encoded rows written to data.cache (later runs with this file, schema and seed read "
                      "them from there)")
     else:
-        check_rows(rows.facts, schema, origin)
+        check_rows(rows.facts, schema, origin, holder=True)
         log.info("data: encoded rows read from data.cache (the same file, schema and seed)")
     kind = "parquet" if folder else detect_format(path, fmt)
     source = f"user table {str(path)!r} ({kind}); attribution/licence: as given by the data owner"
-    return dataset_from_rows(rows, schema, source=source, diagnostics={"clipped": rows.facts["clipped"]})
+    return dataset_from_rows(rows, schema, source=source, diagnostics=diagnostics(rows.facts))
 
 
 def write_data_diagnostics(run_dir: str | Path, data: Dataset) -> dict[str, str]:
     """Write the data's PRIVATE diagnostics (how many values were clipped into the declared
-    bounds, per column) to ``<run_dir>/private/data_diagnostics.json``; returns the FILES.txt
+    bounds, per column; how many rows the declared rules read, left out, lumped, relabelled) to
+    ``<run_dir>/private/data_diagnostics.json``; returns the FILES.txt
     entry ({path: description}) for the run's private files ({} when there is nothing to write)."""
     if not data.diagnostics:
         return {}
@@ -309,4 +318,5 @@ def write_data_diagnostics(run_dir: str | Path, data: Dataset) -> dict[str, str]
     return {f"private/{DIAGNOSTICS_FILE}": DIAGNOSTICS_NOTE}
 
 
-DIAGNOSTICS_NOTE = "counts about the private rows (values clipped into the declared bounds, per column)"
+DIAGNOSTICS_NOTE = ("counts about the private rows: values clipped into the declared bounds, per column; rows read, "
+                    "left out, lumped into <other> and relabelled by the declared rules")

@@ -3,11 +3,12 @@ once; every later run memory-maps the encoded matrices.
 
 An entry is a folder ``<data.cache>/<key>/`` holding ``x_train.npy``, ``y_train.npy``,
 ``x_test.npy``, ``y_test.npy``, ``facts.json`` (the private facts the checks over every row
-need: columns with dropped rows, clipped counts, the classes among the training rows, ...) and
+need: whether each split side has rows, the clipped counts, the declared rules' counts) and
 ``sha256.json`` (the SHA-256 of each of those five files, written with them). The
 key is a SHA-256 over the data file's bytes (every file of a Parquet folder, with their names),
-the data declaration that shapes the encoding (target, schema, split, ``nonfinite``, format,
-delimiter), the seed (it keys the split) and the cache's format version: a different file, schema
+the data declaration that shapes the encoding (target and its labels, schema, label maps, rules,
+number format, split, format, delimiter), the seed (it keys the split) and the cache's format
+version: a different file, schema
 or seed is a different entry, never a stale one. An entry is written to a temporary folder and
 renamed into place (concurrent runs of a sweep may both write: the first rename wins, the other
 is dropped). A run that reads an entry runs the same checks over its facts as a run that encodes,
@@ -43,7 +44,7 @@ from dptrain.core.errors import DPTrainError
 from dptrain.data.table import EncodedRows, Schema
 
 #: bump when the encoding or the entry's layout changes (old entries are then never read)
-CACHE_VERSION = 2  # 2: sha256.json and private modes
+CACHE_VERSION = 3  # 2: sha256.json and private modes; 3: the declared rules' counts in facts.json
 ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 FILES = (*(f"{name}.npy" for name in ARRAYS), "facts.json")
 DIGESTS = "sha256.json"
@@ -81,15 +82,11 @@ def cache_key(path: str | Path, schema: Schema, *, seed: int, fmt: str, delimite
 
 
 def _facts_to_json(facts: dict[str, Any]) -> dict[str, Any]:
-    out = dict(facts)
-    out["classes_seen"] = sorted(facts["classes_seen"])
-    return out
+    return dict(facts)  # counts and flags only: JSON as they are
 
 
 def _facts_from_json(facts: dict[str, Any]) -> dict[str, Any]:
-    out = dict(facts)
-    out["classes_seen"] = set(facts["classes_seen"])
-    return out
+    return dict(facts)
 
 
 def check_writable(folder: str | Path) -> None:

@@ -11,14 +11,15 @@ balanced by rows; every process gets at least one piece (there are at least as m
 processes, or the run is refused before any row is read).
 
 Each process encodes its rows with the PUBLIC schema (:func:`dptrain.data.table.encode_rows`):
-bounds, category lists and the per-row keyed hash split depend on the row alone, so a shard's
-encoding and split are exactly the whole table's for those rows. The checks that need every row
-(no positive label anywhere, a split side with no row, one class only, every row dropped) run on
-facts combined over the processes (``all_gather_object``), and so does an error: a process whose
+bounds, category lists, the declared rules and the per-row keyed hash split depend on the row
+alone, so a shard's encoding and split are exactly the whole table's for those rows. The check
+that needs every row (at least one training row) runs on facts combined over the processes
+(``all_gather_object``), and so does an error: a process whose
 shard is refused shares the message and every process raises the same error before training. The
 job's N (training rows) and test count are the sums of the processes' counts; no process holds
 every row. The row counts (the pieces' sizes included) are never logged or written anywhere
-public; the private diagnostics (values clipped, per column) are summed over the processes.
+public; the private diagnostics (values clipped, rows left out, lumped, relabelled) are summed over
+the processes, and rank 0 logs their one console line for the data holder.
 
 ``data.sharding``: ``auto`` (default: shard when the data set is partitioned, i.e. has at least
 2 pieces), ``row_groups`` (always shard; refuse what cannot be) or ``off`` (every process reads
@@ -51,6 +52,7 @@ from dptrain.data.parquet import (
     open_parquet_set,
     read_rows,
 )
+from dptrain.data.rules import add_counts
 from dptrain.data.table import (
     DataError,
     Dataset,
@@ -59,6 +61,7 @@ from dptrain.data.table import (
     check_rows,
     dataset_from_rows,
     detect_format,
+    diagnostics,
     encode_rows,
 )
 
@@ -178,18 +181,15 @@ def _encode_shard(pset: ParquetSet, pieces: list[Piece], schema: Schema, seed: i
 
 
 def combine_facts(parts: Sequence[dict[str, Any]], schema: Schema) -> dict[str, Any]:
-    """The facts of the union of disjoint parts' rows (:func:`dptrain.data.table.encode_rows`)."""
-    order = [s.name for s in schema.numeric] + ([schema.target] if schema.target_bounds is not None else [])
-    positive = [f["positive_seen"] for f in parts if f["positive_seen"] is not None]
+    """The facts of the union of disjoint parts' rows (:func:`dptrain.data.table.encode_rows`):
+    the counts summed, the sides' flags or-ed."""
+    rows = parts[0]["rows"]
+    for f in parts[1:]:
+        rows = add_counts(rows, f["rows"])
     clipped = {c: {k: sum(f["clipped"][c][k] for f in parts) for k in ("below_lower", "above_upper")}
                for c in parts[0]["clipped"]}
-    return {"kept": any(f["kept"] for f in parts),
-            "dropped_in": [c for c in order if any(c in f["dropped_in"] for f in parts)],
-            "positive_seen": any(positive) if positive else None,
-            "any_train": any(f["any_train"] for f in parts), "any_test": any(f["any_test"] for f in parts),
-            "classes_seen": set().union(*(f["classes_seen"] for f in parts)), "clipped": clipped,
-            "categories_matched": {c: any(f["categories_matched"][c] for f in parts)
-                                   for c in parts[0].get("categories_matched", {})}}
+    return {"any_train": any(f["any_train"] for f in parts), "any_test": any(f["any_test"] for f in parts),
+            "clipped": clipped, "rows": rows}
 
 
 _ERRORS = {"DataError": DataError, "ConfigError": ConfigError}
@@ -229,13 +229,13 @@ def load_shard(data_cfg: Any, pset: ParquetSet, *, seed: int, dist: Any) -> Data
     everyone = dist.all_gather_objects(mine)
     _raise_first_error(everyone)
     facts = combine_facts([o["facts"] for o in everyone], schema)
-    check_rows(facts, schema, pset.origin())  # the whole data set's checks, the same on every process
+    check_rows(facts, schema, pset.origin(), holder=rank == 0)  # the whole data set's check, on every process
     if rank == 0:
         log.info("data: sharded read of %s: %d processes, each reads only its own Parquet row groups", pset.origin(),
                  world)
     source = f"user table {str(pset.path)!r} (parquet); attribution/licence: as given by the data owner"
     return dataset_from_rows(rows, schema, source=source,
-                             diagnostics={"clipped": facts["clipped"]}, shard=(rank, world),
+                             diagnostics=diagnostics(facts), shard=(rank, world),
                              global_n_train=sum(o["train"] for o in everyone),
                              global_n_test=sum(o["test"] for o in everyone))
 

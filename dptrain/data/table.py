@@ -5,12 +5,15 @@ Nothing here is fitted on the rows (docs/privacy.md):
 * numeric column: clipped into the declared ``[lower, upper]`` (then ``log1p`` of value and
   bounds when ``transform: log1p``), scaled to ``[0, 1]`` by those bounds;
 * categorical column: one-hot over the declared category list plus one ``<other>`` slot for
-  every value not in the list, missing values included;
-* target: 1 where the value (as a stripped string) equals ``data.positive``, else 0; with
-  ``positive: null`` the column must already be numeric 0/1 (a binary target); with
-  ``data.classes`` (a multiclass target) the index of the value in that PUBLIC list (int64),
-  every row's label must be one of them; with ``data.target_bounds`` (a continuous target)
-  the value clipped into the PUBLIC ``[lower, upper]`` and scaled to ``[0, 1]`` by them;
+  every value not in the list, missing values included (``data.unlisted=drop``: such rows are
+  left out instead);
+* target: 1 where the value equals ``data.positive``, 0 where it equals ``data.negative`` (both
+  declared); with neither, the column holds 0/1; with ``data.classes`` (a multiclass target)
+  the index of the value in that PUBLIC list (int64); with ``data.target_bounds`` (a
+  continuous target) the value clipped into the PUBLIC ``[lower, upper]`` and scaled to
+  ``[0, 1]`` by them. A row whose target is not a declared label (a missing one included) is
+  left out and counted, never read as a negative; ``data.label_map`` maps a file's label to a
+  declared one first. Labels compare as stripped strings in Unicode's composed form (NFC);
 * train/test split: the ``split_column`` ("train"/"test"), or else a per-row hash split
   (:func:`split_scores`) that no single row can move.
 
@@ -29,14 +32,14 @@ count and is never logged); with few distinct rows (e.g. only a few categorical 
 groups of identical rows share a side: declare a ``split_column`` then. The permutation split
 used before moved hundreds of rows of a 1,000-row table when one row was added.
 
-Refused (DataError): empty / header-only files, non-UTF-8 CSV, CSV rows whose field count differs
-from the header's (pandas would pad, truncate or shift them silently), duplicate column names,
-missing declared columns, non-numeric / non-finite numeric entries, nested (list / struct)
-labels, a binary target that is not 0/1 or whose training rows are all in one class, a multiclass
-target with a label not among ``data.classes`` (a missing label included; the error never says
-which label or how many rows) or with one class only among the training rows, a continuous target
-with non-numeric entries (non-finite ones follow ``data.nonfinite``), a split with no train or no
-test row.
+Rows outside the declared domain are handled by declared rules, each row on its own, and counted
+(:mod:`dptrain.data.rules`; private/data_diagnostics.json and one console line for the data
+holder): nothing about what one row holds is refused (docs/data.md), except with
+``data.nonfinite=error``, the user's choice. Refused (DataError) before any row is used:
+a missing, empty or header-only file, non-UTF-8 CSV, CSV rows whose field count differs from the
+header's (pandas would pad, truncate or shift them silently), duplicate column names, missing
+declared columns, nested (list / struct) labels, dates in a numeric column; after the rows are
+read, only a read that leaves no training row (:data:`NO_TRAINING_ROWS`).
 
 Large tables: the rows are encoded in blocks straight into preallocated train and test matrices,
 and the split's hash runs in place by blocks (:mod:`dptrain.data.blocks`); a numeric column is
@@ -45,10 +48,11 @@ whole-array computation, bit for bit (docs/large_tables.md).
 
 Error messages and log lines name the setting and the column, say what was found in words and
 what is allowed. They quote no value read from the file (a headerless file's "column names" are
-row values, so those are not quoted either) and no count of rows or of entries (bad entries,
-dropped rows, rows per class or per split side, line numbers): such counts change when one row
-is added or removed, so they are private. The size N of the training set is public (the
-accountant's q = B/N uses it), and so is the number of columns in the header.
+row values, so those are not quoted either). Counts of rows or entries (left out, lumped, clipped,
+per split side) change when one row is added or removed, so they are private: they are in
+private/data_diagnostics.json and in ONE console line marked PRIVATE for the data holder (a
+user's table), never in an error or a publishable file. The size N of the training set is public
+(the accountant's q = B/N uses it), and so is the number of columns in the header.
 """
 
 from __future__ import annotations
@@ -74,11 +78,21 @@ import torch
 from dptrain.core.errors import DPTrainError
 from dptrain.core.validation import ConfigError, closest
 from dptrain.data.blocks import HashKeys, hash_scores, keyed_word, map_blocks, row_blocks, take
+from dptrain.data.rules import CHECK_HINT, RowCounts, counts_line, number_shapes, parse_numbers, shape_setting
+from dptrain.data.schema import (  # noqa: F401 - the schema's names, as before from this module
+    OTHER,
+    NumericSpec,
+    Schema,
+    _get,
+    _label,
+    _nfc,
+    numeric_spec,
+    schema_from_config,
+)
 from dptrain.models.objectives import DataSpec
 
 log = logging.getLogger("dptrain.data")
 
-OTHER = "<other>"  # name of the extra one-hot slot: feature "col=<other>"
 FORMATS = ("csv", "parquet", "dta")
 _CSV_COMPRESSION = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 
@@ -150,202 +164,6 @@ class Dataset:
         the declared classes or target bounds."""
         return DataSpec(n_features=self.n_features, target_kind=self.target_kind,
                         class_names=tuple(self.class_names), target_bounds=self.target_bounds)
-
-
-# --------------------------------------------------------------------------------------------
-# Schema (from DataConfig, a DictConfig of it, or a plain mapping)
-# --------------------------------------------------------------------------------------------
-
-
-def _get(obj: Any, name: str, default: Any = None) -> Any:
-    if isinstance(obj, Mapping):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
-
-
-@dataclass(frozen=True)
-class NumericSpec:
-    name: str
-    lower: float
-    upper: float
-    transform: str = "none"
-
-
-@dataclass(frozen=True)
-class Schema:
-    """The public schema, checked. Built by :func:`schema_from_config`."""
-
-    target: str
-    positive: str | None
-    numeric: tuple[NumericSpec, ...]
-    categorical: tuple[tuple[str, tuple[str, ...]], ...]
-    split_column: str | None = None
-    nonfinite: str = "error"
-    test_fraction: float = 0.25
-    classes: tuple[str, ...] | None = None  # a multiclass target's PUBLIC class list (data.classes)
-    target_bounds: tuple[float, float] | None = None  # a continuous target's PUBLIC bounds (data.target_bounds)
-    #: the hash split's key columns (data.split_key); None: every column of the file (the raw row)
-    split_key: tuple[str, ...] | None = None
-
-    @property
-    def target_kind(self) -> str:
-        return "multiclass" if self.classes is not None else ("continuous" if self.target_bounds is not None
-                                                              else "binary")
-
-    def data_spec(self, *, extra_features: int = 0) -> Any:
-        """The :class:`dptrain.models.objectives.DataSpec` of this schema (no row is read)."""
-        return DataSpec(n_features=len(self.feature_names) + extra_features, target_kind=self.target_kind,
-                        class_names=tuple(self.classes or ()), target_bounds=self.target_bounds)
-
-    @property
-    def feature_columns(self) -> list[str]:
-        return [s.name for s in self.numeric] + [c for c, _ in self.categorical]
-
-    @property
-    def columns(self) -> list[str]:
-        cols = [self.target] + self.feature_columns
-        return cols + ([self.split_column] if self.split_column else [])
-
-    @property
-    def read_columns(self) -> list[str] | None:
-        """The columns a reader must load: the declared ones and the split's key (None: every
-        column, the hash split keyed on the whole raw row)."""
-        if self.split_column is None and self.split_key is None:
-            return None
-        return list(dict.fromkeys(self.columns + list(self.split_key or ())))
-
-    @property
-    def feature_names(self) -> tuple[str, ...]:
-        names = [s.name for s in self.numeric]
-        for col, cats in self.categorical:
-            names += [f"{col}={c}" for c in cats] + [f"{col}={OTHER}"]
-        return tuple(names)
-
-
-def _number(setting: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{setting}={value!r} is not allowed: must be a number")
-    return float(value)
-
-
-def numeric_spec(name: str, spec: Any, *, setting: str | None = None) -> NumericSpec:
-    """Normalise one ``data.numeric.<name>`` entry (NumericColumn, DictConfig or mapping);
-    ``setting`` names it in errors (default ``data.numeric.<name>``)."""
-    setting = setting or f"data.numeric.{name}"
-    if spec is None or not (isinstance(spec, Mapping) or hasattr(spec, "lower")):
-        raise ConfigError(f"{setting}={spec!r} is not allowed: give {{lower: ..., upper: ...}} (optionally "
-                          "transform: log1p)")
-    for bound in ("lower", "upper"):  # no default range: a silent [0, 1] clips every age to 1
-        if _get(spec, bound) is None:
-            raise ConfigError(f"{setting}.{bound} is missing: declare both PUBLIC bounds, e.g. "
-                              f"'++{setting}={{lower: 0, upper: 100}}'; allowed: finite numbers with lower < upper "
-                              "(from documentation or domain knowledge, never from the rows)")
-    lo = _number(f"{setting}.lower", _get(spec, "lower"))
-    hi = _number(f"{setting}.upper", _get(spec, "upper"))
-    for bound, value in (("lower", lo), ("upper", hi)):
-        if not math.isfinite(value):
-            raise ConfigError(f"{setting}.{bound}={value!r} is not allowed: must be a finite number (a public bound)")
-    transform = _get(spec, "transform", "none") or "none"
-    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-        raise ConfigError(f"{setting}='[{lo}, {hi}]' is not allowed: bounds must be finite with lower < upper")
-    if transform not in ("none", "log1p"):
-        raise ConfigError(f"{setting}.transform={transform!r} is not allowed: must be none or log1p")
-    if transform == "log1p" and lo <= -1:
-        raise ConfigError(f"{setting}.lower={lo!r} is not allowed: log1p needs lower > -1")
-    return NumericSpec(name, lo, hi, transform)
-
-
-def schema_from_config(cfg: Any, *, numeric: Mapping[str, Any] | None = None) -> Schema:
-    """Check the data config's schema part and return it normalised. Raises ConfigError."""
-    target = _get(cfg, "target")
-    if not isinstance(target, str) or not target.strip():
-        raise ConfigError(f"data.target={target!r} is not allowed: name the label column of the table")
-    target = target.strip()
-    positive = _get(cfg, "positive")
-    if positive is not None:
-        positive = str(positive).strip()
-    nums = [numeric_spec(str(k).strip(), v)
-            for k, v in (numeric if numeric is not None else (_get(cfg, "numeric") or {})).items()]
-    cats = [(str(col).strip(), _label_list(f"data.categorical.{str(col).strip()}", lst))
-            for col, lst in (_get(cfg, "categorical") or {}).items()]
-    if not nums and not cats:
-        raise ConfigError("data.numeric/data.categorical='{}' is not allowed: declare at least one feature column")
-    seen: dict[str, str] = {}
-    for setting, col in ([(f"data.numeric.{s.name}", s.name) for s in nums]
-                         + [(f"data.categorical.{c}", c) for c, _ in cats]):
-        if col in seen:
-            raise ConfigError(f"{setting} is not allowed: column {col!r} is also declared as {seen[col]}")
-        if col == target:
-            raise ConfigError(f"{setting} is not allowed: column {col!r} is the target (data.target); "
-                              "a label cannot be a feature")
-        seen[col] = setting
-    split = _get(cfg, "split_column")
-    split = str(split).strip() if split is not None and str(split).strip() else None
-    if split is not None and (split in seen or split == target):
-        raise ConfigError(f"data.split_column={split!r} is not allowed: it is also the target or a feature column")
-    nonfinite = _get(cfg, "nonfinite", "error")
-    if nonfinite not in ("error", "drop"):
-        raise ConfigError(f"data.nonfinite={nonfinite!r} is not allowed: must be one of error, drop")
-    frac = _get(cfg, "test_fraction", 0.25)
-    if split is None and not (isinstance(frac, (int, float)) and 0 < frac < 1):
-        raise ConfigError(f"data.test_fraction={frac!r} is not allowed: must be in (0, 1)")
-    classes, bounds = _target_declaration(cfg, positive)
-    key = _get(cfg, "split_key")
-    if key is not None:
-        if isinstance(key, (str, bytes)) or not hasattr(key, "__iter__") or not list(key) or not all(
-                isinstance(c, str) and c.strip() for c in key):
-            raise ConfigError(f"data.split_key={key!r} is not allowed: must be a non-empty list of column names "
-                              "(e.g. [person_id]) or null (every column of the file)")
-        if split is not None:
-            raise ConfigError(f"data.split_key={list(key)!r} is not allowed with data.split_column={split!r}: the "
-                              "split column decides the split; allowed: one of them")
-        key = tuple(dict.fromkeys(str(c).strip() for c in key))
-    return Schema(target, positive, tuple(nums), tuple(cats), split, nonfinite, float(frac), classes, bounds, key)
-
-
-def _label_list(setting: str, lst: Any, *, what: str = "category", null_hint: str = "missing values go to the "
-                "other slot") -> tuple[str, ...]:
-    """A declared list of labels (a categorical column's categories, a target's classes) as
-    stripped strings: non-empty, no null, no duplicates. Raises ConfigError naming ``setting``."""
-    if lst is None or isinstance(lst, (str, bytes, Mapping)) or not hasattr(lst, "__iter__"):
-        raise ConfigError(f"{setting}={lst!r} is not allowed: must be a list of {what} labels")
-    if any(c is not None and not isinstance(c, (str, int, float)) for c in lst):
-        raise ConfigError(f"{setting}={list(lst)!r} is not allowed: every label must be a string or a number")
-    items = tuple(_label(c) for c in lst)
-    if len(items) == 0:
-        raise ConfigError(f"{setting}=[] is not allowed: a {what} list must not be empty")
-    if any(c is None for c in items):
-        raise ConfigError(f"{setting} is not allowed: a {what} label is null ({null_hint})")
-    if len(set(items)) != len(items):
-        raise ConfigError(f"{setting} is not allowed: the list has {len(items) - len(set(items))} "
-                          "duplicate label(s) (compared as stripped strings)")
-    return items
-
-
-def _target_declaration(cfg: Any, positive: str | None) -> tuple[tuple[str, ...] | None, tuple[float, float] | None]:
-    """(classes, target bounds) of a multiclass / continuous target, or (None, None) for a binary
-    one. At most one of data.positive, data.classes, data.target_bounds. Raises ConfigError."""
-    classes, bounds = _get(cfg, "classes"), _get(cfg, "target_bounds")
-    if bounds is not None and _get(bounds, "lower") is None and _get(bounds, "upper") is None:
-        bounds = None  # {lower: null, upper: null}, the settings' default: no continuous target
-    given = [n for n, v in (("data.positive", positive), ("data.classes", classes),
-                            ("data.target_bounds", bounds)) if v is not None]
-    if len(given) > 1:
-        raise ConfigError(f"{' and '.join(given)} are not allowed together: declare ONE kind of target: "
-                          "data.positive (binary), data.classes (multiclass) or data.target_bounds (continuous)")
-    if classes is not None:
-        classes = _label_list("data.classes", classes, what="class",
-                              null_hint="missing target values are refused, not a class")
-        if len(classes) < 2:
-            raise ConfigError(f"data.classes={list(classes)!r} is not allowed: a multiclass target needs at least "
-                              "2 declared classes")
-    if bounds is not None:
-        spec = numeric_spec("target_bounds", bounds, setting="data.target_bounds")
-        if spec.transform != "none":
-            raise ConfigError(f"data.target_bounds.transform={spec.transform!r} is not allowed: the target takes "
-                              "lower and upper only")
-        bounds = (spec.lower, spec.upper)
-    return classes, bounds
 
 
 # --------------------------------------------------------------------------------------------
@@ -489,13 +307,17 @@ def delimiter_char(value: Any) -> str:
     return value
 
 
-def _read_csv(p: Path, delimiter: str, wanted: set[str] | None) -> tuple[pd.DataFrame, list[str]]:
-    """(the CSV's rows in the ``wanted`` columns, every column name of its header)."""
+def _read_csv(p: Path, delimiter: str, wanted: set[str] | None,
+              text: set[str] | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """(the CSV's rows in the ``wanted`` columns, every column name of its header); the ``text``
+    columns are read as text (numbers written with declared separators: the encoding parses them).
+    A byte order mark before the header is skipped."""
     header = _csv_header(p, delimiter, wanted)
     _check_duplicates(p, header)
     usecols = None if wanted is None else (lambda c: str(c).strip() in wanted)
+    dtype = {name: str for name in header if name.strip() in text} if text else None
     try:
-        df = pd.read_csv(p, encoding="utf-8", usecols=usecols, low_memory=False, sep=delimiter)
+        df = pd.read_csv(p, encoding="utf-8-sig", usecols=usecols, low_memory=False, sep=delimiter, dtype=dtype)
     except UnicodeDecodeError:
         raise _non_utf8(p) from None
     except pd.errors.EmptyDataError:
@@ -517,7 +339,7 @@ def check_file(path: str | Path) -> Path:
 
 
 def read_table(path: str | Path, *, fmt: str = "auto", columns: Sequence[str] | None = None,
-               delimiter: str = ",") -> pd.DataFrame:
+               delimiter: str = ",", text_columns: Sequence[str] | None = None) -> pd.DataFrame:
     """Read a CSV (``.csv``, ``.csv.gz``/``.bz2``/``.xz``), Parquet (``.parquet``, ``.pq``) or
     Stata (``.dta``) file. ``fmt``: ``auto`` (by suffix), ``csv``, ``parquet`` or ``dta``.
 
@@ -525,7 +347,8 @@ def read_table(path: str | Path, *, fmt: str = "auto", columns: Sequence[str] | 
     (optional) reads only those columns (faster for wide files); names not in the file are
     skipped silently, the caller checks; ``df.attrs["file_columns"]`` keeps every column name of
     the file (for the caller's messages). ``delimiter``: the CSV field separator
-    (``data.delimiter``). Raises :class:`DataError` (missing file, empty file, unreadable,
+    (``data.delimiter``); ``text_columns``: CSV columns read as text, not as numbers (numbers
+    written with data.thousands / data.decimal). Raises :class:`DataError` (missing file, empty file, unreadable,
     non-UTF-8 CSV, ragged CSV rows, one-column header holding another separator, duplicate
     names) or ConfigError (bad ``fmt`` or ``delimiter``)."""
     p = check_file(path)
@@ -536,7 +359,8 @@ def read_table(path: str | Path, *, fmt: str = "auto", columns: Sequence[str] | 
     wanted = None if columns is None else {str(c).strip() for c in columns}
     file_columns: list[str] | None = None
     if kind == "csv":
-        df, file_columns = _read_csv(p, delimiter_char(delimiter), wanted)
+        df, file_columns = _read_csv(p, delimiter_char(delimiter), wanted,
+                                     None if text_columns is None else {str(c).strip() for c in text_columns})
     elif kind == "parquet":
         try:
             import pyarrow.parquet as pq
@@ -582,24 +406,6 @@ def release_arrow_memory() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _label(v: Any) -> str | None:
-    """A cell as the stripped string it is compared with (1.0 -> "1"); None for missing."""
-    if v is None or v is pd.NA or v is pd.NaT:
-        return None
-    if isinstance(v, (bool, np.bool_)):
-        return str(bool(v))
-    if isinstance(v, (float, np.floating)):
-        f = float(v)
-        if math.isnan(f):
-            return None
-        return str(int(f)) if f.is_integer() else repr(f)
-    if isinstance(v, (int, np.integer)):
-        return str(int(v))
-    if isinstance(v, bytes):
-        v = v.decode("utf-8", errors="replace")
-    return str(v).strip()
-
-
 _NESTED = (list, tuple, dict, set, frozenset, np.ndarray, Mapping)
 
 
@@ -622,6 +428,16 @@ def label_lookup(col: pd.Series, labels: Sequence[str], *, lower: bool = False,
                  setting: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(codes, lookup): ``lookup[codes]`` is each cell's index in ``labels`` (-1 if absent or
     missing; :func:`label_codes`). Only the distinct values are converted to strings."""
+    codes, lookup, _, _ = declared_lookup(col, labels, lower=lower, setting=setting)
+    return codes, lookup
+
+
+def declared_lookup(col: pd.Series, labels: Sequence[str], *, label_map: Mapping[str, str] | None = None,
+                    lower: bool = False, setting: str | None = None) -> tuple[np.ndarray, ...]:
+    """(codes, lookup, mapped, blank): as :func:`label_lookup`, each distinct cell compared as its
+    stripped string in Unicode's composed form (NFC), after ``label_map`` (data.label_map: a file's
+    label -> a declared one); ``mapped[codes]`` is True where the map changed a cell, ``blank[codes]``
+    where the cell is missing or empty. Only the distinct values are converted to strings."""
     try:
         codes, uniques = _factorize(col)
     except TypeError:  # unhashable cells: Parquet lists / structs / maps (no value is quoted)
@@ -631,9 +447,11 @@ def label_lookup(col: pd.Series, labels: Sequence[str], *, lower: bool = False,
             f"{where}: column {col.name!r} has {what}; allowed: one scalar label "
             "(text or number) per row"
         ) from None
-    if len(uniques) == 0:
-        return codes, np.array([-1], dtype=np.int64)
-    as_str = [_label(u) for u in uniques]
+    as_str = [_nfc(_label(u)) for u in uniques]
+    blank = np.array([s is None or s == "" for s in as_str] + [True])
+    mapped = np.array([bool(label_map) and s in label_map for s in as_str] + [False])
+    if label_map:
+        as_str = [label_map.get(s, s) for s in as_str]
     if lower:
         as_str = [s.lower() if s is not None else None for s in as_str]
     lookup = pd.Index(list(labels), dtype=object).get_indexer(pd.Index(as_str, dtype=object))
@@ -647,7 +465,8 @@ def label_lookup(col: pd.Series, labels: Sequence[str], *, lower: bool = False,
             if lookup[j] < 0 and isinstance(u, (int, float, np.integer, np.floating)) and not isinstance(
                     u, (bool, np.bool_)):
                 lookup[j] = by_number.get(float(u), -1)
-    return codes, np.append(lookup, -1).astype(np.int64)  # code -1 (missing) -> last entry -> -1
+    lookup = np.append(np.asarray(lookup, dtype=np.int64), -1)  # code -1 (missing) -> last entry -> -1
+    return codes, lookup, mapped, blank
 
 
 def label_codes(col: pd.Series, labels: Sequence[str], *, lower: bool = False,
@@ -707,65 +526,34 @@ def _scale_in_place(v: np.ndarray, spec: NumericSpec) -> np.ndarray:
     return v
 
 
-def _target(col: pd.Series, schema: Schema, rows: np.ndarray, numeric: Mapping[str, np.ndarray]) -> np.ndarray:
+def _target(col: pd.Series, schema: Schema, numeric: Mapping[str, np.ndarray], counts: RowCounts) -> np.ndarray:
+    """Every row's label: the index in the declared labels (a binary target's (negative, positive)
+    as float32 0/1, a multiclass target's classes as int64), the 0/1 value of a target declared by
+    neither label, or a continuous target clipped and scaled by its declared bounds. A row whose
+    target is not a declared label (a missing one included) is left out and counted (``counts``),
+    never read as a negative; its label here is -1."""
     setting = f"data.target={schema.target!r}"
-    if schema.classes is not None:
-        return _class_target(col, schema, rows)
-    if schema.target_bounds is not None:  # finite on ``rows`` (_numeric_columns), clipped and scaled
+    if schema.target_bounds is not None:  # its non-finite rows are left out by data.nonfinite
         lo, hi = schema.target_bounds
-        values = np.asarray(numeric[schema.target][rows], dtype=np.float64)  # exact from any real dtype
+        values = np.asarray(numeric[schema.target], dtype=np.float64)  # exact from any real dtype
         return _scale(values, NumericSpec(schema.target, lo, hi)).astype(np.float32)
-    if schema.positive is not None:  # whether ANY row has the label: check_rows (over every row)
-        return (label_codes(col, [schema.positive], setting=setting) == 0)[rows].astype(np.float32)
-    v = _native(col if _all_rows(rows, len(col)) else col.iloc[rows], f"{setting} (data.positive=null)",
-                       "0/1 for a binary target; for a target of text labels name the positive class with "
-                       "data.positive=LABEL (rows with that label get 1, every other row 0)")
-    if v.dtype.kind == "f" and bool(np.isnan(v).any()):
-        raise DataError(
-            f"{setting}: column {schema.target!r} has missing entries; allowed "
-            "with data.positive=null: 0 or 1 in every row (or set data.positive to the positive label)"
-        )
-    if bool(((v != 0) & (v != 1)).any()):
-        raise DataError(
-            f"{setting}: column {schema.target!r} has entries that are not 0 or 1; "
-            "allowed with data.positive=null: numeric 0/1 (or set data.positive to the positive label)"
-        )
-    return v.astype(np.float32)
-
-
-def _class_target(col: pd.Series, schema: Schema, rows: np.ndarray) -> np.ndarray:
-    """A multiclass target: each row's index in the declared ``data.classes`` (int64). A row
-    whose label is not declared (a missing label included) is refused: which labels, and how
-    many rows, are private, so the error names the setting and what is allowed only."""
-    codes = label_codes(col, list(schema.classes), setting=f"data.target={schema.target!r}")[rows]
-    if bool((codes < 0).any()):
-        raise DataError(
-            f"data.classes: column {schema.target!r} (data.target) has labels that are not among the declared "
-            "classes (or missing labels); allowed: every row's label one of data.classes (compared as stripped "
-            "strings, case-sensitive; numbers as numbers). Add the missing PUBLIC class to data.classes, or map / "
-            "drop those rows in your file"
-        )
-    return codes.astype(np.int64)
-
-
-def _check_two_classes(seen: Collection[Any], schema: Schema) -> None:
-    """Refuse a classification target whose training rows are all in one class (``seen``: the
-    distinct labels among the training rows): no classifier can be fitted (the non-private
-    baseline would crash) and test AUC is meaningless. No count of rows per class (private), not
-    even which class it is. A continuous target passes."""
-    if schema.target_kind == "continuous" or len(seen) >= 2:
-        return
-    if schema.target_kind == "multiclass":
-        raise DataError(f"data.target={schema.target!r}: the training rows are all in one of data.classes; allowed: "
-                        "a multiclass target with at least two classes among the training rows (check data.target, "
-                        "data.classes and data.split_column)")
-    rule = (f"label 1 where it equals data.positive={schema.positive!r}" if schema.positive is not None
-            else "data.positive=null: numeric 0/1")
-    raise DataError(
-        f"data.target={schema.target!r}: the training rows are all in one class ({rule}); allowed: "
-        "a binary target with both classes among the training rows (check data.target, "
-        "data.positive and data.split_column)"
-    )
+    labels = schema.target_labels
+    if labels is not None:
+        codes, lookup, mapped, blank = declared_lookup(col, labels, label_map=schema.labels_map(schema.target),
+                                                       setting=setting)
+        y = lookup[codes]
+        missing = blank[codes]
+        counts.leave_out("target", schema.target, "missing", missing)
+        counts.leave_out("target", schema.target, "undeclared", (y < 0) & ~missing)
+        counts.count_mapped(schema.target, mapped, codes, declared=bool(schema.labels_map(schema.target)))
+        return y if schema.classes is not None else y.astype(np.float32)
+    v, text = _numbers(col, Schema(schema.target, None, (), ()))  # 0 and 1, written as numbers (a view)
+    missing = np.isnan(v) if v.dtype.kind == "f" else np.zeros(len(v), dtype=bool)
+    if text is not None:
+        missing &= ~text
+    counts.leave_out("target", schema.target, "missing", missing)
+    counts.leave_out("target", schema.target, "not_0_or_1", ~missing & (v != 0) & (v != 1))
+    return (v == 1).astype(np.float32)
 
 
 def split_salt(seed: int) -> bytes:
@@ -846,21 +634,6 @@ def _split(df: pd.DataFrame, schema: Schema, idx: np.ndarray, seed: int,
     return split_scores(df, schema, seed=seed, rows=idx, groups=kept_groups) < schema.test_fraction
 
 
-def _check_sides(any_train: bool, any_test: bool, schema: Schema) -> None:
-    """Refuse a split (over every row) with no train or no test row."""
-    for part, found in (("train", any_train), ("test", any_test)):
-        if found:
-            continue
-        if schema.split_column is not None:
-            raise DataError(f"data.split_column={schema.split_column!r}: no '{part}' rows; "
-                            "allowed: at least one train and one test row")
-        raise DataError(
-            f"data.test_fraction={schema.test_fraction!r}: the per-row hash split (data.split_column=null) "
-            f"put no row in the {part} part; allowed: a table with more distinct rows, a test_fraction "
-            "further from 0 and 1, or data.split_column naming a column of train/test values"
-        )
-
-
 def _seed(seed: Any) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ConfigError(f"seed={seed!r} is not allowed: must be an integer >= 0")
@@ -884,15 +657,25 @@ def _all_rows(rows: np.ndarray, n: int) -> bool:
     return len(rows) == n and (n == 0 or (int(rows[0]) == 0 and int(rows[-1]) == n - 1))
 
 
-def _category_codes(df: pd.DataFrame, schema: Schema) -> list[tuple[np.ndarray, np.ndarray]]:
+def _category_codes(df: pd.DataFrame, schema: Schema,
+                    counts: RowCounts | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per declared categorical column, (its codes, the lookup from a code to its slot): the
-    index of the row's label in the declared list, or len(list) (the ``<other>`` slot) for any
-    other label or a missing one (:func:`label_lookup`; the blocks gather the slots)."""
+    index of the row's label (after data.label_map) in the declared list, or len(list) (the
+    ``<other>`` slot) for any other label or a missing one (:func:`declared_lookup`; the blocks
+    gather the slots). With ``counts``: the rows data.label_map relabelled are counted, and with
+    ``data.unlisted=drop`` the rows of any other label are left out (counted)."""
     out = []
     for col, cats in schema.categorical:
         if len(cats) == 0:
             raise ConfigError(f"data.categorical.{col}=[] is not allowed: a category list must not be empty")
-        codes, lookup = label_lookup(df[col], cats, setting=f"data.categorical.{col}")
+        codes, lookup, mapped, blank = declared_lookup(df[col], cats, label_map=schema.labels_map(col),
+                                                       setting=f"data.categorical.{col}")
+        if counts is not None:
+            counts.count_mapped(col, mapped, codes, declared=bool(schema.labels_map(col)))
+            if schema.unlisted == "drop":
+                missing = blank[codes]
+                counts.leave_out("categorical", col, "missing", missing)
+                counts.leave_out("categorical", col, "undeclared", (lookup < 0)[codes] & ~missing)
         out.append((codes, np.where(lookup < 0, len(cats), lookup).astype(np.int64)))
     return out
 
@@ -905,8 +688,9 @@ ENCODE_BLOCK_ROWS = 1 << 14
 
 def _encode_blocks(schema: Schema, nums: Mapping[str, np.ndarray], codes: Sequence[tuple[np.ndarray, np.ndarray]],
                    rows: np.ndarray | None, is_test: np.ndarray | None, n: int) -> tuple[list[np.ndarray], dict]:
-    """The encoded matrices and the PRIVATE facts of the feature columns (clipped counts, whether
-    each categorical column matched a declared label), in one pass over blocks of the kept rows
+    """The encoded matrices and the PRIVATE facts of the feature columns (clipped counts, the rows
+    whose categorical value went to <other>, missing or undeclared, per column), in one pass over
+    blocks of the kept rows
     (:func:`dptrain.data.blocks.map_blocks`, on torch's number of threads): each block's numeric
     values are converted to float64 (exact), clipped, scaled in place and written as float32, its
     one-hot slots set, and its rows copied to their place in the train or the test matrix
@@ -923,17 +707,20 @@ def _encode_blocks(schema: Schema, nums: Mapping[str, np.ndarray], codes: Sequen
     # where each block's test rows start in the test matrix: the test rows before the block
     tests_before = np.concatenate([[0], np.cumsum(is_test, dtype=np.int64)]) if len(outs) == 2 else None
 
-    def block(start: int, stop: int) -> tuple[list[tuple[int, int]], list[bool]]:
+    def block(start: int, stop: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         x = np.zeros((stop - start, d), dtype=np.float32)
         clipped = []
         for j, spec in enumerate(schema.numeric):
             v = take(nums[spec.name], rows, start, stop).astype(np.float64)
             clipped.append((int(np.count_nonzero(v < spec.lower)), int(np.count_nonzero(v > spec.upper))))
             x[:, j] = _scale_in_place(v, spec)
-        j, base, flat, matched = len(schema.numeric), np.arange(stop - start) * d, x.reshape(-1), []
+        j, base, flat, lumped = len(schema.numeric), np.arange(stop - start) * d, x.reshape(-1), []
         for (_, cats), (column_codes, lookup) in zip(schema.categorical, codes):
-            slot = lookup[take(column_codes, rows, start, stop)]
-            matched.append(bool(np.any(slot < len(cats))))
+            code = take(column_codes, rows, start, stop)
+            slot = lookup[code]
+            other = slot == len(cats)
+            missing = int(np.count_nonzero(other & (code < 0)))
+            lumped.append((missing, int(np.count_nonzero(other)) - missing))
             flat[base + (j + slot)] = 1.0
             j += len(cats) + 1
         if tests_before is None:
@@ -942,13 +729,14 @@ def _encode_blocks(schema: Schema, nums: Mapping[str, np.ndarray], codes: Sequen
             test, t0, t1 = is_test[start:stop], int(tests_before[start]), int(tests_before[stop])
             np.take(x, np.flatnonzero(~test), axis=0, out=outs[0][start - t0:stop - t1])
             np.take(x, np.flatnonzero(test), axis=0, out=outs[1][t0:t1])
-        return clipped, matched
+        return clipped, lumped
 
     results = map_blocks(n, block, torch.get_num_threads(), size=ENCODE_BLOCK_ROWS)
     clipped = {s.name: {"below_lower": sum(r[0][i][0] for r in results),
                         "above_upper": sum(r[0][i][1] for r in results)} for i, s in enumerate(schema.numeric)}
-    matched = {col: any(r[1][i] for r in results) for i, (col, _) in enumerate(schema.categorical)}
-    return outs, {"clipped": clipped, "categories_matched": matched}
+    lumped = {col: {"missing": sum(r[1][i][0] for r in results), "undeclared": sum(r[1][i][1] for r in results)}
+              for i, (col, _) in enumerate(schema.categorical)}
+    return outs, {"clipped": clipped, "lumped": lumped}
 
 
 def _native(col: pd.Series, setting: str, hint: str) -> np.ndarray:
@@ -969,32 +757,73 @@ def _numeric_settings(schema: Schema) -> list[tuple[str, NumericSpec]]:
     return out
 
 
-def _numeric_columns(df: pd.DataFrame, schema: Schema) -> tuple[dict[str, np.ndarray], np.ndarray, list[str]]:
-    """(numeric columns as numpy arrays (:func:`_native`: views where possible), indices of the rows
-    kept, the columns where rows were dropped): NaN/inf refused, or their rows dropped with
-    ``data.nonfinite=drop`` (each row on its own; :func:`check_rows` logs the columns, never how
-    many rows: a private count)."""
+def _numbers(col: pd.Series, schema: Schema) -> tuple[np.ndarray, np.ndarray | None]:
+    """(a numeric column's values, the mask of its entries that are text but no number, or None):
+    pandas' own numpy array (a view) where pandas holds one, else the text parsed with
+    data.thousands and data.decimal (:func:`dptrain.data.rules.parse_numbers`)."""
+    if isinstance(col.dtype, np.dtype) and col.dtype.kind in "fiub":
+        return col.to_numpy(copy=False), None
+    if pd.api.types.is_datetime64_any_dtype(col.dtype) or pd.api.types.is_timedelta64_dtype(col.dtype):
+        raise DataError(f"column {col.name!r} holds dates/times, not numbers; allowed: numeric values")
+    if pd.api.types.is_numeric_dtype(col.dtype) and not pd.api.types.is_complex_dtype(col.dtype):
+        return col.to_numpy(dtype=np.float64, na_value=np.nan), None  # nullable integers / floats, booleans
+    try:
+        return parse_numbers(col.astype(object), thousands=schema.thousands, decimal=schema.decimal)
+    except TypeError:  # unhashable cells: Parquet lists / structs / maps (no value is quoted)
+        raise DataError(f"column {col.name!r} has nested entries (lists/structs/maps); allowed: one number per "
+                        "row") from None
+
+
+def _nonfinite_error(setting: str, col: pd.Series, v: np.ndarray, text: np.ndarray | None) -> DataError:
+    """data.nonfinite=error: the refusal of a column with a missing, NaN, infinite or non-numeric
+    entry, naming the kinds (non-numeric text by its shape, with the setting that reads it), never
+    an entry or a count. It depends on the rows: the data holder's choice (data.nonfinite)."""
+    nan = bool((np.isnan(v) & (True if text is None else ~text)).any())
+    inf = bool(np.isinf(v).any())
+    parts = [f"non-finite entries ({' and '.join(k for k, hit in (('missing/NaN', nan), ('infinite', inf)) if hit)})"
+             ] if nan or inf else []
+    if text is not None:
+        shapes = [name + (f": {shape_setting(name)} reads them" if shape_setting(name).startswith("data.") else "")
+                  for name in number_shapes(col, text)]
+        parts.append(f"non-numeric entries ({'; '.join(shapes)})")
+    labels = "; a column of labels belongs under data.categorical" if text is not None else ""
+    return DataError(f"{setting}: column {col.name!r} has {' and '.join(parts)}; allowed with data.nonfinite=error: "
+                     "finite numbers in every row (data.nonfinite=drop leaves such rows out and counts them; dptrain "
+                     f"check lists them{labels})")
+
+
+def _numeric_columns(df: pd.DataFrame, schema: Schema, counts: RowCounts) -> dict[str, np.ndarray]:
+    """Numeric columns as numpy arrays (:func:`_numbers`: views where possible). A missing, NaN,
+    infinite or non-numeric entry is refused with ``data.nonfinite=error``; with ``drop`` its row
+    is left out, each row on its own, and counted per column and kind (``counts``; private)."""
     nums: dict[str, np.ndarray] = {}
-    bad_rows = np.zeros(len(df), dtype=bool)
-    dropped_in = []
     for setting, spec in _numeric_settings(schema):
-        v = _native(df[spec.name], setting, LABELS_HINT if setting.startswith("data.numeric") else
-                    "(a continuous target with data.target_bounds holds numbers)")
+        col = df[spec.name]
+        try:
+            v, text = _numbers(col, schema)
+        except DataError as err:
+            raise DataError(f"{setting}: {err}") from None
         nonfin = ~np.isfinite(v)
         if nonfin.any():
             if schema.nonfinite == "error":
-                has_nan = bool(np.isnan(v).any())
-                kinds = "missing/NaN and infinite" if has_nan and bool(np.isinf(v).any()) else (
-                    "missing/NaN" if has_nan else "infinite")
-                raise DataError(
-                    f"{setting}: column {spec.name!r} has non-finite entries ({kinds}); "
-                    "allowed with data.nonfinite=error: finite numbers (set data.nonfinite=drop to drop "
-                    "those rows)"
-                )
-            bad_rows |= nonfin
-            dropped_in.append(spec.name)
+                raise _nonfinite_error(setting, col, v, text)
+            infinite = np.isinf(v)
+            counts.leave_out("numeric", spec.name, "missing", nonfin & ~infinite & (True if text is None else ~text))
+            counts.leave_out("numeric", spec.name, "infinite", infinite)
+            if text is not None:
+                counts.leave_out("numeric", spec.name, "not_a_number", text)
+                counts.shapes[spec.name] = number_shapes(col, text)
         nums[spec.name] = v
-    return nums, (np.flatnonzero(~bad_rows) if dropped_in else np.arange(len(df))), dropped_in
+    return nums
+
+
+def _split_column_rule(df: pd.DataFrame, schema: Schema, counts: RowCounts) -> None:
+    """A split column's entry that is neither train nor test (any case; a missing one included):
+    its row is left out and counted."""
+    if schema.split_column is not None:
+        col = schema.split_column
+        codes = label_codes(df[col], ["train", "test"], lower=True, setting=f"data.split_column={col!r}")
+        counts.leave_out("split_column", col, "not_train_or_test", codes < 0)
 
 
 @dataclass
@@ -1008,9 +837,8 @@ class EncodedRows:
     y_train: np.ndarray  # (n_train,)
     x_test: np.ndarray  # (n_test, d) float32
     y_test: np.ndarray  # (n_test,)
-    # PRIVATE facts about the rows, for the checks and the diagnostics only (never logged, never in
-    # an error): kept (any row kept), dropped_in (columns with dropped rows), positive_seen,
-    # any_train, any_test, classes_seen (distinct labels among the training rows), clipped counts
+    # PRIVATE facts about the rows, for the check and the diagnostics only (never in an error):
+    # any_train, any_test, clipped (per numeric column), rows (the rules' counts: RowCounts.as_dict)
     facts: dict[str, Any]
 
 
@@ -1029,83 +857,86 @@ def missing_columns(schema: Schema, names: Collection[str]) -> list[tuple[str, s
 
 def encode_rows(df: pd.DataFrame, schema: Schema, *, seed: int, groups: np.ndarray | None = None) -> EncodedRows:
     """Parse, encode and split ``df``'s rows, each on its own (the declared columns are in
-    ``df``). Raises DataError for what one row can be refused for (non-numeric / non-finite
-    entries, a label outside data.classes, a bad split entry, nested labels); the checks over
-    every row are :func:`check_rows`'. The numeric columns are read in place and the encoded
-    rows written straight into their train or test matrix (:func:`_encode_blocks`). ``groups``: a
-    sharded read's Parquet piece of each row (identical rows are numbered within their piece)."""
+    ``df``). A row outside the declared domain is handled by its declared rule and counted
+    (:mod:`dptrain.data.rules`): its target not a declared label, a missing / non-finite /
+    non-numeric number (``data.nonfinite=drop``; ``error`` refuses), a categorical value outside
+    its list (``data.unlisted``), a split entry neither train nor test. Nothing else about the
+    rows is refused here; the one check over every row is :func:`check_rows`'. The numeric columns
+    are read in place and the encoded rows written straight into their train or test matrix
+    (:func:`_encode_blocks`). ``groups``: a sharded read's Parquet piece of each row (identical rows
+    are numbered within their piece)."""
     seed = _seed(seed)
-    nums, idx, dropped_in = _numeric_columns(df, schema)
+    counts = RowCounts(len(df))
+    nums = _numeric_columns(df, schema, counts)
+    y = _target(df[schema.target], schema, nums, counts)
+    codes = _category_codes(df, schema, counts)
+    _split_column_rule(df, schema, counts)
+    idx = counts.kept()
     kept = None if _all_rows(idx, len(df)) else idx
-    y = _target(df[schema.target], schema, idx, nums)
-    codes = _category_codes(df, schema)
-    is_test = _split(df, schema, idx, seed, groups)
+    y = y if kept is None else y[idx]
+    is_test = _split(df, schema, idx, seed, groups) if len(idx) else np.zeros(0, dtype=bool)
     (x_train, x_test), seen = _encode_blocks(schema, nums, codes, kept, is_test, len(idx))
     clipped = seen["clipped"]
     if schema.target_bounds is not None:
         clipped.update(clipped_counts(schema, nums, idx, only=schema.target))
+    counts.lumped = seen["lumped"]
     y_train, y_test = y[~is_test], y[is_test]
-    facts = {"kept": len(idx) > 0, "dropped_in": dropped_in,
-             "positive_seen": bool(y.any()) if schema.positive is not None else None,
-             "any_train": len(y_train) > 0, "any_test": len(y_test) > 0,
-             "classes_seen": set() if schema.target_kind == "continuous" else set(np.unique(y_train).tolist()),
-             "clipped": clipped, "categories_matched": seen["categories_matched"]}
+    facts = {"any_train": len(y_train) > 0, "any_test": len(y_test) > 0, "clipped": clipped,
+             "rows": counts.as_dict(train=len(y_train), test=len(y_test))}
     return EncodedRows(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, facts=facts)
 
 
-def _check_categories_matched(matched: Mapping[str, bool], schema: Schema) -> None:
-    """Refuse a declared categorical column none of whose labels appears in the rows: every row
-    would fall into its <other> slot and the column would be a constant that the coefficient table
-    prints as effects (labels declared North/South against a file of north/south). The message
-    names the column and its DECLARED labels only (never a value or count of the file); like every
-    refusal of bad data it depends on the rows and is seen by the data holder (privacy.txt)."""
-    for col, cats in schema.categorical:
-        if matched.get(col, True):
-            continue
-        shown = ", ".join(repr(c) for c in cats[:6]) + (", ..." if len(cats) > 6 else "")
-        raise DataError(f"data.categorical.{col}: none of the declared labels ({shown}) matches a row of column "
-                        f"{col!r} (labels are compared as stripped strings, case-sensitive), so every row would fall "
-                        f"into {col}={OTHER} and the column would carry nothing; allowed: the labels as the file "
-                        "writes them (check their spelling and case)")
+#: the one refusal that depends on the rows, the same whatever left the training part empty
+NO_TRAINING_ROWS = ("{origin}: no training rows: the declared rules left every row out, or the split put none in "
+                    "the training part; a run needs at least one (this is the one outcome of a run that depends on "
+                    "the rows: it tells a table without a usable training row from its neighbours with one); "
+                    "allowed: a table with rows inside the declared domain (dptrain check lists why rows are left "
+                    "out)")
 
 
-def check_rows(facts: Mapping[str, Any], schema: Schema, origin: str) -> None:
-    """The checks that need every row (``facts`` of the whole data set: :func:`encode_rows`'s,
-    or combined over a sharded read's ranks), in the order a whole-table read makes them, and
-    the log lines about the rows (columns named, never a count)."""
-    if facts["dropped_in"]:
-        log.warning("data.nonfinite=drop: dropped the rows with NaN/inf in numeric column(s) %s",
-                    ", ".join(repr(c) for c in facts["dropped_in"]))
-    if not facts["kept"]:
-        raise DataError(f"{origin}: every row has NaN/inf in a numeric column and was dropped (data.nonfinite=drop); "
-                        "0 rows left; allowed: at least one row with finite numeric values")
-    if facts["positive_seen"] is False:
-        raise DataError(
-            f"data.positive={schema.positive!r}: no row of column {schema.target!r} has "
-            "this label; allowed: the exact label of the positive class (compared as stripped "
-            "strings, case-sensitive)"
-        )
-    _check_sides(facts["any_train"], facts["any_test"], schema)
-    _check_two_classes(facts["classes_seen"], schema)
-    _check_categories_matched(facts.get("categories_matched", {}), schema)
+def check_rows(facts: Mapping[str, Any], schema: Schema, origin: str, *, holder: bool = False) -> None:
+    """The check over every row (``facts`` of the whole data set: :func:`encode_rows`'s, or combined
+    over a sharded read's ranks): at least one training row, the only refusal that depends on the
+    rows. A test part without rows, one class only, a declared label or category no row has: all
+    run. ``holder``: log the rules' counts in one console line for the data holder (a user's table;
+    PRIVATE: the log is private/dptrain.log) and, when any row was left out or lumped, point to
+    ``dptrain check``; else the log names the clipped columns only, never a count."""
+    rows = facts["rows"]
+    if holder:
+        changed = rows["left_out"] or any(sum(v.values()) for v in rows["lumped"].values()) or any(
+            rows["mapped"].values()) or any(n["below_lower"] or n["above_upper"] for n in facts["clipped"].values())
+        (log.warning if changed else log.info)("%s", counts_line(rows, facts["clipped"]))
+        if rows["left_out"] or any(sum(v.values()) for v in rows["lumped"].values()):
+            log.warning("%s", CHECK_HINT)
+    if not facts["any_train"]:
+        hint = ("; a target of labels needs data.positive and data.negative (data.positive=null reads 0/1)"
+                if schema.target_kind == "binary" and schema.positive is None else "")
+        raise DataError(NO_TRAINING_ROWS.format(origin=origin) + hint)
     hit = [c for c, n in facts["clipped"].items() if n["below_lower"] or n["above_upper"]]
-    if hit:
+    if hit and not holder:
         log.warning("values outside the declared bounds were clipped into them in numeric column(s) %s "
                     "(data.numeric.<column>.lower/upper, data.target_bounds for the target; how many: "
                     "private/data_diagnostics.json, PRIVATE)", ", ".join(repr(c) for c in hit))
 
 
-def build_dataset(df: pd.DataFrame, schema: Schema, *, seed: int, source: str, origin: str) -> Dataset:
+def build_dataset(df: pd.DataFrame, schema: Schema, *, seed: int, source: str, origin: str,
+                  holder: bool = False) -> Dataset:
     """Check ``df`` against the schema, encode, split. ``origin`` names the data in messages
-    (e.g. ``data.path='x.csv'``). Errors and the log name settings and columns, never a count
-    of rows (module docstring)."""
-    rows = encode_checked(df, schema, seed=seed, origin=origin)
-    return dataset_from_rows(rows, schema, source=source, diagnostics={"clipped": rows.facts["clipped"]})
+    (e.g. ``data.path='x.csv'``); ``holder``: the rules' counts in one console line
+    (:func:`check_rows`). Errors name settings and columns, never a value or a count."""
+    rows = encode_checked(df, schema, seed=seed, origin=origin, holder=holder)
+    return dataset_from_rows(rows, schema, source=source, diagnostics=diagnostics(rows.facts))
 
 
-def encode_checked(df: pd.DataFrame, schema: Schema, *, seed: int, origin: str) -> EncodedRows:
+def diagnostics(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """The PRIVATE diagnostics of a read (private/data_diagnostics.json): the values clipped per
+    numeric column and the rules' counts (rows read, left out, lumped, relabelled)."""
+    return {"clipped": facts["clipped"], "rows": facts["rows"]}
+
+
+def encode_checked(df: pd.DataFrame, schema: Schema, *, seed: int, origin: str, holder: bool = False) -> EncodedRows:
     """:func:`encode_rows` after the checks of the frame (declared columns present, at least one
-    row) and before the checks over every row (:func:`check_rows`)."""
+    row) and before the check over every row (:func:`check_rows`)."""
     seed = _seed(seed)
     missing = missing_columns(schema, df.columns)
     if missing:
@@ -1113,7 +944,7 @@ def encode_checked(df: pd.DataFrame, schema: Schema, *, seed: int, origin: str) 
     if len(df) == 0:
         raise DataError(f"{origin} has 0 rows (header only); allowed: at least one row")
     rows = encode_rows(df, schema, seed=seed)
-    check_rows(rows.facts, schema, origin)
+    check_rows(rows.facts, schema, origin, holder=holder)
     return rows
 
 

@@ -31,8 +31,12 @@ def _fit_quietly(model: Any, x: np.ndarray, y: np.ndarray) -> Any:
 def logistic_accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray, *,
                       seed: int) -> float:
     """Test accuracy of a NON-private sklearn LogisticRegression (binary, or multinomial over the
-    labels present) fitted on the training rows."""
+    labels present) fitted on the training rows; NaN when the training rows hold one class only or
+    there is no test row (nothing to fit or to score: the run goes on)."""
     from sklearn.linear_model import LogisticRegression
+
+    if len(np.unique(np.asarray(y_train))) < 2 or len(y_test) == 0:
+        return float("nan")
 
     clf = _fit_quietly(LogisticRegression(max_iter=2000, random_state=seed), x_train, y_train)
     return float(clf.score(x_test, y_test))

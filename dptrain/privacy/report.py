@@ -14,6 +14,16 @@ from typing import Any
 from dptrain.privacy.accounting import ACCOUNTANTS
 from dptrain.privacy.noise_law import box_muller_law, delta_total, tail_mass
 
+#: what a run that reads a table does not cover about its log, console and refusals (issue 44)
+LOG_AND_REFUSALS = (
+    "the log (private/dptrain.log), the console, timings and error messages: for the data holder only. Errors "
+    "quote no private value and no count; ONE console line marked PRIVATE (kept in the log too) counts the rows the "
+    "declared rules left out, lumped, relabelled or clipped (private/data_diagnostics.json). Refusals read declared, "
+    "public facts only, except three that depend on the rows: a read that leaves no training row (the one outcome "
+    "of the rows themselves), data.nonfinite=error (the user's choice) and a file that is no table (ragged rows, "
+    "bytes that are not UTF-8); a refused run publishes nothing, but that it was refused tells such a table from "
+    "its neighbours")
+
 NOT_COVERED = [
     "hyperparameter tuning and the choice among runs of a sweep: each run's epsilon covers only that run; "
     "picking the best run by its test metrics uses the data again",
@@ -26,9 +36,7 @@ NOT_COVERED = [
     "so the guarantee does not protect them; they are publishable only when the test rows are public "
     "(data.test_public=true)",
     "the non-private baseline (baseline/*, private/metrics.json) is fitted on the training rows WITHOUT privacy",
-    "the log (private/dptrain.log), timings and error messages: for the data holder only. They never quote "
-    "private values or counts of private rows, but a refusal of bad data (e.g. non-numeric entries, a "
-    "single-class target) depends on the rows: a refused run publishes nothing",
+    LOG_AND_REFUSALS,
     "floating-point side channels beyond the sampler's tail: the gradient noise is Box-Muller, drawn in float64 "
     "on 53-bit uniforms or by the refined float32 sampler (24-bit uniforms refined with 53 more bits in the far "
     "tail), |z| <= z_max; the Gaussian mass beyond z_max is added to delta (see 'noise sampler'); inside z_max "

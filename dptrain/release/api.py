@@ -116,6 +116,8 @@ class CellEstimates:
     cells: Cells
     cells_source: str = "observed in the rows (PRIVATE: the list of cells reveals which cells have rows)"
     listed: CellDomain | None = None  # None: cells observed in the rows, which every release_* refuses
+    #: PRIVATE counts of the rows read and left out, per rule (:func:`estimates_for_listed`; {} when not counted)
+    rows: dict = field(default_factory=dict)
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
@@ -319,25 +321,31 @@ def fit_cells(df: pd.DataFrame, *, x: str, y: str, cells: list[str], domain: Dom
 def estimates_for_listed(df: pd.DataFrame, listed: CellDomain, *, x: str, y: str, domain: Domain,
                          clip: bool = True, drop_nonfinite: bool = False) -> CellEstimates:
     """Estimates of the LISTED cells (a public declaration or a DP selection): every listed cell
-    is kept (with 0 rows if none match); each row of an unlisted cell, or with a missing cell
-    value (or, with ``drop_nonfinite``, a missing or non-numeric x or y), is left out on its own,
-    and the log says that some were, never how many. Rows are clipped to ``domain`` (``clip``) or
-    refused if outside it."""
+    is kept (with 0 rows if none match). Each row is decided on its own by a stated rule: a row of
+    an unlisted cell (or with a missing cell value) is left out; a row with a missing,
+    non-numeric or infinite x or y is left out with ``drop_nonfinite`` (else the table is
+    refused: data.nonfinite=error, the user's choice); a row outside ``domain`` is clipped into
+    it (``clip``) or left out (``clip=False``). Nothing else about the rows is refused. The
+    PRIVATE counts of each rule are the estimates' ``rows`` (never logged here)."""
     for setting, col in (("release.x", x), ("release.y", y)):
         if col not in df.columns:
             raise ReleaseError(f"{setting}: column {col!r} is not in the data; allowed: a column of the table")
     codes = listed.row_codes(df)
-    keep = codes >= 0
-    if not keep.all():
-        log.warning("release: rows whose cell is not listed (or has a missing cell value) are left out")
-    xv, yv = xy_values(df.loc[keep], x=x, y=y, domain=domain, clip=clip, drop_nonfinite=drop_nonfinite)
-    codes = codes[keep]
-    finite = np.isfinite(xv) & np.isfinite(yv)
-    if not finite.all():
-        log.warning("release: rows with missing, non-numeric or infinite x or y are left out (data.nonfinite=drop)")
-        xv, yv, codes = xv[finite], yv[finite], codes[finite]
-    return CellEstimates(make_cells(xv, yv, codes, keys=listed.keys, domain=domain),
-                         cells_source=listed.description, listed=listed)
+    listed_rows = codes >= 0
+    xy_values(df.loc[listed_rows], x=x, y=y, domain=domain, drop_nonfinite=drop_nonfinite)  # refuses, if asked
+    xv, yv = xy_values(df, x=x, y=y, domain=domain, drop_nonfinite=True)
+    bad_x, bad_y = ~np.isfinite(xv), ~np.isfinite(yv)
+    with np.errstate(invalid="ignore"):
+        outside = np.zeros(len(df), dtype=bool) if clip else (
+            (xv < domain.x_lo) | (xv > domain.x_hi) | (yv < domain.y_lo) | (yv > domain.y_hi))
+    keep = listed_rows & ~bad_x & ~bad_y & ~outside
+    rows = {"read": int(len(df)), "kept": int(keep.sum()), "left_out": int((~keep).sum()),
+            "left_out_by": {"cells": {"not_listed_or_missing": int((~listed_rows).sum())},
+                            "x": {"missing_or_not_a_number": int(bad_x.sum())},
+                            "y": {"missing_or_not_a_number": int(bad_y.sum())},
+                            "domain": {"outside (release.clip=false)": int(outside.sum())}}}
+    return CellEstimates(make_cells(xv[keep], yv[keep], codes[keep], keys=listed.keys, domain=domain),
+                         cells_source=listed.description, listed=listed, rows=rows)
 
 
 def release_custom(cells: Cells | CellEstimates, stat_fn: Callable[[np.ndarray, np.ndarray], float], *,

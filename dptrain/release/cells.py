@@ -118,7 +118,8 @@ def xy_values(df: pd.DataFrame, *, x: str, y: str, domain: Domain, clip: bool = 
               drop_nonfinite: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The x and y columns as float64. Missing, non-numeric or infinite entries are refused (or,
     with ``drop_nonfinite``, returned as NaN for the caller to leave out); with ``clip=False``,
-    entries outside the domain are refused. Messages never count or quote the entries."""
+    entries outside the domain are refused (:func:`dptrain.release.api.estimates_for_listed`
+    leaves such rows out instead). Messages never count or quote the entries."""
     xv = pd.to_numeric(df[x], errors="coerce").to_numpy(dtype=np.float64)
     yv = pd.to_numeric(df[y], errors="coerce").to_numpy(dtype=np.float64)
     for setting, col, v in (("release.x", x, xv), ("release.y", y, yv)):

@@ -52,10 +52,42 @@ class TargetBounds:
 
 
 CLASSES_HELP = ("a multiclass target's PUBLIC class list (objective=multinomial): label i is the i-th class; a row "
-                "whose label is not declared (or is missing) is refused")
+                "whose label is not declared (or is missing) is left out and counted (private/data_diagnostics.json)")
 
 
 CLASSES_ALLOWED = "a list of at least 2 distinct labels (strings or numbers) | null"
+
+
+NEGATIVE_HELP = ("the label of the negative class (label 0), required with data.positive: both labels of a binary "
+                 "target are declared, so a variant ('Yes' beside 'yes') or a missing target is never read as a "
+                 "negative; it is left out and counted, or merged by data.label_map")
+
+
+LABEL_MAP_HELP = ("labels as the file writes them mapped to the declared ones, per column (the target or a "
+                  "categorical column), e.g. {answer: {'Yes': yes}, region: {Sud: Süd}}; applied before the labels are "
+                  "compared; how many rows each map changed: private/data_diagnostics.json")
+
+
+LABEL_MAP_ALLOWED = ("column: {file label: declared label}; the column the target or a data.categorical column, each "
+                     "declared label one of that column's")
+
+
+UNLISTED_HELP = ("a categorical column's value that is not in its declared list (a missing one included): other: it "
+                 "goes to the column's <other> slot (counted as lumped); drop: the row is left out (counted); the "
+                 "counts: private/data_diagnostics.json and one console line")
+
+
+NONFINITE_HELP = ("a numeric column's (or a continuous target's) missing, NaN, infinite or non-numeric entry: drop: "
+                  "the row is left out and counted (private/data_diagnostics.json, one console line); error: refuse "
+                  "the table, naming the column and the kind of entry (a refusal that depends on the rows: a table "
+                  "with one such row is refused, its neighbour without it runs; find such rows with dptrain check)")
+
+
+THOUSANDS_HELP = ("the digit-group separator of numbers written as text, e.g. ',' for 60,366: numeric columns are "
+                  "then read as text and parsed with it (and data.decimal); null: no separator")
+
+
+DECIMAL_HELP = "the decimal mark of numbers written as text: '.' (3.5) or ',' (3,5)"
 
 
 BOUNDS_HELP = ("a continuous target's PUBLIC bounds (objective=linear), e.g. {lower: 1, upper: 99}: the target is "
@@ -80,6 +112,9 @@ class AdultDataConfig:
                                  "data.target_bounds or data.positive", allowed="a column of the Adult file | null")
     positive: str | None = setting(None, help="a binary target's positive label (with data.target; null: the "
                                    "schema's >50K for income)", allowed="a label of the target column | null")
+    negative: str | None = setting(None, help="a binary target's negative label (required with data.positive; "
+                                   "null: the schema's <=50K for income)", allowed="a label of the target column | "
+                                   "null")
     classes: list[Any] | None = setting(None, help=CLASSES_HELP + ", e.g. relationship's six documented categories",
                                         allowed=CLASSES_ALLOWED)
     target_bounds: TargetBounds | None = setting(help=BOUNDS_HELP, allowed=BOUNDS_ALLOWED, factory=TargetBounds)
@@ -101,11 +136,18 @@ class TableDataConfig:
                           allowed="auto | csv | parquet | dta")
     delimiter: str = setting(",", help="CSV field separator", allowed="one character other than a quote, a line "
                              "break or a space, e.g. ',' ';' or '\\t' (tab)")
+    thousands: str | None = setting(None, help=THOUSANDS_HELP, allowed="one of ',' '.' ' ' \"'\" (an apostrophe) "
+                                    "| null (no separator)")
+    decimal: str = setting(".", help=DECIMAL_HELP, allowed="'.' | ','")
     target: str = setting("", help="the label column (required)", allowed="a column of the file")
     positive: str | None = setting(None, help="the label of the positive class: rows whose target equals it get "
-                                   "label 1, all others 0; null: the target column must already be numeric 0/1",
+                                   "label 1, rows with data.negative 0, every other row (a missing target included) "
+                                   "is left out and counted (private/data_diagnostics.json); null (with "
+                                   "data.negative null): the target holds 0/1, rows with anything else are left out",
                                    allowed="a label of the target column (compared as numbers when both are "
                                    "numeric, else as stripped strings) | null")
+    negative: str | None = setting(None, help=NEGATIVE_HELP, allowed="a label of the target column, other than "
+                                   "data.positive | null (only with data.positive null)")
     classes: list[Any] | None = setting(None, help=CLASSES_HELP, allowed=CLASSES_ALLOWED)
     target_bounds: TargetBounds | None = setting(help=BOUNDS_HELP, allowed=BOUNDS_ALLOWED, factory=TargetBounds)
     numeric: dict[str, NumericColumn] = setting(
@@ -117,8 +159,9 @@ class TableDataConfig:
         "anything else (missing values included), e.g. {sex: [Female, Male]}", allowed="column: [label, ...]; "
         "integer codes may be written as numbers ([1, 2, 3]) and match a numeric column stored as 1.0, 2.0, ...; "
         "quote codes with leading zeros (['01', '02']) when the column holds text", factory=dict)
-    nonfinite: str = setting("error", help="NaN / inf / missing values in a numeric column: refuse the file, or "
-                             "drop those rows (each row on its own)", allowed="error | drop")
+    label_map: dict[str, dict[str, Any]] = setting(help=LABEL_MAP_HELP, allowed=LABEL_MAP_ALLOWED, factory=dict)
+    unlisted: str = setting("other", help=UNLISTED_HELP, allowed="other | drop")
+    nonfinite: str = setting("drop", help=NONFINITE_HELP, allowed="drop | error")
     split_column: str | None = setting(None, help="a column holding train / test; null: each row goes to the test "
                                        "part when a keyed hash of its own content (key from seed) is below "
                                        "test_fraction", allowed="a column of the file | null")
@@ -192,11 +235,16 @@ class DataConfig:
     delimiter: str = ","
     target: str = "income"
     positive: str | None = None  # label of the positive class (binary target)
+    negative: str | None = None  # label of the negative class (required with positive)
     classes: list[Any] | None = None  # a multiclass target's declared classes
     target_bounds: TargetBounds | None = None  # a continuous target's declared bounds
     numeric: dict[str, NumericColumn] = field(default_factory=dict)
     categorical: dict[str, list[Any]] = field(default_factory=dict)
-    nonfinite: str = "error"  # error | drop : policy for NaN / inf in numeric columns
+    label_map: dict[str, dict[str, Any]] = field(default_factory=dict)  # per column: file label -> declared label
+    unlisted: str = "other"  # other | drop : a categorical value not in its declared list
+    nonfinite: str = "drop"  # drop | error : a missing, NaN, inf or non-numeric entry of a numeric column
+    thousands: str | None = None  # digit-group separator of numbers written as text
+    decimal: str = "."  # decimal mark of numbers written as text
     split_column: str | None = None  # column holding "train"/"test"; else a per-row hash split
     test_fraction: float = 0.25
     split_key: list[str] | None = None  # the hash split's key columns; None: every column of the file
@@ -262,7 +310,7 @@ def check_data(d: Any) -> None:
         raise bad("data.path", path, "data=table needs the path of a CSV, Parquet or .dta file")
     one_of("data.format", getattr(d, "format", "auto"), ("auto", "csv", "parquet", "dta"))
     check_delimiter(getattr(d, "delimiter", ","))
-    one_of("data.nonfinite", getattr(d, "nonfinite", "error"), ("error", "drop"))
+    one_of("data.nonfinite", getattr(d, "nonfinite", "drop"), ("drop", "error"))
     real("data.test_fraction", getattr(d, "test_fraction", 0.25), "must be a number in (0, 1)", lo=0, hi=1,
          lo_open=True, hi_open=True)
     flag("data.test_public", d.test_public)

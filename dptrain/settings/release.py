@@ -39,7 +39,7 @@ STATISTIC_SETTINGS = ("p25", "p75", "slope", "custom")
 
 @dataclass
 class DomainConfig:
-    """The PUBLIC domain of (x, y); rows are clipped into it (release.clip) or refused. Required
+    """The PUBLIC domain of (x, y); rows are clipped into it (release.clip) or left out. Required
     for data=table; data=atlas (the simulator) uses its public design [0, 1] x [0, 1]."""
 
     x_lo: float | None = setting(None, help="lower bound of x", allowed="a finite number < x_hi (required for "
@@ -68,7 +68,7 @@ def resolved_domain(r: ReleaseConfig, data_name: str) -> tuple[float, float, flo
             f"release.domain.{missing[0]}=None is not allowed: declare the PUBLIC domain of x and y for "
             f"data={data_name}, e.g. release.domain={{x_lo: 0, x_hi: 200000, y_lo: 0, y_hi: 1}}. The domain bounds "
             "what one person's row can change: the noise of every released statistic is computed from it, and "
-            "rows outside it are clipped into it (release.clip=false refuses them), so it must come from "
+            "rows outside it are clipped into it (release.clip=false leaves them out), so it must come from "
             "documentation or domain knowledge, never from the rows; a domain that misses the data (x in dollars "
             "against the default [0, 1] of percentile ranks) releases nothing useful")
     x_lo, x_hi, y_lo, y_hi = (float(SIMULATOR_DOMAIN[k] if v is None else v) for k, v in values.items())
@@ -117,8 +117,8 @@ class ReleaseConfig:
     chi_by: list[str] = setting(help="MOS and DP-MOS: [] = one chi over all cells; e.g. [state] = one chi per state",
                                 allowed="columns of the cell list", factory=list)
     domain: DomainConfig = setting(help=DOMAIN_HELP, factory=DomainConfig)
-    clip: bool = setting(True, help="clip rows into release.domain (false: refuse a table with rows outside it)",
-                         allowed="true | false")
+    clip: bool = setting(True, help="clip rows into release.domain (false: leave rows outside it out, counted "
+                         "privately)", allowed="true | false")
     # The cells (dptrain.release.cell_domain): a PUBLIC declaration, or a private selection.
     # cell_values is typed Any because Hydra cannot add keys to a typed dict in struct mode:
     # validate_release checks it.

@@ -75,7 +75,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from dptrain.core.validation import ConfigError
-from dptrain.data import Dataset, load_dataset
+from dptrain.data import Dataset, load_dataset, write_data_diagnostics
 from dptrain.inference.audit_bound import (  # noqa: F401  (the audit's statistics, re-exported)
     Guesses,
     audit_scores,
@@ -256,7 +256,8 @@ def run_audit(conf: Config, data: Dataset, *, run_dir: Path | None = None, rando
                            mechanism=result.privacy)
     report["seconds"] = time.perf_counter() - start
     if run_dir is not None:
-        _write_audit_files(run_dir, report, canaries=canaries, scores=scores, metrics=result.metrics)
+        _write_audit_files(run_dir, report, canaries=canaries, scores=scores, metrics=result.metrics,
+                           diagnostics=write_data_diagnostics(run_dir, data))
     return report
 
 
@@ -286,7 +287,7 @@ def _audit_report(conf: Config, best: Guesses, rows: list[Guesses], *, epsilons:
 
 
 def _write_audit_files(run_dir: Path, report: dict[str, Any], *, canaries: Canaries, scores: np.ndarray,
-                       metrics: dict[str, float]) -> None:
+                       metrics: dict[str, float], diagnostics: dict[str, str]) -> None:
     write_json(run_dir / "audit.json", report)
     write_json(private_dir(run_dir) / "metrics.json", metrics)
     lines = ["canary,included,score"] + [
@@ -301,6 +302,7 @@ def _write_audit_files(run_dir: Path, report: dict[str, Any], *, canaries: Canar
         "private/tb/": "TensorBoard curves of the audited run",
         "private/dptrain.log": "the log",
         "private/checkpoint.pt": "not written: an audit is one fresh run",
+        **diagnostics,
     }, guarantee=f"the audited run claims ({report['claimed_epsilon']:.4g}, {report['delta']:.3g})-DP; this audit "
                  "is a lower bound, not a proof", report="audit.json",
        finite_guarantee=not report["broken"] and finite_epsilon(report["claimed_epsilon"]))

@@ -63,6 +63,7 @@ from dptrain.runfolder import ownership, publish, runlock, verify
 from dptrain.runfolder.stopping import EXIT_STOPPED, RunStopped, resume_hint
 from dptrain.runfolder.tracking import stamp_times
 from dptrain.settings.command_line import check_command_line
+from dptrain.tasks import check as table_check
 from dptrain.tasks.registry import TASKS, check_known_keys, register_configs
 from dptrain.training.distributed import env_rank
 
@@ -498,6 +499,8 @@ def main() -> None:
         raise SystemExit(verify.main(sys.argv[2:]))
     if sys.argv[1:2] == ["publish"]:  # dptrain publish RUN DEST: export the vouched files (no Hydra)
         raise SystemExit(publish.main(sys.argv[2:]))
+    if sys.argv[1:2] == ["check"]:  # dptrain check SETTINGS: the data holder's check of a table (no run)
+        raise SystemExit(table_check.main(sys.argv[2:]))
     check_launcher(sys.argv[1:])
     preload_plugins(sys.argv[1:])
     check_composition(sys.argv[1:])

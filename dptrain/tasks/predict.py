@@ -39,7 +39,7 @@ from omegaconf import OmegaConf
 
 from dptrain.core.errors import DPTrainError
 from dptrain.core.validation import ConfigError
-from dptrain.data.table import DataError, Schema, detect_format, encode_features, numeric_values, read_table
+from dptrain.data.table import DataError, Schema, _numbers, detect_format, encode_features, read_table
 from dptrain.inference.coefficients import linear_layer
 from dptrain.models.objectives import build_objective
 from dptrain.runfolder.tracking import (  # noqa: F401
@@ -160,8 +160,11 @@ class TrainedModel:
         df = _frame(rows, origin)
         check_columns(list(df.columns), self.schema, origin)
         numeric = {}
-        for spec in self.schema.numeric:
-            v = numeric_values(df[spec.name], f"data.numeric.{spec.name}")
+        for spec in self.schema.numeric:  # numbers written as the training file wrote them (data.thousands / decimal)
+            v, text = _numbers(df[spec.name], self.schema)
+            if text is not None:
+                raise DataError(f"data.numeric.{spec.name}: column {spec.name!r} of {origin} has non-numeric entries; "
+                                "allowed: numbers (written as the model's training file wrote them)")
             if not np.isfinite(v).all():
                 raise DataError(f"data.numeric.{spec.name}: column {spec.name!r} of {origin} has missing or "
                                 "non-finite entries; allowed: a finite number in every row to score")
@@ -281,7 +284,7 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
         raise ConfigError(f"data.keep_columns={list(d.keep_columns)!r} is not allowed: {origin} has no column(s) "
                           f"{', '.join(map(repr, missing_keep))}")
     wanted = [*model.schema.feature_columns, *[c for c in d.keep_columns if c not in model.schema.feature_columns]]
-    df = read_table(d.path, fmt=d.format, columns=wanted, delimiter=d.delimiter)
+    df = read_table(d.path, fmt=d.format, columns=wanted, delimiter=d.delimiter, text_columns=model.schema.text_columns)
     frame = model.prediction_frame(df, keep=list(d.keep_columns), origin=origin)
     target = _manifest(Path(run_dir), model=model, public=d.public, origin=origin)
     atomic_write_text(target, frame.to_csv(index=False))

@@ -30,9 +30,11 @@ from tqdm import tqdm
 
 from dptrain.data import read_table
 from dptrain.data.atlas import design_cells, simulate_atlas, simulate_figure2
+from dptrain.data.rules import CHECK_HINT
 from dptrain.privacy.randomness import Randomness, data_digest, settings_digest
+from dptrain.privacy.report import LOG_AND_REFUSALS
 from dptrain.release import report
-from dptrain.release.api import CellEstimates, estimates_for_listed, release_custom
+from dptrain.release.api import estimates_for_listed, release_custom
 from dptrain.release.cell_domain import (
     CellDomain,
     chi_group_labels,
@@ -128,20 +130,6 @@ def clipped_counts(df: pd.DataFrame, conf: ReleaseRunConfig, domain: Domain) -> 
     return out
 
 
-def refuse_if_nothing_estimable(est: CellEstimates, conf: ReleaseRunConfig) -> None:
-    """No listed cell has release.min_n rows (>= 3, the least OLS needs): no method can release a
-    cell, so the run stops here, before any method runs and before anything is written. The
-    message says no count (rows per cell are private)."""
-    r = conf.release
-    if len(est.cells.n) and int((est.cells.n >= r.min_n).sum()) > 0:
-        return
-    smaller = "a smaller release.min_n (at least 3, the least OLS needs), " if r.min_n > 3 else ""
-    raise ReleaseError(
-        f"release.min_n={r.min_n}: no listed cell has at least {r.min_n} rows (rows with finite x and y in a "
-        "listed cell), so no cell can be released; nothing was written. Allowed: coarser cells (fewer "
-        f"release.cells columns than {list(r.cells)}, or coarser cell values), {smaller}or more rows")
-
-
 def declared_cells(conf: ReleaseRunConfig) -> CellDomain | None:
     """The user's declaration (read before any row), or None (simulator design / private selection)."""
     r = conf.release
@@ -188,11 +176,28 @@ def prepare(conf: ReleaseRunConfig, run_dir: Path, randomness: Randomness) -> Re
     domain = Domain(*resolved_domain(r, conf.data.name))
     clipped = clipped_counts(df, conf, domain)
     est = estimates_for_listed(df, listed, x=r.x, y=r.y, domain=domain,
-                               clip=r.clip, drop_nonfinite=getattr(conf.data, "nonfinite", "error") == "drop")
+                               clip=r.clip, drop_nonfinite=getattr(conf.data, "nonfinite", "drop") == "drop")
     chi_group_labels(listed, list(r.chi_by))  # release.chi_by must name public columns of the cell list
-    refuse_if_nothing_estimable(est, conf)
+    if conf.data.name != "atlas":  # a user's table: the rules' counts for the data holder (PRIVATE)
+        log_counts(est.rows, clipped if r.clip else {})
     return ReleaseRun(conf=conf, run_dir=run_dir, randomness=randomness, truth=truth, source=source, est=est,
-                      diagnostics={"clipped": clipped})
+                      diagnostics={"clipped": clipped, "rows": est.rows})
+
+
+def log_counts(rows: dict, clipped: dict) -> None:
+    """ONE console line of the rows the release left out, per rule, and the values clipped
+    (PRIVATE counts for the data holder: the console and private/dptrain.log, never a publishable
+    file), and the pointer to ``dptrain check`` when any row was left out."""
+    parts = [f"{rows['read']} rows read, {rows['kept']} used, {rows['left_out']} left out"]
+    parts += [f"{what}: {n} {rule}" for what, rules in rows["left_out_by"].items() for rule, n in rules.items() if n]
+    hit = [f"{c} {v['below_lower'] + v['above_upper']}" for c, v in clipped.items() if v["below_lower"] or
+           v["above_upper"]]
+    if hit:
+        parts.append("clipped into release.domain: " + ", ".join(hit))
+    (log.warning if rows["left_out"] or hit else log.info)(
+        "release data (PRIVATE counts, for the data holder; in private/%s): %s", DIAGNOSTICS, "; ".join(parts))
+    if rows["left_out"]:
+        log.warning("%s", CHECK_HINT)
 
 
 def methods_to_run(conf: ReleaseRunConfig, evaluate: bool) -> list[str]:
@@ -280,7 +285,8 @@ def write_diagnostics(run: ReleaseRun) -> dict[str, str]:
     if not run.diagnostics:
         return {}
     write_json(private_dir(run.run_dir) / DIAGNOSTICS, run.diagnostics)
-    return {f"private/{DIAGNOSTICS}": "counts about the private rows (x / y values outside release.domain)"}
+    return {f"private/{DIAGNOSTICS}": "counts about the private rows (rows read and left out per rule, x / y values "
+            "outside release.domain)"}
 
 
 def write_release(run: ReleaseRun, method: ReleaseMethod, result: MethodResult) -> dict:
@@ -288,6 +294,8 @@ def write_release(run: ReleaseRun, method: ReleaseMethod, result: MethodResult) 
     name = run.conf.release.method
     run.run_dir.mkdir(parents=True, exist_ok=True)
     facts = method.release_json(name, result, facts=run.facts())
+    if run.conf.data.name != "atlas":  # a user's table: what its log, console and refusals do not cover
+        facts["not_covered"] = [*facts.get("not_covered", []), LOG_AND_REFUSALS]
     atomic_write_text(run.run_dir / "release.csv", method.published(run.est, result).to_csv(index=False))
     write_json(run.run_dir / "release.json", facts)
     return facts

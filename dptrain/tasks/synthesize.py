@@ -12,11 +12,12 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-from dptrain.data import declaration, load_dataset
+from dptrain.data import declaration, load_dataset, write_data_diagnostics
 from dptrain.data import schema_from_config as data_schema
 from dptrain.privacy.accounting import history_epsilon
 from dptrain.privacy.events import zcdp_event
 from dptrain.privacy.randomness import Randomness
+from dptrain.privacy.report import LOG_AND_REFUSALS
 from dptrain.release.synthesis.mst import mst
 from dptrain.release.synthesis.mwem import MWEMSettings, mwem
 from dptrain.release.tables.domain import decode_rows, domain_columns, row_codes
@@ -30,7 +31,7 @@ NEIGHBOURS = "add/remove one row (one person's record)"
 NOT_COVERED = [
     "the declared domain (columns, category lists, numeric bounds and bins): assumed public, declared in the "
     "config, not fitted on the rows",
-    "the log (private/dptrain.log), timings and error messages: for the data holder only; they quote no count",
+    LOG_AND_REFUSALS,
     "private/evaluation.json (data=adult or synthetic only): the synthetic file's marginal error against the "
     "real rows",
 ]
@@ -66,7 +67,7 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
                    "synthetic.csv": "the synthetic rows (covered by the guarantee)", "FILES.txt": "this list",
                    DATA_CONFIG: "a data config to train on synthetic.csv (the declared schema: public)",
                    ".hydra/": "the configuration (no secret, no private value)"}
-    private = {"private/dptrain.log": "the log"}
+    private = {"private/dptrain.log": "the log", **write_data_diagnostics(run_dir, data)}
     if error is not None:
         private["private/evaluation.json"] = "the synthetic file's marginal error against the real rows"
     write_manifest(run_dir, publishable=publishable, private=private, guarantee=report["guarantee"],
@@ -90,6 +91,7 @@ def _write_data_config(conf: SynthesizeRunConfig, run_dir: Path) -> None:
     d = declaration(conf.data)
     body = {"defaults": ["/schema/data/table@_here_", "_self_"], "name": "table",
             "path": str((run_dir / "synthetic.csv").resolve()), "target": d["target"], "positive": d["positive"],
+            "negative": d["negative"],
             "classes": d["classes"], "numeric": d["numeric"], "categorical": d["categorical"]}
     if d["target_bounds"] is not None:
         bounds = d["target_bounds"]

@@ -15,10 +15,11 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from dptrain.core.errors import DPTrainError
-from dptrain.data import load_dataset
+from dptrain.data import load_dataset, write_data_diagnostics
 from dptrain.data import schema_from_config as data_schema
 from dptrain.privacy.accounting import history_epsilon
 from dptrain.privacy.events import zcdp_event
+from dptrain.privacy.report import LOG_AND_REFUSALS
 from dptrain.release.tables.domain import domain_columns, row_codes
 from dptrain.release.tables.marginals import (
     Column,
@@ -40,7 +41,7 @@ NEIGHBOURS = "add/remove one row (one person's record): each marginal's counts m
 NOT_COVERED = [
     "the declared domain (columns, category lists, numeric bounds and bins): assumed public, declared in the "
     "config, not fitted on the rows",
-    "the log (private/dptrain.log), timings and error messages: for the data holder only; they quote no count",
+    LOG_AND_REFUSALS,
     "private/evaluation.json (data=adult or synthetic only): the released tables' error against the exact counts",
 ]
 
@@ -78,7 +79,7 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     publishable = {"privacy.json, privacy.txt": "this report (the guarantee, the budget split; no count)",
                    "tables/": "the released marginals (covered by the guarantee)", "FILES.txt": "this list",
                    ".hydra/": "the configuration (no secret, no private value)"}
-    private = {"private/dptrain.log": "the log"}
+    private = {"private/dptrain.log": "the log", **write_data_diagnostics(run_dir, data)}
     if error is not None:
         private["private/evaluation.json"] = "the released tables' error against the exact counts"
     write_manifest(run_dir, publishable=publishable, private=private, guarantee=report["guarantee"],
@@ -127,8 +128,8 @@ def _run_sparse(conf: TabulateRunConfig, run_dir: Path, schema: Any, columns: li
     write_manifest(run_dir, publishable={"privacy.json, privacy.txt": "this report", "tables/": "the listed cells "
                                          "and their noisy counts (covered by the guarantee)", "FILES.txt": "this list",
                                          ".hydra/": "the configuration"},
-                   private={"private/dptrain.log": "the log"}, guarantee=guarantee, report="privacy.json",
-                   finite_guarantee=True)
+                   private={"private/dptrain.log": "the log", **write_data_diagnostics(run_dir, data)},
+                   guarantee=guarantee, report="privacy.json", finite_guarantee=True)
     log.info("privacy: %s", guarantee)
     return float("nan")
 

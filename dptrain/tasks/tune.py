@@ -53,7 +53,7 @@ from omegaconf import OmegaConf, open_dict
 
 from dptrain.core.errors import DPTrainError
 from dptrain.core.validation import bad
-from dptrain.data import load_dataset
+from dptrain.data import load_dataset, write_data_diagnostics
 from dptrain.inference.run import coefficient_section
 from dptrain.inference.subsample import row_uniform
 from dptrain.models.objectives import build_objective
@@ -510,9 +510,10 @@ def _write(conf: Any, cfg: Any, *, run_dir: Path, data: Any, best: dict | None, 
     save_model(run_dir / MODEL_FILENAME, model=best["result"].model,
                model_config=OmegaConf.to_container(best["cfg"].model, resolve=True),
                feature_names=list(data.feature_names), schema=conf.data, objective=conf.objective.name, report=report)
+    files = report["files"]
+    files["private"].update(write_data_diagnostics(run_dir, data))
     write_json(run_dir / "privacy.json", report)
     atomic_write_text(run_dir / "privacy.txt", format_report(report))
-    files = report["files"]
     write_manifest(run_dir, publishable=files["publishable"], private=files["private"], guarantee=report["guarantee"],
                    report="privacy.json", finite_guarantee=finite_epsilon(search.epsilon))
     log.info("tune: selected %s (noisy validation score %.4f); epsilon %.6g for the whole search",

@@ -268,6 +268,12 @@ def schema_to_dict(schema: Any) -> dict[str, Any]:
         out["classes"] = list(schema.classes)
     if schema.target_bounds is not None:
         out["target_bounds"] = {"lower": float(schema.target_bounds[0]), "upper": float(schema.target_bounds[1])}
+    if schema.negative is not None:
+        out["negative"] = schema.negative
+    if schema.label_map:  # data.label_map: a file's labels -> the declared ones, applied to new rows too
+        out["label_map"] = {col: dict(pairs) for col, pairs in schema.label_map}
+    if schema.text_columns is not None:  # how the numbers are written (data.thousands / data.decimal)
+        out["number_format"] = {"thousands": schema.thousands, "decimal": schema.decimal}
     return out
 
 
@@ -281,7 +287,9 @@ def schema_from_dict(stored: dict[str, Any], path: Path) -> Any:
                         for s in stored["numeric"]},
             "categorical": {c["name"]: list(c["labels"]) for c in stored["categorical"]},
             "classes": stored.get("classes"), "target_bounds": stored.get("target_bounds"),
-        })
+            "negative": stored.get("negative"), "label_map": stored.get("label_map"),
+            **(stored.get("number_format") or {}),
+        }, require_negative=False)  # a file written before data.negative: its features encode alike
     except (KeyError, TypeError, DPTrainError) as err:
         raise CheckpointError(f"model file {path} holds no usable feature encoder ({err})") from None
     if list(schema.feature_names) != list(stored["feature_names"]):

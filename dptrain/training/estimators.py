@@ -39,7 +39,9 @@ transformers whose parameters you declare (``OneHotEncoder(categories=[...])``,
 ``FunctionTransformer``). The labels are DECLARED too: ``classes`` (default ``(0, 1)``; the
 multinomial model has no default) is the public label set, ``classes_`` is always that
 declaration (never ``np.unique(y)``: which labels occur in the private rows is itself private),
-and a row whose label is not declared is refused with a message that quotes no value of ``y``.
+and a row whose label is not declared is left out of the fit (a stated rule, like a regression's row
+whose y is not a finite number): ``rows_left_out_`` counts them (PRIVATE: a warning tells the data
+holder how many); refusing would tell a data set with one such row from its neighbour without it.
 A regression's target range is declared as ``target_bounds`` (no default): y is clipped to it.
 
 The hyperparameters are the fields of the estimator's config dataclass
@@ -52,6 +54,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import warnings
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
@@ -347,7 +350,7 @@ class _DPEstimator(BaseEstimator):
         """DP-SGD on (X, y) (then, for the linear models, the interval release); sets the fitted
         attributes and ``privacy_report_``."""
         a = _as_matrix(X)
-        target = self._target(y, a.shape[0])
+        a, target = _declared_rows(self, a, *self._target(y, a.shape[0]))
         self.n_features_in_ = a.shape[1]
         if _columns(X) is not None:
             self.feature_names_in_ = np.array(_columns(X), dtype=object)
@@ -370,7 +373,8 @@ class _DPEstimator(BaseEstimator):
         self._set_privacy(run, a.shape)
         return self
 
-    def _target(self, y: Any, n: int) -> np.ndarray:
+    def _target(self, y: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(the training target of every row, the mask of rows whose y is declared / usable)."""
         raise NotImplementedError
 
     def _share(self) -> float:
@@ -438,9 +442,9 @@ class _DPClassifier(ClassifierMixin, _DPEstimator):
 
     _config_class: type = DPClassifierConfig
 
-    def _target(self, y: Any, n: int) -> np.ndarray:
-        """y as 0/1 float32 (1 = classes_[1]); sets ``classes_`` to the DECLARED ``classes``. A row
-        whose label is not declared is refused (no label is quoted: y is private)."""
+    def _target(self, y: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """y as 0/1 float32 (1 = classes_[1]), and the rows whose label is declared; sets
+        ``classes_`` to the DECLARED ``classes``."""
         labels = _label_array(y, n)
         if self.classes is None or isinstance(self.classes, (str, bytes)):
             raise bad("classes", self.classes, "declare the two PUBLIC labels, e.g. classes=(0, 1) (the default) or "
@@ -448,9 +452,8 @@ class _DPClassifier(ClassifierMixin, _DPEstimator):
         classes = np.asarray(list(self.classes))
         if classes.shape != (2,) or classes[0] == classes[1]:
             raise bad("classes", self.classes, "must list exactly two distinct labels (negative, positive)")
-        _check_declared(labels, classes, "declare yours with classes=[negative, positive]")
         self.classes_ = classes
-        return (labels == classes[1]).astype(np.float32)
+        return (labels == classes[1]).astype(np.float32), np.isin(labels, classes)
 
     # ------------------------------------------------------------------ predict
     @torch.no_grad()
@@ -477,10 +480,20 @@ def _label_array(y: Any, n: int) -> np.ndarray:
     return labels
 
 
-def _check_declared(labels: np.ndarray, classes: np.ndarray, how: str) -> None:
-    if not np.isin(labels, classes).all():
-        raise DPTrainError(f"y has labels that are not in classes={list(classes.tolist())!r} (no label of y is "
-                           f"quoted: y is private); allowed: only the declared labels ({how})")
+def _declared_rows(est: Any, a: np.ndarray, target: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of X and the target whose y is declared (a classifier's label in ``classes``, a
+    regression's finite y): the others are left out by that stated rule, and counted in
+    ``rows_left_out_`` (PRIVATE; a warning for the data holder). No row left: refused, the one
+    outcome of a fit that depends on the rows."""
+    est.rows_left_out_ = int(np.count_nonzero(~kept))
+    if est.rows_left_out_:
+        what = ("whose label is not in classes" if hasattr(est, "classes_") else "whose y is missing or not finite")
+        warnings.warn(f"{type(est).__name__}.fit: {est.rows_left_out_} rows {what} were left out (PRIVATE count, "
+                      "for the data holder: rows_left_out_)", UserWarning, stacklevel=3)
+    if not kept.any():
+        raise DPTrainError("y: no row is left to train on: every label is outside the declared classes (or every y "
+                           "is missing); allowed: rows with a declared label (no label of y is quoted: y is private)")
+    return (a, target) if kept.all() else (a[kept], target[kept])
 
 
 def _units(lower: np.ndarray, upper: np.ndarray, y_scale: float = 1.0, y_offset: float = 0.0) -> tuple:
@@ -706,20 +719,19 @@ class DPLinearRegression(_NewtonIntervals, RegressorMixin, _DPEstimator):
     def _build(self, n_features: int) -> torch.nn.Module:
         return logit(in_features=n_features)
 
-    def _target(self, y: Any, n: int) -> np.ndarray:
-        """y clipped to ``target_bounds`` and scaled to [0, 1] (float32)."""
+    def _target(self, y: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """y clipped to ``target_bounds`` and scaled to [0, 1] (float32), and the rows whose y is a
+        finite number (the others are left out)."""
         t = np.asarray(y)
         if t.ndim != 1 or t.shape[0] != n:
             raise DPTrainError("y must be 1-D with one value per row of X")
         if not np.issubdtype(t.dtype, np.number) or np.issubdtype(t.dtype, np.complexfloating):
             raise DPTrainError("y must be numeric (real numbers) for DPLinearRegression")
         t = t.astype(np.float64)
-        if not np.isfinite(t).all():
-            raise DPTrainError("y has missing or non-finite entries; allowed: finite numbers (no value of y is "
-                               "quoted: y is private)")
         self.target_lower_, self.target_upper_ = _target_bounds(self.target_bounds)
         span = self.target_upper_ - self.target_lower_
-        return ((np.clip(t, self.target_lower_, self.target_upper_) - self.target_lower_) / span).astype(np.float32)
+        scaled = (np.clip(t, self.target_lower_, self.target_upper_) - self.target_lower_) / span
+        return scaled.astype(np.float32), np.isfinite(t)
 
     def _y_units(self) -> tuple[float, float]:
         return self.target_upper_ - self.target_lower_, self.target_lower_
@@ -744,8 +756,8 @@ class DPMultinomialLogisticRegression(_DPClassifier):
     _config_class = DPMultinomialConfig
     _loss = "multinomial"
 
-    def _target(self, y: Any, n: int) -> np.ndarray:
-        """y as int64 indices into the DECLARED ``classes``."""
+    def _target(self, y: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """y as int64 indices into the DECLARED ``classes``, and the rows whose label is declared."""
         labels = _label_array(y, n)
         if self.classes is None or isinstance(self.classes, (str, bytes)):
             raise bad("classes", self.classes, "declare the K >= 2 PUBLIC labels, e.g. classes=['a', 'b', 'c']: "
@@ -753,9 +765,8 @@ class DPMultinomialLogisticRegression(_DPClassifier):
         classes = np.asarray(list(self.classes))
         if classes.ndim != 1 or len(classes) < 2 or len(set(classes.tolist())) != len(classes):
             raise bad("classes", self.classes, "must list at least two distinct labels")
-        _check_declared(labels, classes, "declare yours with classes=[...]")
         self.classes_ = classes
-        return (labels[:, None] == classes[None, :]).argmax(1).astype(np.int64)
+        return (labels[:, None] == classes[None, :]).argmax(1).astype(np.int64), np.isin(labels, classes)
 
     def _build(self, n_features: int) -> torch.nn.Module:
         return logit(in_features=n_features, out_features=len(self.classes_))

@@ -1,8 +1,8 @@
 """The declared domain of a tabulation, from a data source's PUBLIC schema, and each row's cell
 codes: a categorical column's declared levels and its ``<other>`` slot; a numeric column's
 ``bins`` equal-width bins within its declared bounds (on the transformed scale for ``log1p``,
-labelled on the original scale); the target's declared labels (binary: the positive label and
-``not <positive>``; multiclass: the classes; continuous: bins of its declared bounds). The codes
+labelled on the original scale); the target's declared labels (binary: data.negative and
+data.positive, or 0 and 1; multiclass: the classes; continuous: bins of its declared bounds). The codes
 are read off the encoded rows of :func:`dptrain.data.load_dataset` (train and test rows together),
 so the loader's checks and clipping rules are the tabulation's too."""
 
@@ -38,9 +38,10 @@ def domain_columns(schema: Schema, *, bins: int) -> list[Column]:
         cols.append(Column(schema.target, tuple(schema.classes)))
     elif schema.target_kind == "continuous":
         cols.append(Column(schema.target, _bin_labels(*schema.target_bounds, bins, "none")))
-    else:
-        positive = schema.positive if schema.positive is not None else "1"
-        cols.append(Column(schema.target, (f"not {positive}", str(positive))))
+    elif schema.target_labels is not None:  # the declared negative and positive labels
+        cols.append(Column(schema.target, tuple(schema.target_labels)))
+    else:  # a target of 0/1 (rows with anything else are left out by the loader)
+        cols.append(Column(schema.target, ("0", "1")))
     return cols
 
 
@@ -77,7 +78,7 @@ def _uniform_in_bins(codes: np.ndarray, lo: float, hi: float, bins: int, transfo
 def decode_rows(codes: np.ndarray, schema: Schema, *, bins: int, rng: np.random.Generator) -> pd.DataFrame:
     """Rows of codes (:func:`row_codes` order) as a table with the schema's column names: a
     numeric value drawn uniformly within its bin (on the transformed scale), a category's label
-    (``<other>`` as such), the target's label (binary: the positive label or ``not <positive>``)."""
+    (``<other>`` as such), the target's label (binary: the declared negative or positive label, or 0 / 1)."""
     out: dict[str, np.ndarray] = {}
     for k, s in enumerate(schema.numeric):
         out[s.name] = _uniform_in_bins(codes[:, k], s.lower, s.upper, bins, s.transform, rng)
