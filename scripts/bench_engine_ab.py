@@ -1,13 +1,26 @@
-"""Time this checkout's fast DP step against an older engine.py in ONE process (A/B).
+"""Time this checkout's DP step against an older engine and against torch's float32 normal_, in ONE
+process (A/B), with an A/A pair for the noise band.
 
-    OMP_WAIT_POLICY=PASSIVE python scripts/bench_engine_ab.py OLD_ENGINE_PY [--threads 1] [--blocks 60]
+    OMP_WAIT_POLICY=PASSIVE python scripts/bench_engine_ab.py [OLD_ENGINE_PY] [--model preset-mlp]
+        [--threads 1 2] [--blocks 40] [--steps 50] [--draws]
 
-Logistic regression on 100,000 x 100 in-memory rows, expected batch 1024, sigma 1, C 1, Poisson
-sampling: each engine runs blocks of 100 steps, the two interleaved (order alternating), and the
-medians of the per-step times are compared. Prints new/old (below 1: the new engine is faster).
-The older file must be a standalone ``dptrain/privacy/dpsgd/engine.py`` of an earlier commit (e.g. from
-``git show COMMIT:dptrain/privacy/dpsgd/engine.py > old_engine.py``); its ``make_engine`` took
-``private=True``.
+Variants, each one training step (Poisson sample, ``index_select``, the engine, ``SGD.step``;
+diagnostics off as on unlogged steps) on in-memory rows x ~ N(0, 1), sigma 1, C 1:
+
+* ``new``: this checkout's engine; ``new-again``: a second copy of it (the A/A pair);
+* ``normal``: this checkout's engine whose noise draw is torch's float32 ``normal_`` (the engine
+  before the refined float32 draw, issue 29: its law is truncated at |z| = 5.77; timing only);
+* ``old``: the fast engine of OLD_ENGINE_PY, a standalone ``dptrain/privacy/dpsgd/engine.py`` of an
+  earlier commit (``git show COMMIT:dptrain/privacy/dpsgd/engine.py > old_engine.py``; the
+  engine was one file up to issue 45).
+
+Models: ``preset-mlp`` (experiment=mlp: 112-64-64-1 ReLU, B = 1,024, 11,457 noise coordinates),
+``preset-logit`` (112 -> 1, B = 1,024), ``mlp256`` (100-256-256-1, B = 1,024, 91,905 coordinates);
+N = 100,000 rows. Blocks of ``--steps`` steps of every variant are interleaved (order rotating);
+printed per thread count: the median time per step of each variant, each ratio of medians, the
+quartiles of the block-by-block ratios (the spread) and the load average before and after.
+``--draws`` first times the noise draws alone (torch's float32 normal_, the refined draw, the
+float64 draw and, with OLD_ENGINE_PY, its refined draw) for the model's coordinate count.
 """
 
 from __future__ import annotations
@@ -18,6 +31,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # must precede `import torc
 
 import argparse
 import importlib.util
+import inspect
 import statistics
 import sys
 import time
@@ -30,24 +44,49 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dptrain.models.networks import logit
-from dptrain.privacy.dpsgd import engine as new
-from dptrain.privacy.randomness import Randomness
+from dptrain.models.networks import logit, mlp  # noqa: E402
+from dptrain.models.objectives import BINARY  # noqa: E402
+from dptrain.privacy.dpsgd import engine as new  # noqa: E402
+from dptrain.privacy.dpsgd import noise  # noqa: E402
+from dptrain.privacy.dpsgd.sampling import PoissonSampler  # noqa: E402
 
-N, D, B = 100_000, 100, 1024
+N, B = 100_000, 1024
+MODELS = {"preset-mlp": (112, [64, 64]), "preset-logit": (112, None), "mlp256": (100, [256, 256])}
 
 
-def _step(make_engine, x, y, *, old_api: bool):
+def _model(name: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = logit(in_features=D)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    kw = dict(engine="fast", max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=B)
-    if old_api:
-        eng = make_engine(model, private=True, generator=torch.Generator().manual_seed(1), **kw)
-    else:
-        eng = make_engine(model, generator=Randomness.fresh().torch("gaussian-noise"), **kw)
+    d, hidden = MODELS[name]
+    return logit(in_features=d) if hidden is None else mlp(in_features=d, hidden=hidden, activation="relu")
+
+
+def _engine(make_engine, model: torch.nn.Module, seed: int):
+    kw = dict(engine="fast", max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=B,
+              generator=torch.Generator().manual_seed(seed), objective=BINARY)
+    if "private" in inspect.signature(make_engine).parameters:  # engines before issue 12
+        kw["private"] = True
+    eng = make_engine(model, **kw)
     eng.collect_stats = False
-    sampler = new.PoissonSampler(num_rows=N, sample_rate=B / N, rng=np.random.default_rng(0))
+    return eng
+
+
+def _normal_draw(eng):
+    """The engine before the refined float32 draw: torch's float32 normal_ on the step's coordinates."""
+    n, gen = eng.noise.coordinates, eng.generator
+
+    def draw() -> torch.Tensor:
+        return torch.empty(n, dtype=torch.float32).normal_(0.0, 1.0, generator=gen)
+
+    return draw
+
+
+def make_step(variant: str, model_name: str, x: torch.Tensor, y: torch.Tensor, old=None):
+    model = _model(model_name)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    eng = _engine(old.make_engine if variant == "old" else new.make_engine, model, seed=len(variant))
+    if variant == "normal":
+        eng.noise.draw = _normal_draw(eng)
+    sampler = PoissonSampler(num_rows=N, sample_rate=B / N, rng=np.random.default_rng(len(variant)))
 
     def step() -> None:
         idx = sampler.sample()
@@ -57,34 +96,99 @@ def _step(make_engine, x, y, *, old_api: bool):
     return step
 
 
+def _quartiles(values: list[float]) -> str:
+    q = statistics.quantiles(values, n=4)
+    return f"{q[0]:.3f}-{q[2]:.3f}"
+
+
+def time_steps(steps: dict, *, blocks: int, per_block: int) -> dict[str, list[float]]:
+    for step in steps.values():
+        for _ in range(30):
+            step()
+    names, times = list(steps), {k: [] for k in steps}
+    for r in range(blocks):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            for _ in range(per_block):
+                steps[name]()
+            times[name].append((time.perf_counter() - t0) / per_block)
+    return times
+
+
+def report(times: dict[str, list[float]], threads: int, load0: str, load1: str) -> list[str]:
+    med = {k: statistics.median(v) for k, v in times.items()}
+    lines = [f"threads={threads}  load before {load0}  after {load1}",
+             "  median us/step: " + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in med.items())]
+    pairs = [("new", "normal", "the MLP goal: <= 1.05"), ("new", "old", "A/B against the older engine"),
+             ("old", "normal", "the older engine's refined draw"), ("new-again", "new", "A/A: the noise band")]
+    for a, b, what in pairs:
+        if a in times and b in times:
+            per_block = [ta / tb for ta, tb in zip(times[a], times[b])]
+            lines.append(f"  {a} / {b} = {med[a] / med[b]:.3f}  (block ratios: median "
+                         f"{statistics.median(per_block):.3f}, quartiles {_quartiles(per_block)}; {what})")
+    return lines
+
+
+def time_draws(coords: int, old=None, reps: int = 7, calls: int = 400) -> list[str]:
+    g, cpu = torch.Generator().manual_seed(0), torch.device("cpu")
+    draws = {
+        "torch float32 normal_": lambda: torch.empty(coords).normal_(0.0, 1.0, generator=g),
+        "refined float32 (this checkout)": lambda: noise.standard_normal32_refined(coords, generator=g, device=cpu),
+        "float64 Box-Muller (this checkout)": lambda: noise.standard_normal64(coords, generator=g, device=cpu),
+    }
+    if old is not None and hasattr(old, "standard_normal32_refined"):
+        draws["refined float32 (OLD_ENGINE_PY)"] = lambda: old.standard_normal32_refined(coords, generator=g,
+                                                                                         device=cpu)
+    times = {k: [] for k in draws}
+    for _ in range(reps):
+        for name, f in draws.items():
+            for _ in range(20):
+                f()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                f()
+            times[name].append((time.perf_counter() - t0) / calls * 1e6)
+    out = [f"draw of {coords} coordinates, threads={torch.get_num_threads()}, load {_load()}:"]
+    for name, v in times.items():
+        out.append(f"  {name}: median {statistics.median(v):.1f} us (min {min(v):.1f}, max {max(v):.1f})")
+    return out
+
+
+def _load() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("old_engine", type=Path)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--blocks", type=int, default=60)
+    p.add_argument("old_engine", type=Path, nargs="?", default=None)
+    p.add_argument("--model", choices=list(MODELS), default="preset-mlp")
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--blocks", type=int, default=40)
+    p.add_argument("--steps", type=int, default=50, help="steps per block")
+    p.add_argument("--draws", action="store_true", help="also time the noise draws alone")
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    spec = importlib.util.spec_from_file_location("old_engine", args.old_engine)
-    old = importlib.util.module_from_spec(spec)
-    sys.modules["old_engine"] = old
-    spec.loader.exec_module(old)
+    old = None
+    if args.old_engine is not None:
+        spec = importlib.util.spec_from_file_location("old_engine", args.old_engine)
+        old = importlib.util.module_from_spec(spec)
+        sys.modules["old_engine"] = old  # dataclasses look their module up
+        spec.loader.exec_module(old)
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(N, D, generator=g), (torch.rand(N, generator=g) < 0.5).float()
-    steps = {"old": _step(old.make_engine, x, y, old_api=True), "new": _step(new.make_engine, x, y, old_api=False)}
-    for step in steps.values():
-        for _ in range(50):
-            step()
-    times: dict[str, list[float]] = {"old": [], "new": []}
-    for r in range(args.blocks):
-        for name in ("old", "new") if r % 2 else ("new", "old"):
-            t0 = time.perf_counter()
-            for _ in range(100):
-                steps[name]()
-            times[name].append((time.perf_counter() - t0) / 100)
-    mo, mn = statistics.median(times["old"]), statistics.median(times["new"])
-    load = open("/proc/loadavg").read().split()[:3] if Path("/proc/loadavg").exists() else "?"
-    print(f"threads={args.threads} old {mo * 1e3:.4f} ms new {mn * 1e3:.4f} ms ratio new/old {mn / mo:.4f} "
-          f"(load average {' '.join(load)})")
+    d = MODELS[args.model][0]
+    x, y = torch.randn(N, d, generator=g), (torch.rand(N, generator=g) < 0.5).float()
+    coords = sum(p.numel() for p in _model(args.model).parameters())
+    print(f"bench_engine_ab: model {args.model} ({coords} noise coordinates), B = {B}, N = {N}, "
+          f"{args.blocks} blocks x {args.steps} steps per variant; torch {torch.__version__}, "
+          f"{os.cpu_count()} CPUs, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; old engine: {args.old_engine}")
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        if args.draws:
+            print("\n".join(time_draws(coords, old)))
+        variants = ["new", "normal", *(["old"] if old is not None else []), "new-again"]
+        steps = {v: make_step(v, args.model, x, y, old) for v in variants}
+        load0 = _load()
+        times = time_steps(steps, blocks=args.blocks, per_block=args.steps)
+        print("\n".join(report(times, threads, load0, _load())), flush=True)
 
 
 if __name__ == "__main__":

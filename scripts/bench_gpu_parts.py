@@ -55,8 +55,9 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 
 from dptrain.models.networks import mlp
 from dptrain.models.objectives import BINARY
-from dptrain.privacy.dpsgd.engine import DevicePoissonSampler, make_engine, make_sampler
+from dptrain.privacy.dpsgd.engine import make_engine
 from dptrain.privacy.dpsgd.graph import BatchStep
+from dptrain.privacy.dpsgd.sampling import DevicePoissonSampler, make_sampler
 from dptrain.privacy.randomness import Randomness
 
 #: name: (input width, hidden widths, expected batch B)

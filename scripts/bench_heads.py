@@ -42,7 +42,8 @@ from bench_step import OtherLoad, machine_description, num_rows, time_block, war
 
 from dptrain.models.networks import logit  # noqa: E402
 from dptrain.models.objectives import DataSpec, build_objective  # noqa: E402
-from dptrain.privacy.dpsgd.engine import PoissonSampler, make_engine  # noqa: E402
+from dptrain.privacy.dpsgd.engine import make_engine  # noqa: E402
+from dptrain.privacy.dpsgd.sampling import PoissonSampler  # noqa: E402
 from dptrain.privacy.randomness import Randomness  # noqa: E402
 
 IN_FEATURES, CLASSES, LR, GOAL = 100, 6, 0.1, 1.3

@@ -29,9 +29,10 @@ if str(ROOT) not in sys.path:
 
 from dptrain.models.networks import logit  # noqa: E402
 from dptrain.privacy.accounting import PrivacyAccountant  # noqa: E402
-from dptrain.privacy.dpsgd.engine import make_engine, make_sampler  # noqa: E402
+from dptrain.privacy.dpsgd.engine import make_engine  # noqa: E402
 from dptrain.privacy.dpsgd.graph import BatchStep  # noqa: E402
 from dptrain.privacy.dpsgd.loop import PrivateStep  # noqa: E402
+from dptrain.privacy.dpsgd.sampling import make_sampler  # noqa: E402
 from dptrain.privacy.events import poisson_gaussian  # noqa: E402
 from dptrain.privacy.randomness import Randomness  # noqa: E402
 

@@ -16,7 +16,8 @@ import torch
 
 from dptrain.models.networks import Squeeze
 from dptrain.models.objectives import BINARY
-from dptrain.privacy.dpsgd.engine import FastLinearEngine, PoissonSampler
+from dptrain.privacy.dpsgd.engine import FastLinearEngine
+from dptrain.privacy.dpsgd.sampling import PoissonSampler
 from dptrain.privacy.randomness import Randomness
 from dptrain.training.distributed import init_from_env, shutdown
 

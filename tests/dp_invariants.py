@@ -33,7 +33,8 @@ from scipy import stats
 
 from dptrain.models.networks import mlp
 from dptrain.models.objectives import BINARY
-from dptrain.privacy.dpsgd.engine import GradientEngine, PoissonSampler
+from dptrain.privacy.dpsgd.engine import GradientEngine
+from dptrain.privacy.dpsgd.sampling import PoissonSampler
 
 per_example_loss = BINARY.per_example_loss  # binary cross-entropy with logits, one per example
 

@@ -359,7 +359,7 @@ def test_gpu_parts_layouts_are_the_ones_named(capsys):
         layouts[mode] = (engine.ones_column, engine._ws.ones_column)
     assert layouts == {"fast-cpu-layout": (True, True), "fast": (False, False)}
     # the samplers are the ones named: make_sampler's (numpy on this CPU) and the GPU-drawing one
-    from dptrain.privacy.dpsgd.engine import DevicePoissonSampler, PoissonSampler
+    from dptrain.privacy.dpsgd.sampling import DevicePoissonSampler, PoissonSampler
 
     kinds = {}
     for mode in ("fast", "fast-eager", "fast-device-sampler", "sampler", "device-sampler"):

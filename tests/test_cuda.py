@@ -24,9 +24,10 @@ from test_graph_step import step_beside  # noqa: E402
 
 import dptrain.training.checkpoint as ckpt  # noqa: E402
 from dptrain.models.objectives import BINARY, build_objective  # noqa: E402
-from dptrain.privacy.dpsgd.engine import DevicePoissonSampler, PinnedPoissonSampler, make_engine, make_sampler  # noqa: E402,E501
+from dptrain.privacy.dpsgd.engine import make_engine  # noqa: E402
 from dptrain.privacy.dpsgd.graph import BatchStep  # noqa: E402
 from dptrain.privacy.dpsgd.layers import Squeeze  # noqa: E402
+from dptrain.privacy.dpsgd.sampling import DevicePoissonSampler, PinnedPoissonSampler, make_sampler  # noqa: E402
 from dptrain.privacy.randomness import Randomness, new_seed_file  # noqa: E402
 from dptrain.tasks import cli  # noqa: E402
 

@@ -30,14 +30,14 @@ import dptrain.tasks.cli  # noqa: F401  (registers the config schema)
 from dptrain.core.device import DeviceError, resolve_device
 from dptrain.data import load_dataset
 from dptrain.models.objectives import BINARY, build_objective
-from dptrain.privacy.dpsgd.engine import (
+from dptrain.privacy.dpsgd.engine import make_engine
+from dptrain.privacy.dpsgd.layers import Squeeze
+from dptrain.privacy.dpsgd.sampling import (
     DevicePoissonSampler,
     PinnedPoissonSampler,
     PoissonSampler,
-    make_engine,
     make_sampler,
 )
-from dptrain.privacy.dpsgd.layers import Squeeze
 from dptrain.privacy.randomness import Randomness, philox_state, seeded_philox
 from dptrain.runfolder.tracking import Tracker
 from dptrain.settings.train import validate_against_size
@@ -183,7 +183,7 @@ def test_the_audit_catches_a_tensor_created_without_the_device():
     _, wrong = _audited(lambda: torch.empty(sizes, dtype=engine.noise_dtype).normal_(0.0, 1.0,
                                                                                        generator=engine.generator))
     assert wrong and all(dev == "meta" for _, dev in wrong)
-    _, right = _audited(engine._draw)
+    _, right = _audited(engine.noise.draw)
     assert right == []
 
 

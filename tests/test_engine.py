@@ -17,10 +17,10 @@ from dptrain.privacy.dpsgd.engine import (
     FastLinearEngine,
     NonPrivateEngine,
     OpacusEngine,
-    PoissonSampler,
     fast_path_blocker,
     make_engine,
 )
+from dptrain.privacy.dpsgd.sampling import PoissonSampler
 
 per_example_loss = BINARY.per_example_loss  # binary cross-entropy with logits, one per example
 
@@ -260,15 +260,15 @@ def test_prefetched_noise_is_the_sequential_stream_and_checkpoints_rewind():
         m = copy.deepcopy(model)
         eng = FastLinearEngine(m, max_grad_norm=1.0, noise_multiplier=1.3, expected_batch_size=50,
                                generator=torch.Generator().manual_seed(11), objective=BINARY)
-        eng.prefetch_noise = prefetch
-        eng.STARVED_WAIT_S = math.inf  # however slow the machine, keep prefetching (no timing here)
+        eng.noise.prefetch = prefetch
+        eng.noise.STARVED_WAIT_S = math.inf  # however slow the machine, keep prefetching (no timing here)
         out = []
         for step in range(5):
             eng(x[step * 10:(step + 1) * 10], y[step * 10:(step + 1) * 10])
             out.append(torch.cat([p.grad.reshape(-1) for p in eng.params]))
         engines.append(eng)
         grads.append(torch.stack(out))
-    assert engines[0]._pending is not None  # a draw is queued ...
+    assert engines[0].noise._pending is not None  # a draw is queued ...
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
     # ... but the state to checkpoint is the sequential engine's
     assert torch.equal(engines[0].noise_generator_state(), engines[1].noise_generator_state())
@@ -276,10 +276,10 @@ def test_prefetched_noise_is_the_sequential_stream_and_checkpoints_rewind():
     assert torch.equal(engines[0].generator.get_state(), engines[1].generator.get_state())
     # by default only big models prefetch (a thread hand-off costs more than a tiny draw)
     assert not FastLinearEngine(logit(in_features=12), max_grad_norm=1.0, noise_multiplier=1.0,
-                                expected_batch_size=10, generator=torch.Generator(), objective=BINARY).prefetch_noise
+                                expected_batch_size=10, generator=torch.Generator(), objective=BINARY).noise.prefetch
     big = mlp(in_features=100, hidden=[256, 256], activation="relu")
     assert FastLinearEngine(big, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=10,
-                            generator=torch.Generator(), objective=BINARY).prefetch_noise
+                            generator=torch.Generator(), objective=BINARY).noise.prefetch
 
 
 # ------------------------------------------------------------------ the buffered fast path
@@ -389,7 +389,7 @@ def test_noise_thread_only_uses_idle_cpu():
         pytest.skip("no SCHED_IDLE on this platform")
     eng = FastLinearEngine(mlp(in_features=100, hidden=[256, 256]), max_grad_norm=1.0, noise_multiplier=1.0,
                            expected_batch_size=10, generator=torch.Generator().manual_seed(0), objective=BINARY)
-    assert eng.prefetch_noise
+    assert eng.noise.prefetch
     x, y = _batch(n=10, d=100)
     eng(x, y)
     eng(x, y)
@@ -486,21 +486,21 @@ def test_starved_background_draw_falls_back_to_inline_draws_with_the_same_stream
         m = copy.deepcopy(model)
         eng = FastLinearEngine(m, max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=20,
                                generator=torch.Generator().manual_seed(3), objective=BINARY)
-        eng.prefetch_noise = prefetch
+        eng.noise.prefetch = prefetch
         clock = HeldDrawClock()
-        eng._clock, draw = clock, eng._draw
+        eng.noise._clock, draw = clock, eng.noise.draw
 
         def held_in_background(draw=draw, clock=clock):
             if threading.current_thread() is not threading.main_thread():
                 assert clock.gate.acquire(timeout=30)  # held until the main thread waits for it
             return draw()
 
-        eng._draw = held_in_background
+        eng.noise.draw = held_in_background
         out = []
         for _ in range(70):
             eng(x, y)
             out.append(torch.cat([p.grad.reshape(-1) for p in eng.params]))
-            queued[prefetch].append(eng._pending is not None)
+            queued[prefetch].append(eng.noise._pending is not None)
         clock.gate.release()  # the draw still queued at the end may finish
         eng.discard_prefetched_noise()
         engines.append(eng)
@@ -510,4 +510,4 @@ def test_starved_background_draw_falls_back_to_inline_draws_with_the_same_stream
     # (none queued); step 66 queues again, step 67 starves again: 128 inline steps next, then 256
     q = queued[True]
     assert q[:2] == [True, False] and not any(q[2:65]) and q[65] and not any(q[66:])
-    assert engines[0]._inline_steps == 256 and not any(queued[False])
+    assert engines[0].noise._inline_steps == 256 and not any(queued[False])

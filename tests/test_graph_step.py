@@ -12,9 +12,10 @@ import torch
 from torch import nn
 
 from dptrain.models.objectives import BINARY, build_objective
-from dptrain.privacy.dpsgd.engine import DevicePoissonSampler, PinnedPoissonSampler, PoissonSampler, make_engine
+from dptrain.privacy.dpsgd.engine import make_engine
 from dptrain.privacy.dpsgd.graph import BatchStep, graph_blocker, graph_capacity
 from dptrain.privacy.dpsgd.layers import Squeeze
+from dptrain.privacy.dpsgd.sampling import DevicePoissonSampler, PinnedPoissonSampler, PoissonSampler
 
 B = 40.0
 
@@ -71,7 +72,7 @@ def test_the_padded_step_gives_the_batch_steps_noisy_gradient(case, layout):
         state = engine.generator.get_state()
         padded = [g.clone() for g in step.padded_grads(meta, rows)]
         engine.generator.set_state(state)
-        noise = engine._draw()
+        noise = engine.noise.draw()
         if k == 0:  # an empty Poisson batch: the step is the noise alone (GradientEngine.__call__)
             exact = [z.view_as(p) * engine.noise_std for p, z in zip(engine.params, noise.split(engine._sizes))]
         else:
@@ -254,7 +255,7 @@ def test_a_failed_capture_runs_every_step_unreplayed_and_keeps_the_noise_stream(
     # the failed capture's draw was given back: the step drew exactly one noise vector
     after = engine.generator.get_state()
     engine.generator.set_state(before)
-    engine._draw()
+    engine.noise.draw()
     assert torch.equal(engine.generator.get_state(), after)
     calls = []
     monkeypatch.setattr(BatchStep, "_record", staticmethod(lambda *a: calls.append(a)))

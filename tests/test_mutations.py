@@ -38,9 +38,9 @@ from dptrain.privacy.dpsgd.engine import (
     FastLinearEngine,
     GradientEngine,
     OpacusEngine,
-    PoissonSampler,
     make_engine,
 )
+from dptrain.privacy.dpsgd.sampling import PoissonSampler
 from dptrain.privacy.events import poisson_gaussian
 
 ENGINES = {

@@ -17,11 +17,14 @@ import torch
 from scipy import stats
 from torch import nn
 
+from dptrain.core.errors import DPTrainError
 from dptrain.models.objectives import build_objective
 from dptrain.privacy import noise_law
-from dptrain.privacy.dpsgd.engine import FastLinearEngine, refined_box_muller, standard_normal64
+from dptrain.privacy.dpsgd import noise
+from dptrain.privacy.dpsgd.engine import FastLinearEngine
 from dptrain.privacy.dpsgd.layers import Squeeze
 from dptrain.privacy.dpsgd.mechanism import DPSGDMechanism
+from dptrain.privacy.dpsgd.noise import refine_tail, standard_normal32_refined, standard_normal64
 from dptrain.privacy.report import build_report, format_report
 
 FLOAT32_Z_MAX = math.sqrt(48 * math.log(2))  # 5.7681
@@ -58,7 +61,7 @@ def test_float32_draws_are_truncated_and_the_engines_draws_are_box_muller_on_53_
 
     engine = _engine(2**16 - 1)  # 65,536 coordinates: a multiple of 16
     state = engine.generator.get_state()
-    z = engine._draw()
+    z = engine.noise.draw()
     assert z.dtype == torch.float64 and z.numel() == 2**16
     engine.generator.set_state(state)
     u = torch.rand(2**16, dtype=torch.float64, generator=engine.generator).numpy()
@@ -92,7 +95,7 @@ def test_the_engines_noise_tail_matches_the_gaussian():
     predicts (two-sided binomial tests), and float32's bound 5.77 is not a wall: the tail of the
     radius (probability 1 - exp(-z^2/2) of a pair below z) is checked through R^2 ~ chi2(2)."""
     engine = _engine(2**17 - 1, seed=4)
-    z = torch.cat([engine._draw() for _ in range(77)])[: 10**7].numpy()  # 77 x 2^17 > 10^7
+    z = torch.cat([engine.noise.draw() for _ in range(77)])[: 10**7].numpy()  # 77 x 2^17 > 10^7
     assert z.dtype == np.float64  # float32 draws pass the counts below too, but stop at 5.77
     for cut in (4.5, 5.0):
         k, p = int((np.abs(z) > cut).sum()), 2 * stats.norm.sf(cut)
@@ -125,7 +128,7 @@ def test_noise_on_a_zero_gradient_is_the_float64_draw_rounded_once():
             g = torch.cat([p.grad.reshape(-1) for p in engine.params])
             after = engine.generator.get_state()
             engine.generator.set_state(state)
-            z = engine._draw()
+            z = engine.noise.draw()
             assert torch.equal(engine.generator.get_state(), after)
             assert g.dtype == torch.float32 and z.dtype == torch.float32  # the refined float32 sampler
             assert torch.equal(g, z * std)
@@ -145,7 +148,7 @@ def test_the_noise_is_added_to_the_clipped_sum_in_float64():
     engine = _engine(300, seed=3, dtype=torch.float32)  # < 512 coordinates: the float64 sampler
     x, y = torch.randn(50, 300), (torch.rand(50) > 0.5).float()
     state = engine.generator.get_state()
-    z = engine._draw()
+    z = engine.noise.draw()
     engine.generator.set_state(state)
     s, _ = engine.noisy_grads(x, y, noise=None, noise_scale=0.0, sum_scale=1.0 / engine.expected_batch_size)
     noisy, _ = engine.noisy_grads(x, y, noise=z, noise_scale=engine.noise_std,
@@ -249,14 +252,13 @@ def test_a_float32_model_draws_the_refined_sampler_and_its_tail_matches_the_gaus
     and 5.0, and the pairs' squared radii are exponential with mean 2."""
     engine = _engine(2**17 - 1, seed=5, dtype=torch.float32)
     assert engine.noise_record()["noise_refined32"]
-    draws = [engine._draw() for _ in range(77)]
+    draws = [engine.noise.draw() for _ in range(77)]
     assert draws[0].dtype == torch.float32
     z = torch.cat(draws)[: 10**7].double().numpy()
     for cut in (4.5, 5.0):
         k, p = int((np.abs(z) > cut).sum()), 2 * stats.norm.sf(cut)
         assert stats.binomtest(k, z.size, p).pvalue > 1e-3, (cut, k, z.size * p)
-    h = 2**16  # each draw of 2^17: cosines first, then sines
-    pairs = torch.cat(draws).double().view(77, 2, h)
+    pairs = torch.cat(draws).double().view(-1, 2, 8)  # torch's normal_ layout: pair (j, j + 8) of each block of 16
     r2 = (pairs[:, 0] ** 2 + pairs[:, 1] ** 2).reshape(-1).numpy()
     assert stats.kstest(r2[:200_000], "expon", args=(0, 2)).pvalue > 1e-3
     # the pairs that were refined (u1 <= 2^-12, radius^2 >= 24 ln 2): memoryless, exponential too
@@ -264,27 +266,40 @@ def test_a_float32_model_draws_the_refined_sampler_and_its_tail_matches_the_gaus
     assert 1000 < deep.size < 1500 and stats.kstest(deep, "expon", args=(0, 2)).pvalue > 1e-3
 
 
+def _box_muller32(u: torch.Tensor) -> torch.Tensor:
+    """torch's float32 normal_ kernel written out on given float32 uniforms (blocks of 16: u1 =
+    1 - u[j], u2 = u[j + 8], z[j] = R cos(2 pi u2), z[j + 8] = R sin(2 pi u2))."""
+    b = u.view(-1, 2, 8)
+    r = torch.log(1.0 - b[:, 0]).mul_(-2.0).sqrt_()
+    t = b[:, 1] * (2.0 * math.pi)
+    return torch.stack([r * torch.cos(t), r * torch.sin(t)], dim=1).reshape(-1)
+
+
 def test_the_refinement_reaches_the_far_tail_that_float32_cannot():
-    """The transform on uniforms forced into the refined region (u1 = k 2^-24, k <= 4096) with
+    """The refinement on pairs forced into the refined region (u1 = k 2^-24, k <= 4096) with
     random 53-bit refinements: the squared radius minus 24 ln 2 is exponential with mean 2 (as
     for the Gaussian), and radii beyond float32's wall 5.77 occur at the Gaussian's rate
     exp(-(5.77^2 - 24 ln 2) / 2) (float32 draws: never). The extreme input gives z_max."""
-    n = 400_000
+    n = 400_000  # pairs: 50,000 blocks of 16
     g = torch.Generator().manual_seed(11)
     k = torch.randint(1, 4097, (n,), generator=g).float()
-    u = torch.cat([1.0 - k * 2.0**-24, torch.rand(n, generator=g)])
-    z = refined_box_muller(u, lambda m: torch.rand(m, dtype=torch.float64, generator=g))
-    r2 = (z[:n].double() ** 2 + z[n:].double() ** 2).numpy()
+    u = torch.stack([(1.0 - k * 2.0**-24).view(-1, 8), torch.rand(n, generator=g).view(-1, 8)], dim=1).reshape(-1)
+    z = _box_muller32(u)
+    refine_tail(z, lambda m: torch.rand(m, dtype=torch.float64, generator=g).numpy())
+    pairs = z.double().view(-1, 2, 8)
+    r2 = (pairs[:, 0] ** 2 + pairs[:, 1] ** 2).reshape(-1).numpy()
     excess = r2 - 24 * math.log(2)
     assert stats.kstest(excess, "expon", args=(0, 2)).pvalue > 1e-3
     beyond = int((np.sqrt(r2) > FLOAT32_Z_MAX).sum())
     p = math.exp(-(FLOAT32_Z_MAX**2 - 24 * math.log(2)) / 2)
     assert beyond > 0 and stats.binomtest(beyond, n, p).pvalue > 1e-3, (beyond, n * p)
-    extreme = torch.tensor([1.0 - 2.0**-24, 0.0])
-    top = refined_box_muller(extreme, lambda m: torch.full((m,), 1.0 - 2.0**-53, dtype=torch.float64))
+    extreme = torch.zeros(16)
+    extreme[0] = 1.0 - 2.0**-24  # u1 = 2^-24, u2 = 0: the pair (R, 0)
+    top = _box_muller32(extreme)
+    refine_tail(top, lambda m: np.full(m, 1.0 - 2.0**-53))
     law = noise_law.box_muller_law(dtype="float32", refined32=True)
     assert law.z_max == pytest.approx(math.sqrt(154 * math.log(2)), rel=1e-15) and law.pair_tail == 2.0**-77
-    assert float(top[0]) == pytest.approx(law.z_max, rel=1e-6)
+    assert float(top[0]) == pytest.approx(law.z_max, rel=1e-6) and float(top.abs().max()) <= law.z_max * (1 + 1e-7)
 
 
 def test_the_report_names_the_refined_sampler():
@@ -317,3 +332,145 @@ def test_the_interval_releases_guarantee_sentence_carries_delta_total(tmp_path, 
     assert stated in report["estimator"]["guarantee"] and stated in report["guarantee"]
     assert report["guarantee"] == report["estimator"]["guarantee"]
     assert report["guarantee"].count("delta_total =") == 1
+
+
+# ------------------------------------------------------------------------------ (6) the fused refined draw (issue 45)
+
+
+def test_torchs_float32_normal_is_box_muller_on_24_bit_uniforms_in_blocks_of_16():
+    """What the fused refined draw relies on: torch's float32 normal_ on the CPU is Box-Muller on
+    the 24-bit uniforms its float32 uniform_ draws from the same generator state (u1 = 1 - u[j],
+    u2 = u[j + 8] in each block of 16), leaving the same generator state; the draw checks it once
+    per process (``_float32_normal_is_box_muller16``)."""
+    g = torch.Generator().manual_seed(45)
+    state = g.get_state()
+    z = torch.empty(2**16).normal_(0.0, 1.0, generator=g)
+    after = g.get_state()
+    g.set_state(state)
+    u = torch.rand(2**16, generator=g)
+    assert torch.equal(g.get_state(), after)
+    un = u.double().numpy()
+    assert np.array_equal(un * 2.0**24, np.round(un * 2.0**24))
+    np.testing.assert_allclose(z.double().numpy(), _box_muller_from_uniforms(un), rtol=0, atol=2e-6)
+    assert noise._float32_normal_is_box_muller16()
+
+
+@pytest.mark.parametrize(("n", "draws"), [(512, 200), (11457, 40), (2**17, 2)])
+def test_the_refined_draw_is_torchs_float32_normal_with_its_far_pairs_refined(n, draws):
+    """Number for number: the refined draw is torch's float32 normal_ on ceil(n / 16) blocks, except
+    the pairs whose uniform u1 = m 2^-24 <= 2^-12, which have radius sqrt(-2 ln((m - v) 2^-24))
+    with v the next float64 uniform of the generator (one per such pair, in order) and the same
+    direction; the generator state after it is that after those uniforms."""
+    g, blocks, refined = torch.Generator().manual_seed(n), -(-n // 16), 0
+    for _ in range(draws):
+        state = g.get_state()
+        z = standard_normal32_refined(n, generator=g, device=CPU)
+        after = g.get_state()
+        g.set_state(state)
+        base = torch.empty(16 * blocks).normal_(0.0, 1.0, generator=g)
+        g.set_state(state)
+        u1 = 1.0 - torch.rand(16 * blocks, generator=g).double().view(-1, 2, 8)[:, 0]
+        far = torch.nonzero(u1 <= 2.0**-12)  # (block, lane), ascending
+        v = torch.rand(far.shape[0], dtype=torch.float64, generator=g)
+        assert torch.equal(g.get_state(), after) and z.shape == (n,) and z.dtype == torch.float32
+        pairs = base.double().view(-1, 2, 8).clone()
+        blk, lane = far[:, 0], far[:, 1]
+        old = pairs[blk, :, lane]
+        radius = torch.sqrt(-2.0 * torch.log((u1[blk, lane] * 2.0**24 - v) * 2.0**-24))
+        pairs[blk, :, lane] = old / old.norm(dim=1, keepdim=True) * radius[:, None]
+        moved = torch.zeros(16 * blocks, dtype=torch.bool)
+        moved.view(-1, 2, 8)[blk, :, lane] = True
+        moved = moved[:n]
+        assert torch.equal(z[~moved], base[:n][~moved])
+        torch.testing.assert_close(z.double()[moved], pairs.reshape(-1)[:n][moved], rtol=2e-7, atol=0)
+        refined += int(far.shape[0])
+    assert refined >= 10
+
+
+def test_every_far_pair_is_found_and_its_u1_recovered_exactly():
+    """For every 24-bit u1 = m 2^-24 with m <= 4,608 at 11 angles (the diagonal, where the search
+    over |z| >= 2.875 is tightest, included): the pairs with m <= 4,096 are refined, in order, to the
+    radius their own m gives (v = 1/2: sqrt(-2 ln((m - 1/2) 2^-24)); neighbouring m differ by
+    1.5e-5 in relative radius, the tolerance is 2e-7), and the others are left bit for bit."""
+    ms = torch.arange(1, 4609, dtype=torch.float64)
+    for u2 in (0.0, 2.0**-24, 0.0625, 0.125, 0.2, 0.375, 0.5, 0.625, 0.875, 0.9, 1.0 - 2.0**-24):
+        u = torch.stack([(1.0 - ms * 2.0**-24).float().view(-1, 8), torch.full((576, 8), u2)], dim=1).reshape(-1)
+        z = _box_muller32(u)
+        before, calls = z.clone(), []
+
+        def half(k: int, calls: list = calls) -> np.ndarray:
+            calls.append(k)
+            return np.full(k, 0.5)
+
+        refine_tail(z, half)
+        pairs = z.double().view(-1, 2, 8)
+        r = torch.sqrt(pairs[:, 0] ** 2 + pairs[:, 1] ** 2).reshape(-1)
+        far = ms <= 4096
+        assert calls == [4096]
+        torch.testing.assert_close(r[far], torch.sqrt(-2.0 * torch.log((ms[far] - 0.5) * 2.0**-24)), rtol=2e-7,
+                                   atol=0)
+        kept = (~far).view(-1, 8)[:, None, :].expand(-1, 2, -1).reshape(-1)
+        assert torch.equal(z[kept], before[kept])
+
+
+def test_a_pair_that_is_not_box_muller_on_a_24_bit_u1_is_refused():
+    """A float32 pair of radius 6 (beyond 5.77: no 24-bit u1 gives it) cannot be refined from its
+    radius: refused, and nothing is changed or drawn."""
+    z = torch.zeros(16)
+    z[3], z[11] = 6.0 * 0.6, 6.0 * 0.8
+    before = z.clone()
+    with pytest.raises(RuntimeError, match="not Box-Muller on a 24-bit u1"):
+        refine_tail(z, lambda k: pytest.fail("no uniform is drawn"))
+    assert torch.equal(z, before)
+
+
+def test_a_torch_whose_float32_normal_is_not_that_kernel_is_refused(monkeypatch):
+    monkeypatch.setattr(noise, "_float32_normal_is_box_muller16", lambda: False)
+    with pytest.raises(DPTrainError, match="float32 normal_ is not Box-Muller on blocks of 16 24-bit uniforms"):
+        _engine(600, dtype=torch.float32)
+    with pytest.raises(DPTrainError, match="allowed: the torch version dptrain pins"):
+        standard_normal32_refined(600, generator=torch.Generator(), device=CPU)
+    assert not _engine(600, dtype=torch.float64).noise.refined32  # the float64 sampler does not rely on it
+
+
+def _torch_gaussian_calls(path) -> list[str]:
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        torch_call = isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "torch"
+        if isinstance(f, ast.Attribute) and (f.attr == "normal_" or (torch_call and f.attr in ("randn", "normal"))):
+            found.append(f.attr)
+        elif isinstance(f, ast.Name) and f.id.startswith("standard_normal"):
+            found.append(f.id)
+        elif isinstance(f, ast.Attribute) and f.attr in ("step_noise", "NoiseStream"):
+            found.append(f.attr)
+        elif isinstance(f, ast.Name) and f.id == "NoiseStream":
+            found.append(f.id)
+    return sorted(found)
+
+
+def test_one_place_draws_dp_sgd_noise():
+    """Issue 45: the DP-SGD noise is drawn in ONE place. Below privacy/dpsgd/ and training/ no
+    module but dptrain/privacy/dpsgd/noise.py calls a torch Gaussian sampler; its one draw
+    (``standard_normal``) is called by the stream (``NoiseStream.draw``) alone; the stream is built
+    by the engines' base alone, and ``step_noise`` is taken once by an engine's step and once by
+    the CUDA-graph step."""
+    from pathlib import Path
+
+    import dptrain
+
+    root = Path(dptrain.__file__).parent
+    calls = {str(p.relative_to(root)): _torch_gaussian_calls(p)
+             for d in ("privacy/dpsgd", "training") for p in sorted((root / d).rglob("*.py"))}
+    calls = {k: v for k, v in calls.items() if v}
+    assert calls == {
+        # torch's normal_: the float64 draw, the float32 kernel the refined draw refines, its one-off check
+        "privacy/dpsgd/noise.py": ["normal_", "normal_", "normal_", "standard_normal", "standard_normal32_refined",
+                                   "standard_normal64"],
+        "privacy/dpsgd/base.py": ["NoiseStream", "step_noise"],
+        "privacy/dpsgd/graph.py": ["step_noise"],
+    }, calls

@@ -24,9 +24,10 @@ from dptrain.data import load_dataset
 from dptrain.models.objectives import build_objective
 from dptrain.models.optimizers import eager_class
 from dptrain.privacy.accounting import PrivacyAccountant
-from dptrain.privacy.dpsgd.engine import PoissonSampler, StepStats, make_engine
+from dptrain.privacy.dpsgd.engine import StepStats, make_engine
 from dptrain.privacy.dpsgd.layers import Squeeze
 from dptrain.privacy.dpsgd.loop import PrivateStep
+from dptrain.privacy.dpsgd.sampling import PoissonSampler
 from dptrain.privacy.events import poisson_gaussian
 from dptrain.privacy.randomness import Randomness, new_seed_file, seeded_mt19937
 from dptrain.release.methods.common import BOX_A, BOX_B

@@ -2,7 +2,7 @@
 
 The accountant analyses N(0, sigma^2 C^2 I) noise. The engine draws it by Box-Muller: two
 uniforms u1, u2 give the pair ``R (cos 2 pi u2, sin 2 pi u2)`` with radius ``R = sqrt(-2 ln u1)``
-(dptrain.privacy.dpsgd.engine): for a float32 model on the CPU with >= 512 coordinates, the refined
+(dptrain.privacy.dpsgd.noise): for a float32 model on the CPU with >= 512 coordinates, the refined
 float32 sampler; otherwise torch's float64 ``normal_``, added to the clipped sum in float64 and
 rounded to the model's dtype.
 
@@ -86,7 +86,7 @@ def box_muller_law(*, device: str = "cpu", dtype: str | None = None, refined32: 
                     u1_min_log2=-53, z_max=_bound(-53))
 
 
-#: a float32 model on the CPU (dptrain.privacy.dpsgd.engine.standard_normal32_refined): u1 on the 24-bit
+#: a float32 model on the CPU (dptrain.privacy.dpsgd.noise.standard_normal32_refined): u1 on the 24-bit
 #: grid, refined with a 53-bit uniform wherever u1 <= 2^-12, hence u1 >= 2^-77
 REFINED_FLOAT32_CPU = NoiseLaw(
     sampler="float32 Box-Muller whose radius uniform u1 (24-bit) is refined with 53 more bits wherever u1 <= 2^-12 "

@@ -32,11 +32,12 @@ from dptrain.models.optimizers import build_optimizer
 from dptrain.privacy.accounting import REPORTED, PrivacyAccountant
 from dptrain.privacy.curves import TAG as CURVE_TAG
 from dptrain.privacy.curves import CurveConfig, resolve_loss_bound
-from dptrain.privacy.dpsgd.engine import DevicePoissonSampler, GradientEngine, make_sampler
+from dptrain.privacy.dpsgd.engine import GradientEngine
 from dptrain.privacy.dpsgd.graph import BatchStep
 from dptrain.privacy.dpsgd.loop import PrivateStep
 from dptrain.privacy.dpsgd.mechanism import DPSGDMechanism
 from dptrain.privacy.dpsgd.model_check import check_model
+from dptrain.privacy.dpsgd.sampling import DevicePoissonSampler, make_sampler
 from dptrain.privacy.randomness import Randomness, data_digest
 from dptrain.runfolder.stopping import RunStopped, StopSignals
 from dptrain.runfolder.tracking import Tracker

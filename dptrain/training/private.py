@@ -62,10 +62,11 @@ from dptrain.core.errors import DPTrainError
 from dptrain.core.validation import ConfigError, bad, integer, one_of, real
 from dptrain.models.objectives import build_objective
 from dptrain.privacy.accounting import ACCOUNTANTS, REPORTED, SIGMA_RANGE, PrivacyAccountant
-from dptrain.privacy.dpsgd.engine import ENGINES, make_sampler
+from dptrain.privacy.dpsgd.engine import ENGINES
 from dptrain.privacy.dpsgd.loop import PrivateStep
 from dptrain.privacy.dpsgd.mechanism import DPSGDMechanism
 from dptrain.privacy.dpsgd.model_check import check_loss, check_model
+from dptrain.privacy.dpsgd.sampling import make_sampler
 from dptrain.privacy.randomness import Randomness, data_digest
 from dptrain.privacy.report import build_report
 from dptrain.settings.train import GRAD_NORM_RANGE, MAX_STEPS, MAX_TARGET_EPSILON, PrivacyConfig, default_delta

@@ -14,10 +14,11 @@ factors, the noise draw and the noisy sums, on a FIXED number of rows, the capac
 ``B + 3 sqrt(B) + 8``. A Poisson batch of k <= capacity rows fills the first k rows; the other
 rows are padding with weight 0 (their input rows zeroed and their output gradients multiplied by
 0), so they add exactly nothing to the sums. The same mechanism: the same Poisson batch (drawn on
-the host by :class:`~dptrain.privacy.dpsgd.engine.PinnedPoissonSampler`, the batch size known there
+the host by :class:`~dptrain.privacy.dpsgd.sampling.PinnedPoissonSampler`, the batch size known there
 before the step), the same clipping and one N(0, sigma^2 C^2 I) draw per step from the same
-secret generator (registered with the graph, so each replay draws fresh numbers), drawn in float64
-and added to the clipped sum in float64 as in every step (``engine._draw``, ``noisy_grads``). A batch larger
+secret generator (registered with the graph, so each replay draws fresh numbers), the engine's one
+draw (``engine.step_noise``: float64 on a GPU) added to the clipped sum in float64 as in every step
+(``noisy_grads``). A batch larger
 than the capacity (probability about 0.13% per step) and every logged step run as usual.
 
 What differs from an unreplayed step is floating-point rounding (matrix products over more rows
@@ -33,7 +34,9 @@ from typing import Any
 
 import torch
 
-from dptrain.privacy.dpsgd.engine import FastLinearEngine, GradientEngine, PinnedPoissonSampler, StepStats
+from dptrain.privacy.dpsgd.base import GradientEngine, StepStats
+from dptrain.privacy.dpsgd.fast import FastLinearEngine
+from dptrain.privacy.dpsgd.sampling import PinnedPoissonSampler
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +104,9 @@ class BatchStep:
         xb = self.x.index_select(0, meta[:cap])
         xb.mul_(weights[:, None])  # padding rows read zeros
         yb = self.y.index_select(0, meta[:cap])
-        std = engine.noise_std
-        noise = engine._draw() if std > 0 else None
-        grads, _ = engine.noisy_grads(xb, yb, noise=noise, noise_scale=std, sum_scale=1.0 / engine.expected_batch_size,
-                                      row_weights=weights)
+        noise = engine.step_noise()  # this step's one N(0, I) draw (None when sigma = 0)
+        grads, _ = engine.noisy_grads(xb, yb, noise=noise, noise_scale=engine.noise_std,
+                                      sum_scale=1.0 / engine.expected_batch_size, row_weights=weights)
         return grads
 
     def _capture(self) -> bool:
@@ -117,7 +119,7 @@ class BatchStep:
             self._meta = torch.zeros(cap + 1, dtype=torch.int64, device=dev)
             self._rows = torch.arange(cap, dtype=torch.int64, device=dev)
             if engine.plan is not None:  # the buffered path's buffers, allocated outside the graph and
-                self._ws = engine._workspace(cap, self.x.dtype)  # kept alive with it
+                self._ws = engine.workspace(cap, self.x.dtype)  # kept alive with it
             self._graph, self._grads = self._record(lambda: self.padded_grads(self._meta, self._rows), gen, state)
         except Exception as err:  # noqa: BLE001 - any failure: the unreplayed step is always correct
             first = str(err).splitlines()[0] if str(err) else ""

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from dptrain.privacy.accounting import PrivacyAccountant
-from dptrain.privacy.dpsgd.engine import GradientEngine, StepStats
+from dptrain.privacy.dpsgd.base import GradientEngine, StepStats
 from dptrain.privacy.events import Event
 
 __all__ = ["PrivateStep"]

@@ -14,8 +14,9 @@ from torch import nn
 from dptrain.core.neighbours import Neighbours
 from dptrain.models.optimizers import eager_class
 from dptrain.privacy.accounting import rdp_epsilon
-from dptrain.privacy.dpsgd.engine import GradientEngine, PoissonSampler, StepStats
+from dptrain.privacy.dpsgd.engine import GradientEngine, StepStats
 from dptrain.privacy.dpsgd.loop import PrivateStep
+from dptrain.privacy.dpsgd.sampling import PoissonSampler
 from dptrain.privacy.randomness import seeded_mt19937
 from dptrain.release.api import CellEstimates
 from dptrain.release.cells import Cells, ReleaseError
