@@ -1,7 +1,7 @@
 """Time this checkout's DP step against an older engine and against torch's float32 normal_, in ONE
 process (A/B), with an A/A pair for the noise band.
 
-    OMP_WAIT_POLICY=PASSIVE python scripts/bench_engine_ab.py [OLD_ENGINE_PY] [--model preset-mlp]
+    OMP_WAIT_POLICY=PASSIVE python scripts/bench_engine_ab.py [OLD] [--model preset-mlp]
         [--threads 1 2] [--blocks 40] [--steps 50] [--draws]
 
 Variants, each one training step (Poisson sample, ``index_select``, the engine, ``SGD.step``;
@@ -10,9 +10,11 @@ diagnostics off as on unlogged steps) on in-memory rows x ~ N(0, 1), sigma 1, C 
 * ``new``: this checkout's engine; ``new-again``: a second copy of it (the A/A pair);
 * ``normal``: this checkout's engine whose noise draw is torch's float32 ``normal_`` (the engine
   before the refined float32 draw, issue 29: its law is truncated at |z| = 5.77; timing only);
-* ``old``: the fast engine of OLD_ENGINE_PY, a standalone ``dptrain/privacy/dpsgd/engine.py`` of an
-  earlier commit (``git show COMMIT:dptrain/privacy/dpsgd/engine.py > old_engine.py``; the
-  engine was one file up to issue 45).
+* ``old``: the fast engine of OLD: either a standalone ``dptrain/privacy/dpsgd/engine.py`` of a
+  commit before issue 45, when the engine was one file (``git show COMMIT:dptrain/privacy/dpsgd/engine.py
+  > old_engine.py``), or the root of an older checkout (``git worktree add /tmp/old COMMIT``),
+  whose ``dptrain`` package is loaded as ``dptrain_old`` (a copy with its imports renamed) so
+  that both engines live in this process.
 
 Models: ``preset-mlp`` (experiment=mlp: 112-64-64-1 ReLU, B = 1,024, 11,457 noise coordinates),
 ``preset-logit`` (112 -> 1, B = 1,024), ``mlp256`` (100-256-256-1, B = 1,024, 91,905 coordinates);
@@ -20,7 +22,7 @@ N = 100,000 rows. Blocks of ``--steps`` steps of every variant are interleaved (
 printed per thread count: the median time per step of each variant, each ratio of medians, the
 quartiles of the block-by-block ratios (the spread) and the load average before and after.
 ``--draws`` first times the noise draws alone (torch's float32 normal_, the refined draw, the
-float64 draw and, with OLD_ENGINE_PY, its refined draw) for the model's coordinate count.
+float64 draw and, with OLD, its refined draw) for the model's coordinate count.
 """
 
 from __future__ import annotations
@@ -30,10 +32,14 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # must precede `import torch`
 
 import argparse
+import importlib
 import importlib.util
 import inspect
+import re
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,15 +60,18 @@ N, B = 100_000, 1024
 MODELS = {"preset-mlp": (112, [64, 64]), "preset-logit": (112, None), "mlp256": (100, [256, 256])}
 
 
-def _model(name: str) -> torch.nn.Module:
+def _model(name: str, networks=None) -> torch.nn.Module:
+    """The model, built by ``networks`` (an older checkout's dptrain_old.models.networks: its own
+    Squeeze) or this checkout's."""
     torch.manual_seed(0)
     d, hidden = MODELS[name]
-    return logit(in_features=d) if hidden is None else mlp(in_features=d, hidden=hidden, activation="relu")
+    build_logit, build_mlp = (networks.logit, networks.mlp) if networks is not None else (logit, mlp)
+    return build_logit(in_features=d) if hidden is None else build_mlp(in_features=d, hidden=hidden, activation="relu")
 
 
-def _engine(make_engine, model: torch.nn.Module, seed: int):
+def _engine(make_engine, model: torch.nn.Module, seed: int, objective=BINARY):
     kw = dict(engine="fast", max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=B,
-              generator=torch.Generator().manual_seed(seed), objective=BINARY)
+              generator=torch.Generator().manual_seed(seed), objective=objective)
     if "private" in inspect.signature(make_engine).parameters:  # engines before issue 12
         kw["private"] = True
     eng = make_engine(model, **kw)
@@ -81,9 +90,11 @@ def _normal_draw(eng):
 
 
 def make_step(variant: str, model_name: str, x: torch.Tensor, y: torch.Tensor, old=None):
-    model = _model(model_name)
+    mine = variant != "old"
+    model = _model(model_name, None if mine else getattr(old, "networks", None))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    eng = _engine(old.make_engine if variant == "old" else new.make_engine, model, seed=len(variant))
+    eng = _engine(new.make_engine if mine else old.make_engine, model, seed=len(variant),
+                  objective=BINARY if mine else getattr(old, "binary", BINARY))
     if variant == "normal":
         eng.noise.draw = _normal_draw(eng)
     sampler = PoissonSampler(num_rows=N, sample_rate=B / N, rng=np.random.default_rng(len(variant)))
@@ -137,7 +148,7 @@ def time_draws(coords: int, old=None, reps: int = 7, calls: int = 400) -> list[s
         "float64 Box-Muller (this checkout)": lambda: noise.standard_normal64(coords, generator=g, device=cpu),
     }
     if old is not None and hasattr(old, "standard_normal32_refined"):
-        draws["refined float32 (OLD_ENGINE_PY)"] = lambda: old.standard_normal32_refined(coords, generator=g,
+        draws["refined float32 (OLD)"] = lambda: old.standard_normal32_refined(coords, generator=g,
                                                                                          device=cpu)
     times = {k: [] for k in draws}
     for _ in range(reps):
@@ -154,25 +165,44 @@ def time_draws(coords: int, old=None, reps: int = 7, calls: int = 400) -> list[s
     return out
 
 
+def load_old(path: Path):
+    """The older engine module: a standalone engine.py, or an older checkout's package as dptrain_old."""
+    if path.is_file():
+        spec = importlib.util.spec_from_file_location("old_engine", path)
+        old = importlib.util.module_from_spec(spec)
+        sys.modules["old_engine"] = old  # dataclasses look their module up
+        spec.loader.exec_module(old)
+        return old
+    target = Path(tempfile.mkdtemp(prefix="bench_engine_ab_")) / "dptrain_old"
+    shutil.copytree(path / "dptrain", target)
+    for py in target.rglob("*.py"):
+        py.write_text(re.sub(r"\bdptrain\b(?=[. ])", "dptrain_old", py.read_text(encoding="utf-8")), encoding="utf-8")
+    sys.path.insert(0, str(target.parent))
+    old = importlib.import_module("dptrain_old.privacy.dpsgd.engine")
+    old.networks = importlib.import_module("dptrain_old.models.networks")  # its own Squeeze
+    old.binary = importlib.import_module("dptrain_old.models.objectives").BINARY
+    with_noise = importlib.util.find_spec("dptrain_old.privacy.dpsgd.noise")
+    if with_noise is not None:  # after issue 45 the draws live in noise.py
+        noise_old = importlib.import_module("dptrain_old.privacy.dpsgd.noise")
+        old.standard_normal32_refined = noise_old.standard_normal32_refined
+    return old
+
+
 def _load() -> str:
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("old_engine", type=Path, nargs="?", default=None)
+    p.add_argument("old_engine", type=Path, nargs="?", default=None, metavar="OLD",
+                   help="an older standalone engine.py, or an older checkout's root")
     p.add_argument("--model", choices=list(MODELS), default="preset-mlp")
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--blocks", type=int, default=40)
     p.add_argument("--steps", type=int, default=50, help="steps per block")
     p.add_argument("--draws", action="store_true", help="also time the noise draws alone")
     args = p.parse_args()
-    old = None
-    if args.old_engine is not None:
-        spec = importlib.util.spec_from_file_location("old_engine", args.old_engine)
-        old = importlib.util.module_from_spec(spec)
-        sys.modules["old_engine"] = old  # dataclasses look their module up
-        spec.loader.exec_module(old)
+    old = load_old(args.old_engine) if args.old_engine is not None else None
     g = torch.Generator().manual_seed(0)
     d = MODELS[args.model][0]
     x, y = torch.randn(N, d, generator=g), (torch.rand(N, generator=g) < 0.5).float()
