@@ -19,8 +19,9 @@ diagnostics off as on unlogged steps) on in-memory rows x ~ N(0, 1), sigma 1, C 
 Models: ``preset-mlp`` (experiment=mlp: 112-64-64-1 ReLU, B = 1,024, 11,457 noise coordinates),
 ``preset-logit`` (112 -> 1, B = 1,024), ``mlp256`` (100-256-256-1, B = 1,024, 91,905 coordinates);
 N = 100,000 rows. Blocks of ``--steps`` steps of every variant are interleaved (order rotating);
-printed per thread count: the median time per step of each variant, each ratio of medians, the
-quartiles of the block-by-block ratios (the spread) and the load average before and after.
+printed per thread count, for the wall time and for the process's CPU time per step (steadier on
+a shared machine): the median of each variant, each ratio of medians, the quartiles of the
+block-by-block ratios (the spread) and the load average before and after.
 ``--draws`` first times the noise draws alone (torch's float32 normal_, the refined draw, the
 float64 draw and, with OLD, its refined draw) for the model's coordinate count.
 """
@@ -112,31 +113,36 @@ def _quartiles(values: list[float]) -> str:
     return f"{q[0]:.3f}-{q[2]:.3f}"
 
 
-def time_steps(steps: dict, *, blocks: int, per_block: int) -> dict[str, list[float]]:
+def time_steps(steps: dict, *, blocks: int, per_block: int) -> dict[str, dict[str, list[float]]]:
+    """Per variant, the wall time and the process's CPU time per step of each block (the CPU time
+    leaves out the time other processes held the CPUs: on a shared machine the steadier one)."""
     for step in steps.values():
         for _ in range(30):
             step()
-    names, times = list(steps), {k: [] for k in steps}
+    names = list(steps)
+    times = {clock: {k: [] for k in steps} for clock in ("wall", "cpu")}
     for r in range(blocks):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(per_block):
                 steps[name]()
-            times[name].append((time.perf_counter() - t0) / per_block)
+            times["wall"][name].append((time.perf_counter() - t0) / per_block)
+            times["cpu"][name].append((time.process_time() - c0) / per_block)
     return times
 
 
-def report(times: dict[str, list[float]], threads: int, load0: str, load1: str) -> list[str]:
-    med = {k: statistics.median(v) for k, v in times.items()}
-    lines = [f"threads={threads}  load before {load0}  after {load1}",
-             "  median us/step: " + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in med.items())]
+def report(times: dict[str, dict[str, list[float]]], threads: int, load0: str, load1: str) -> list[str]:
+    lines = [f"threads={threads}  load before {load0}  after {load1}"]
     pairs = [("new", "normal", "the MLP goal: <= 1.05"), ("new", "old", "A/B against the older engine"),
              ("old", "normal", "the older engine's refined draw"), ("new-again", "new", "A/A: the noise band")]
-    for a, b, what in pairs:
-        if a in times and b in times:
-            per_block = [ta / tb for ta, tb in zip(times[a], times[b])]
-            lines.append(f"  {a} / {b} = {med[a] / med[b]:.3f}  (block ratios: median "
-                         f"{statistics.median(per_block):.3f}, quartiles {_quartiles(per_block)}; {what})")
+    for clock, by_variant in times.items():
+        med = {k: statistics.median(v) for k, v in by_variant.items()}
+        lines.append(f"  [{clock}] median us/step: " + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in med.items()))
+        for a, b, what in pairs:
+            if a in med and b in med:
+                per_block = [ta / tb for ta, tb in zip(by_variant[a], by_variant[b])]
+                lines.append(f"  [{clock}] {a} / {b} = {med[a] / med[b]:.3f}  (block ratios: median "
+                             f"{statistics.median(per_block):.3f}, quartiles {_quartiles(per_block)}; {what})")
     return lines
 
 
@@ -150,18 +156,21 @@ def time_draws(coords: int, old=None, reps: int = 7, calls: int = 400) -> list[s
     if old is not None and hasattr(old, "standard_normal32_refined"):
         draws["refined float32 (OLD)"] = lambda: old.standard_normal32_refined(coords, generator=g,
                                                                                          device=cpu)
-    times = {k: [] for k in draws}
+    wall, cpu_time = {k: [] for k in draws}, {k: [] for k in draws}
     for _ in range(reps):
         for name, f in draws.items():
             for _ in range(20):
                 f()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(calls):
                 f()
-            times[name].append((time.perf_counter() - t0) / calls * 1e6)
+            wall[name].append((time.perf_counter() - t0) / calls * 1e6)
+            cpu_time[name].append((time.process_time() - c0) / calls * 1e6)
     out = [f"draw of {coords} coordinates, threads={torch.get_num_threads()}, load {_load()}:"]
-    for name, v in times.items():
-        out.append(f"  {name}: median {statistics.median(v):.1f} us (min {min(v):.1f}, max {max(v):.1f})")
+    for name, v in wall.items():
+        c = cpu_time[name]
+        out.append(f"  {name}: wall median {statistics.median(v):.1f} us (min {min(v):.1f}, max {max(v):.1f}); "
+                   f"CPU median {statistics.median(c):.1f} us (min {min(c):.1f}, max {max(c):.1f})")
     return out
 
 
