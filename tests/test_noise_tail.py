@@ -388,8 +388,8 @@ def test_the_refined_draw_is_torchs_float32_normal_with_its_far_pairs_refined(n,
 
 
 def test_every_far_pair_is_found_and_its_u1_recovered_exactly():
-    """For every 24-bit u1 = m 2^-24 with m <= 4,608 at 11 angles (the diagonal, where the search
-    over |z| >= 2.875 is tightest, included): the pairs with m <= 4,096 are refined, in order, to the
+    """For every 24-bit u1 = m 2^-24 with m <= 4,608 at 11 angles (the axes and the diagonal
+    included): the pairs with m <= 4,096 are refined, in order, to the
     radius their own m gives (v = 1/2: sqrt(-2 ln((m - 1/2) 2^-24)); neighbouring m differ by
     1.5e-5 in relative radius, the tolerance is 2e-7), and the others are left bit for bit."""
     ms = torch.arange(1, 4609, dtype=torch.float64)

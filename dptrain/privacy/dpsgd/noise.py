@@ -46,10 +46,8 @@ _REFINE_M = 4096
 #: a pair is refined iff its squared radius is at least this: -2 ln(4096.5 2^-24), between the
 #: last refined u1 (m = 4096, R^2 = 16.6355) and the first not refined (m = 4097, 4.9e-4 below)
 _TAIL_R2 = -2.0 * math.log((_REFINE_M + 0.5) * 2.0**-24)
-#: such a pair has a coordinate |z| >= R / sqrt(2) >= 2.8841; the search starts from |z| >= 2.875
-_CANDIDATE = 2.875
-#: then keeps the pairs whose float32 squared radius is within 1e-4 (relative) of the threshold
-#: (float32 rounds R^2 by less than 1e-6 relative); each is checked in float64
+#: the search keeps the pairs whose float32 squared radius is above the threshold less 1e-4
+#: (relative; float32 rounds R^2 by less than 1e-6 relative); each is then checked in float64
 _SEARCH_R2 = _TAIL_R2 * (1.0 - 1e-4)
 
 
@@ -116,7 +114,7 @@ def standard_normal32_refined(n: int, *, generator: torch.Generator, device: tor
     most 2^-12 (m <= 4096, R >= 4.08, about one pair in 4,096) to (m - v) 2^-24 with a 53-bit
     uniform v from the same generator: u1 is then exactly uniform on a 2^-77 grid there, so
     R <= sqrt(154 ln 2) = 10.33 and the Gaussian pair mass beyond is 2^-77
-    (dptrain.privacy.noise_law). Cost: torch's float32 ``normal_`` plus one pass over |z|."""
+    (dptrain.privacy.noise_law). Cost: torch's float32 ``normal_`` plus four whole-array numpy calls."""
     _require_box_muller_float32()
     blocks = -(-n // 16)
     z = torch.empty(16 * blocks, dtype=torch.float32, device=device).normal_(0.0, 1.0, generator=generator)
@@ -133,21 +131,20 @@ def refine_tail(z: torch.Tensor, refine: Callable[[int], np.ndarray]) -> None:
     m = round(2^24 exp(-R^2 / 2)) exactly (neighbouring m differ by >= 4.9e-4 in R^2, float32's
     rounding of R^2 is below 2e-5). ``refine(k)`` gives k uniforms v in [0, 1) (53 bits), one per
     such pair in ascending order; the pair is rescaled to radius sqrt(-2 ln((m - v) 2^-24)) in
-    float64, its direction (the angle 2 pi u2) kept. Such a pair has a coordinate |z| >= R /
-    sqrt(2) >= 2.884: one pass finds the coordinates past 2.875 (about 0.4%), their pairs' squared
-    radii in float32 keep those within 1e-4 of the threshold (about one pair in 4,096), and the
-    few left are refined one by one in float64."""
+    float64, its direction (the angle 2 pi u2) kept. Found in four whole-array calls: z^2, then
+    z[i]^2 + z[i + 8]^2 for every i (the pairs' squared radii where i % 16 < 8), compared with the
+    threshold less a 1e-4 margin; the few positions found (about one pair in 4,096) are checked
+    and refined one by one in float64. Few calls, not few operations, is what keeps this cheap
+    inside a training step (each small numpy call costs there several times its cost alone)."""
     zn = z.numpy()
-    seen = (np.abs(zn) >= _CANDIDATE).nonzero()[0]
-    if seen.size == 0:
-        return
-    first = seen & ~8  # the pair's cosine: i - 8 where i % 16 >= 8 (a pair may be seen twice)
-    cos, sin = zn[first], zn[first + 8]
-    near = first[(cos * cos + sin * sin >= _SEARCH_R2).nonzero()[0]]
+    sq = np.square(zn)
+    near = (sq[:-8] + sq[8:] >= _SEARCH_R2).nonzero()[0]
     if near.size == 0:
         return
     pairs = []
-    for i in sorted(set(near.tolist())):  # ascending, each pair once
+    for i in near.tolist():  # ascending
+        if i & 8:  # a sine and the next block's cosine: not a pair
+            continue
         c, s = float(zn[i]), float(zn[i + 8])
         r2 = c * c + s * s
         if r2 >= _TAIL_R2:
