@@ -21,7 +21,7 @@ import functools
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -118,12 +118,11 @@ def standard_normal32_refined(n: int, *, generator: torch.Generator, device: tor
     _require_box_muller_float32()
     blocks = -(-n // 16)
     z = torch.empty(16 * blocks, dtype=torch.float32, device=device).normal_(0.0, 1.0, generator=generator)
-    refine_tail(z, lambda k: torch.empty(k, dtype=torch.float64, device=device).uniform_(
-        0.0, 1.0, generator=generator).numpy())
-    return z[:n]
+    refine_tail(z, lambda k: torch.rand(k, dtype=torch.float64, device=device, generator=generator).tolist())
+    return z[:n] if n < z.numel() else z
 
 
-def refine_tail(z: torch.Tensor, refine: Callable[[int], np.ndarray]) -> None:
+def refine_tail(z: torch.Tensor, refine: Callable[[int], Sequence[float]]) -> None:
     """Refine, in place, the far pairs of ``z``: float32 Box-Muller output in blocks of 16 (pair
     (j, j + 8) of each block, as torch's ``normal_`` writes it) on a 24-bit u1 grid.
 
@@ -154,7 +153,7 @@ def refine_tail(z: torch.Tensor, refine: Callable[[int], np.ndarray]) -> None:
     if not all(1 <= m <= _REFINE_M for *_, m in pairs):
         raise RuntimeError("the refined float32 noise draw met a pair that is not Box-Muller on a 24-bit u1: "
                            "torch's float32 normal_ is not the kernel this sampler refines")
-    for (i, c, s, r2, m), v in zip(pairs, refine(len(pairs)).tolist()):
+    for (i, c, s, r2, m), v in zip(pairs, refine(len(pairs))):
         scale = math.sqrt(-2.0 * math.log((m - v) * 2.0**-24) / r2)
         zn[i], zn[i + 8] = c * scale, s * scale
 
