@@ -7,9 +7,10 @@ process (A/B), with an A/A pair for the noise band.
 Variants, each one training step (Poisson sample, ``index_select``, the engine, ``SGD.step``;
 diagnostics off as on unlogged steps) on in-memory rows x ~ N(0, 1), sigma 1, C 1:
 
-* ``new``: this checkout's engine; ``new-again``: a second copy of it (the A/A pair);
-* ``normal``: this checkout's engine whose noise draw is torch's float32 ``normal_`` (the engine
-  before the refined float32 draw, issue 29: its law is truncated at |z| = 5.77; timing only);
+* ``new``: this checkout's engine; ``new-again``: a second engine of its own (the A/A pair);
+* ``normal``: the SAME engine as ``new`` with its noise draw switched to torch's float32
+  ``normal_`` for the block (the engine before the refined float32 draw, issue 29: its law is
+  truncated at |z| = 5.77; timing only), so that new / normal is the draw's effect alone;
 * ``old``: the fast engine of OLD: either a standalone ``dptrain/privacy/dpsgd/engine.py`` of a
   commit before issue 45, when the engine was one file (``git show COMMIT:dptrain/privacy/dpsgd/engine.py
   > old_engine.py``), or the root of an older checkout (``git worktree add /tmp/old COMMIT``),
@@ -91,13 +92,12 @@ def _normal_draw(eng):
 
 
 def make_step(variant: str, model_name: str, x: torch.Tensor, y: torch.Tensor, old=None):
+    """One variant's training step, on its own model, engine and sampler."""
     mine = variant != "old"
     model = _model(model_name, None if mine else getattr(old, "networks", None))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     eng = _engine(new.make_engine if mine else old.make_engine, model, seed=len(variant),
                   objective=BINARY if mine else getattr(old, "binary", BINARY))
-    if variant == "normal":
-        eng.noise.draw = _normal_draw(eng)
     sampler = PoissonSampler(num_rows=N, sample_rate=B / N, rng=np.random.default_rng(len(variant)))
 
     def step() -> None:
@@ -105,7 +105,32 @@ def make_step(variant: str, model_name: str, x: torch.Tensor, y: torch.Tensor, o
         eng(x.index_select(0, idx), y.index_select(0, idx))
         opt.step()
 
+    step.engine = eng
     return step
+
+
+def make_steps(model_name: str, x: torch.Tensor, y: torch.Tensor, old=None) -> dict:
+    """The variants: ``new`` and ``normal`` are ONE engine whose draw is switched before each block
+    (the draw's own effect, free of where each engine's buffers happen to lie in memory); ``old``
+    and ``new-again`` have engines of their own (the A/B against the older engine, the A/A band)."""
+    shared = make_step("new", model_name, x, y)
+    eng, normal = shared.engine, _normal_draw(shared.engine)
+
+    def with_draw(draw):
+        def step() -> None:
+            if draw is None:
+                eng.noise.__dict__.pop("draw", None)  # the class's own draw
+            else:
+                eng.noise.draw = draw
+            shared()
+
+        return step
+
+    steps = {"new": with_draw(None), "normal": with_draw(normal)}
+    if old is not None:
+        steps["old"] = make_step("old", model_name, x, y, old)
+    steps["new-again"] = make_step("new-again", model_name, x, y)
+    return steps
 
 
 def _quartiles(values: list[float]) -> str:
@@ -223,8 +248,7 @@ def main() -> None:
         torch.set_num_threads(threads)
         if args.draws:
             print("\n".join(time_draws(coords, old)))
-        variants = ["new", "normal", *(["old"] if old is not None else []), "new-again"]
-        steps = {v: make_step(v, args.model, x, y, old) for v in variants}
+        steps = make_steps(args.model, x, y, old)
         load0 = _load()
         times = time_steps(steps, blocks=args.blocks, per_block=args.steps)
         print("\n".join(report(times, threads, load0, _load())), flush=True)

@@ -285,7 +285,7 @@ def test_the_refinement_reaches_the_far_tail_that_float32_cannot():
     k = torch.randint(1, 4097, (n,), generator=g).float()
     u = torch.stack([(1.0 - k * 2.0**-24).view(-1, 8), torch.rand(n, generator=g).view(-1, 8)], dim=1).reshape(-1)
     z = _box_muller32(u)
-    refine_tail(z, lambda m: torch.rand(m, dtype=torch.float64, generator=g).numpy())
+    refine_tail(z.numpy(), lambda m: torch.rand(m, dtype=torch.float64, generator=g).numpy())
     pairs = z.double().view(-1, 2, 8)
     r2 = (pairs[:, 0] ** 2 + pairs[:, 1] ** 2).reshape(-1).numpy()
     excess = r2 - 24 * math.log(2)
@@ -296,7 +296,7 @@ def test_the_refinement_reaches_the_far_tail_that_float32_cannot():
     extreme = torch.zeros(16)
     extreme[0] = 1.0 - 2.0**-24  # u1 = 2^-24, u2 = 0: the pair (R, 0)
     top = _box_muller32(extreme)
-    refine_tail(top, lambda m: np.full(m, 1.0 - 2.0**-53))
+    refine_tail(top.numpy(), lambda m: np.full(m, 1.0 - 2.0**-53))
     law = noise_law.box_muller_law(dtype="float32", refined32=True)
     assert law.z_max == pytest.approx(math.sqrt(154 * math.log(2)), rel=1e-15) and law.pair_tail == 2.0**-77
     assert float(top[0]) == pytest.approx(law.z_max, rel=1e-6) and float(top.abs().max()) <= law.z_max * (1 + 1e-7)
@@ -402,7 +402,7 @@ def test_every_far_pair_is_found_and_its_u1_recovered_exactly():
             calls.append(k)
             return np.full(k, 0.5)
 
-        refine_tail(z, half)
+        refine_tail(z.numpy(), half)
         pairs = z.double().view(-1, 2, 8)
         r = torch.sqrt(pairs[:, 0] ** 2 + pairs[:, 1] ** 2).reshape(-1)
         far = ms <= 4096
@@ -420,7 +420,7 @@ def test_a_pair_that_is_not_box_muller_on_a_24_bit_u1_is_refused():
     z[3], z[11] = 6.0 * 0.6, 6.0 * 0.8
     before = z.clone()
     with pytest.raises(RuntimeError, match="not Box-Muller on a 24-bit u1"):
-        refine_tail(z, lambda k: pytest.fail("no uniform is drawn"))
+        refine_tail(z.numpy(), lambda k: pytest.fail("no uniform is drawn"))
     assert torch.equal(z, before)
 
 
@@ -468,8 +468,8 @@ def test_one_place_draws_dp_sgd_noise():
              for d in ("privacy/dpsgd", "training") for p in sorted((root / d).rglob("*.py"))}
     calls = {k: v for k, v in calls.items() if v}
     assert calls == {
-        # torch's normal_: the float64 draw, the float32 kernel the refined draw refines, its one-off check
-        "privacy/dpsgd/noise.py": ["normal_", "normal_", "normal_", "standard_normal", "standard_normal32_refined",
+        # torch's float64 normal_; its float32 kernel (randn) the refined draw refines, and its one-off check
+        "privacy/dpsgd/noise.py": ["normal_", "randn", "randn", "standard_normal", "standard_normal32_refined",
                                    "standard_normal64"],
         "privacy/dpsgd/base.py": ["NoiseStream", "step_noise"],
         "privacy/dpsgd/graph.py": ["step_noise"],

@@ -117,14 +117,18 @@ def standard_normal32_refined(n: int, *, generator: torch.Generator, device: tor
     (dptrain.privacy.noise_law). Cost: torch's float32 ``normal_`` plus four whole-array numpy calls."""
     _require_box_muller_float32()
     blocks = -(-n // 16)
-    z = torch.empty(16 * blocks, dtype=torch.float32, device=device).normal_(0.0, 1.0, generator=generator)
-    refine_tail(z, lambda k: torch.rand(k, dtype=torch.float64, device=device, generator=generator).tolist())
-    return z[:n] if n < z.numel() else z
+    z = torch.randn(16 * blocks, dtype=torch.float32, device=device, generator=generator)  # normal_'s kernel, one call
+    zn = z.numpy()
+    refine_tail(zn, lambda k: torch.rand(k, dtype=torch.float64, device=device, generator=generator).tolist())
+    # (few calls matter: inside a training step each first call of a kind costs 5-15 us; torch.from_numpy
+    # is the sampler's own call, a fresh torch slice is not)
+    return torch.from_numpy(zn[:n]) if n < zn.size else z
 
 
-def refine_tail(z: torch.Tensor, refine: Callable[[int], Sequence[float]]) -> None:
-    """Refine, in place, the far pairs of ``z``: float32 Box-Muller output in blocks of 16 (pair
-    (j, j + 8) of each block, as torch's ``normal_`` writes it) on a 24-bit u1 grid.
+def refine_tail(zn: np.ndarray, refine: Callable[[int], Sequence[float]]) -> None:
+    """Refine, in place, the far pairs of ``zn``: float32 Box-Muller output in blocks of 16 (pair
+    (j, j + 8) of each block, as torch's ``normal_`` writes it) on a 24-bit u1 grid (a numpy view
+    of the tensor torch drew).
 
     A pair whose squared radius R^2 >= -2 ln(4096.5 2^-24) came from u1 = m 2^-24 with m <= 4096;
     m = round(2^24 exp(-R^2 / 2)) exactly (neighbouring m differ by >= 4.9e-4 in R^2, float32's
@@ -135,7 +139,6 @@ def refine_tail(z: torch.Tensor, refine: Callable[[int], Sequence[float]]) -> No
     threshold less a 1e-4 margin; the few positions found (about one pair in 4,096) are checked
     and refined one by one in float64. Few calls, not few operations, is what keeps this cheap
     inside a training step (each small numpy call costs there several times its cost alone)."""
-    zn = z.numpy()
     sq = np.square(zn)
     near = (sq[:-8] + sq[8:] >= _SEARCH_R2).nonzero()[0]
     if near.size == 0:
@@ -144,7 +147,7 @@ def refine_tail(z: torch.Tensor, refine: Callable[[int], Sequence[float]]) -> No
     for i in near.tolist():  # ascending
         if i & 8:  # a sine and the next block's cosine: not a pair
             continue
-        c, s = float(zn[i]), float(zn[i + 8])
+        c, s = zn.item(i), zn.item(i + 8)
         r2 = c * c + s * s
         if r2 >= _TAIL_R2:
             pairs.append((i, c, s, r2, round(math.exp(-0.5 * r2) * 2.0**24)))  # u1 = m 2^-24
@@ -160,13 +163,14 @@ def refine_tail(z: torch.Tensor, refine: Callable[[int], Sequence[float]]) -> No
 
 @functools.cache
 def _float32_normal_is_box_muller16() -> bool:
-    """Whether this torch's float32 ``normal_`` on the CPU is Box-Muller on blocks of 16 uniforms of
-    24 bits, the uniforms torch's float32 ``uniform_`` draws from the same generator state (what
-    :func:`standard_normal32_refined` refines): 64 numbers of a fixed, public seed compared."""
+    """Whether this torch's float32 ``randn`` (``normal_``'s kernel) on the CPU is Box-Muller on
+    blocks of 16 uniforms of 24 bits, the uniforms torch's float32 ``uniform_`` draws from the same
+    generator state (what :func:`standard_normal32_refined` refines): 64 numbers of a fixed, public
+    seed compared."""
     cpu = torch.device("cpu")
     g = torch.Generator(device=cpu).manual_seed(45)
     state = g.get_state()
-    z = torch.empty(64, dtype=torch.float32, device=cpu).normal_(0.0, 1.0, generator=g).double()
+    z = torch.randn(64, dtype=torch.float32, device=cpu, generator=g).double()
     after = g.get_state()
     g.set_state(state)
     u = torch.empty(64, dtype=torch.float32, device=cpu).uniform_(0.0, 1.0, generator=g).double()
