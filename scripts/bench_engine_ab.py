@@ -159,7 +159,8 @@ def time_steps(steps: dict, *, blocks: int, per_block: int) -> dict[str, dict[st
 def report(times: dict[str, dict[str, list[float]]], threads: int, load0: str, load1: str) -> list[str]:
     lines = [f"threads={threads}  load before {load0}  after {load1}"]
     pairs = [("new", "normal", "the MLP goal: <= 1.05"), ("new", "old", "A/B against the older engine"),
-             ("old", "normal", "the older engine's refined draw"), ("new-again", "new", "A/A: the noise band")]
+             ("old", "normal", "the older engine against this one drawing normal_"),
+             ("new-again", "new", "A/A: the noise band")]
     for clock, by_variant in times.items():
         med = {k: statistics.median(v) for k, v in by_variant.items()}
         lines.append(f"  [{clock}] median us/step: " + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in med.items()))
@@ -199,6 +200,17 @@ def time_draws(coords: int, old=None, reps: int = 7, calls: int = 400) -> list[s
     return out
 
 
+def _first_module(*names: str) -> str:
+    """The first of dptrain_old's modules ``names`` that exists (older layouts kept them elsewhere)."""
+    for name in names:
+        try:
+            if importlib.util.find_spec(f"dptrain_old.{name}") is not None:
+                return f"dptrain_old.{name}"
+        except ModuleNotFoundError:  # a parent package that layout did not have
+            continue
+    raise ImportError(f"the older checkout has none of {names}")
+
+
 def load_old(path: Path):
     """The older engine module: a standalone engine.py, or an older checkout's package as dptrain_old."""
     if path.is_file():
@@ -212,13 +224,14 @@ def load_old(path: Path):
     for py in target.rglob("*.py"):
         py.write_text(re.sub(r"\bdptrain\b(?=[. ])", "dptrain_old", py.read_text(encoding="utf-8")), encoding="utf-8")
     sys.path.insert(0, str(target.parent))
-    old = importlib.import_module("dptrain_old.privacy.dpsgd.engine")
-    old.networks = importlib.import_module("dptrain_old.models.networks")  # its own Squeeze
-    old.binary = importlib.import_module("dptrain_old.models.objectives").BINARY
-    with_noise = importlib.util.find_spec("dptrain_old.privacy.dpsgd.noise")
-    if with_noise is not None:  # after issue 45 the draws live in noise.py
-        noise_old = importlib.import_module("dptrain_old.privacy.dpsgd.noise")
-        old.standard_normal32_refined = noise_old.standard_normal32_refined
+    old = importlib.import_module(_first_module("privacy.dpsgd.engine", "privacy.engine"))  # before issue 30: privacy/
+    old.networks = importlib.import_module(_first_module("models.networks", "models"))  # its own Squeeze
+    old.binary = importlib.import_module(_first_module("models.objectives", "objectives")).BINARY
+    try:  # after issue 45 the draws live in noise.py
+        old.standard_normal32_refined = importlib.import_module(
+            _first_module("privacy.dpsgd.noise")).standard_normal32_refined
+    except ImportError:
+        pass
     return old
 
 
