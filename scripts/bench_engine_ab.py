@@ -124,6 +124,7 @@ def make_steps(model_name: str, x: torch.Tensor, y: torch.Tensor, old=None) -> d
                 eng.noise.draw = draw
             shared()
 
+        step.engine = eng
         return step
 
     steps = {"new": with_draw(None), "normal": with_draw(normal)}
@@ -211,15 +212,16 @@ def _first_module(*names: str) -> str:
     raise ImportError(f"the older checkout has none of {names}")
 
 
-def load_old(path: Path):
-    """The older engine module: a standalone engine.py, or an older checkout's package as dptrain_old."""
+def load_old(path: Path, into: Path | None = None):
+    """The older engine module: a standalone engine.py, or an older checkout's package as dptrain_old
+    (copied into ``into``, default a fresh temporary folder)."""
     if path.is_file():
         spec = importlib.util.spec_from_file_location("old_engine", path)
         old = importlib.util.module_from_spec(spec)
         sys.modules["old_engine"] = old  # dataclasses look their module up
         spec.loader.exec_module(old)
         return old
-    target = Path(tempfile.mkdtemp(prefix="bench_engine_ab_")) / "dptrain_old"
+    target = (into if into is not None else Path(tempfile.mkdtemp(prefix="bench_engine_ab_"))) / "dptrain_old"
     shutil.copytree(path / "dptrain", target)
     for py in target.rglob("*.py"):
         py.write_text(re.sub(r"\bdptrain\b(?=[. ])", "dptrain_old", py.read_text(encoding="utf-8")), encoding="utf-8")
