@@ -33,7 +33,7 @@ from dptrain.inference.coefficients import (
 )
 from dptrain.inference.intervals import aggregate_parts
 from dptrain.inference.run import check_estimator, check_estimator_size
-from dptrain.inference.ssp import calibrate, centre, release, sensitivity, ssp_estimate
+from dptrain.inference.ssp import calibrate, centre, release, sensitivity, ssp_estimate, target_weight
 from dptrain.inference.subsample import part_mechanism, random_parts
 from dptrain.privacy.randomness import Randomness, new_seed_file
 
@@ -346,23 +346,30 @@ def test_ssp_sensitivity_bounds_every_centred_row_and_is_attained():
     row c = (1, x, y) - m is added, over real rows and every corner of the box; a corner attains it."""
     schema = schema_from_config(DECL)
     enc = encoder_from_schema(schema, kind="linear", target_scale=(0, 1))
-    m = centre(enc)
-    assert m.tolist() == [0, 0.5, 0.5] + [1 / 3] * 3 + [1 / 4] * 4 + [0.5]
+    m, k = centre(enc), target_weight(enc)
+    # the target enters on [0, k], k from the schema's shape (issue 42: X'y's noise per unit of y is smallest there)
+    assert m.tolist() == [0, 0.5, 0.5] + [1 / 3] * 3 + [1 / 4] * 4 + [k / 2] and 2.0 < k < 3.5
     rng = np.random.default_rng(5)
     x = encode_features(_frame(1000, rng), schema).astype(np.float64)
-    z = np.concatenate([np.ones((len(x), 1)), x, rng.uniform(0, 1, (len(x), 1))], 1)
+    z = np.concatenate([np.ones((len(x), 1)), x, k * rng.uniform(0, 1, (len(x), 1))], 1)
     assert _upper_norms(z - m).max() <= sensitivity(enc) + 1e-12
     corners = []  # numeric and target at 0 or 1, every level of each block
     for bits in range(8):
         for s_lvl in range(3):
             for r_lvl in range(4):
                 row = np.zeros(len(m))
-                row[0], row[1], row[2], row[-1] = 1, bits & 1, (bits >> 1) & 1, (bits >> 2) & 1
+                row[0], row[1], row[2], row[-1] = 1, bits & 1, (bits >> 1) & 1, k * ((bits >> 2) & 1)
                 row[3 + s_lvl] = row[6 + r_lvl] = 1
                 corners.append(row)
     norms = _upper_norms(np.asarray(corners) - m)
     assert norms.max() == pytest.approx(sensitivity(enc), rel=1e-12)
-    assert sensitivity(enc) < 0.45 * (2 + 2 + 2)  # the uncentred bound ||z||^2 (2.2x more noise)
+    # per unit of y, X'y's noise Delta / k is below the uncentred bound ||z||^2 / 2.2
+    assert sensitivity(enc) / k < 0.45 * (2 + 2 + 2)
+    from dptrain.inference.ssp import _feature_sums
+
+    sq, quart = _feature_sums(enc)
+    noise_per_y = [math.sqrt(((sq + w * w / 4) ** 2 + quart + w**4 / 16) / 2) / w for w in (1.0, k, 0.8 * k, 1.25 * k)]
+    assert noise_per_y[1] == min(noise_per_y) and noise_per_y[1] < 0.8 * noise_per_y[0]
 
 
 def test_ssp_without_noise_is_ols_and_its_centring_is_a_reparametrisation():
