@@ -225,7 +225,7 @@ def test_evaluations_during_training_use_the_first_test_rows():
     x = torch.from_numpy(rng.random((3000, 2)).astype(np.float32))
     y = (x[:, 0] + 0.3 * torch.from_numpy(rng.normal(size=3000).astype(np.float32)) > 0.5).float()
     model = torch.nn.Sequential(torch.nn.Linear(2, 1), torch.nn.Flatten(0))
-    objective = objectives.build_objective(OmegaConf.create({"name": "binary"}))
+    objective = objectives.build_objective("binary")
     run = SimpleNamespace(x_test=None, model=model, objective=objective)
     data = SimpleNamespace(x_test=x, y_test=y, shard=None)
     with torch.no_grad():

@@ -5,6 +5,7 @@ the run folder, and the refusals."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -25,7 +26,7 @@ from dptrain.data.table import encode_features, schema_from_config
 from dptrain.inference.coefficients import (
     coefficient_map,
     coefficients,
-    encoder_for_config,
+    encoder_for,
     encoder_from_schema,
     model_coefficients,
     table_terms,
@@ -36,6 +37,7 @@ from dptrain.inference.run import check_estimator, check_estimator_size
 from dptrain.inference.ssp import calibrate, centre, release, sensitivity, ssp_estimate, target_weight
 from dptrain.inference.subsample import part_mechanism, random_parts
 from dptrain.privacy.randomness import Randomness, new_seed_file
+from dptrain.tasks.plan import training_plan
 
 DECL = {
     "target": "y",
@@ -284,7 +286,7 @@ def test_multinomial_subsample_aggregate_end_to_end(tmp_path):
     else:  # an interval the run does not claim is not published
         assert table.ci_lower.isna().all() and not table.claimed.any()
     assert table.method.str.contains("mean of 4 part estimates").all()
-    enc = encoder_for_config(OmegaConf.to_object(cfg))
+    enc = encoder_for(training_plan(OmegaConf.to_object(cfg)))
     np.testing.assert_allclose(table.estimate, model_coefficients(load_model(tmp_path).module, enc).ravel(),
                                rtol=1e-5, atol=1e-6)
     check = report["estimator"]["validity_check"]
@@ -327,10 +329,11 @@ def test_dpsgd_estimator_trains_exactly_like_fit(tmp_path):
         launch = LaunchConfig(randomness=Randomness.from_seed_file(key, run_label="x"))
         tracker = Tracker(tmp_path / how, tensorboard=False)
         if how == "fit":
-            res = fit(cfg, data, mechanism=mechanism_for(cfg, dataset_size=data.n_train, delta=delta),
+            plan = training_plan(cfg)
+            res = fit(plan, data, mechanism=mechanism_for(plan, dataset_size=data.n_train, delta=delta),
                       tracker=tracker, launch=launch)
         else:
-            res = run_estimator(cfg, data, delta=delta, tracker=tracker, launch=launch)
+            res = run_estimator(training_plan(cfg), data, delta=delta, tracker=tracker, launch=launch)
         out.append(torch.cat([p.detach().flatten() for p in res.model.parameters()]))
     assert torch.equal(out[0], out[1])
 
@@ -453,27 +456,30 @@ def test_refusals_name_the_setting_value_and_what_is_allowed():
         ["estimator=subsample_aggregate", "model=mlp"], ["estimator.name=bogus"])
     with pytest.raises(ConfigError, match=r"estimator='ssp' is not allowed: estimates linear regression only, "
                        r"not objective=binary.*allowed"):
-        check_estimator(ssp)
-    check_estimator(parts)
+        check_estimator(training_plan(ssp))
+    check_estimator(training_plan(parts))
     with pytest.raises(ConfigError, match=r"estimator.parts=20 is not allowed for N = 15000 training rows: each "
                        r"part would have about 750 rows, fewer than estimator.min_part_rows=1000; "
                        r"allowed: estimator.parts <= 15"):
-        check_estimator_size(parts, 15000)
-    check_estimator_size(parts, 20000)
+        check_estimator_size(training_plan(parts), 15000)
+    check_estimator_size(training_plan(parts), 20000)
     with pytest.raises(ConfigError, match=r"estimator.parts=1 is not allowed: must be an integer in \[2, 1000\]"):
-        check_estimator(one)
+        check_estimator(training_plan(one))
     with pytest.raises(ConfigError, match=r"estimator='subsample_aggregate' is not allowed: needs a linear model"):
-        check_estimator(mlp)
+        check_estimator(training_plan(mlp))
     with pytest.raises(ConfigError, match=r"estimator.name='bogus' is not allowed: must be one of dpsgd, "
                        r"subsample_aggregate, ssp"):
-        check_estimator(bogus)
+        check_estimator(training_plan(bogus))
 
 
 def test_part_mechanism_uses_public_numbers_only():
-    from dptrain.settings.train import PrivacyConfig
+    from dptrain.privacy.budget import Budget
+    from dptrain.training.plan import EstimatorSpec, Loop
 
-    m = part_mechanism(PrivacyConfig(noise_multiplier=1.0), epochs=2, batch_size=300, dataset_size=30_001, parts=10,
-                       delta=1e-6)
+    plan = training_plan(_compose(["estimator=subsample_aggregate"]))
+    plan = dataclasses.replace(plan, budget=Budget(noise_multiplier=1.0), loop=Loop(epochs=2, batch_size=300),
+                               estimator=EstimatorSpec(name="subsample_aggregate", parts=10))
+    m = part_mechanism(plan, dataset_size=30_001, delta=1e-6)
     assert (m.dataset_size, m.expected_batch_size) == (3000, 30)
     assert m.planned_steps == 200 and m.noise_multiplier == 1.0
 
@@ -499,7 +505,7 @@ def test_ssp_run_reports_its_gaussian_mechanism(tmp_path):
     assert 0.99 <= report["epsilon"] <= 1.0
     est = report["estimator"]
 
-    delta_s = sensitivity(encoder_for_config(OmegaConf.to_object(cfg)))
+    delta_s = sensitivity(encoder_for(training_plan(OmegaConf.to_object(cfg))))
     assert est["name"] == "ssp" and est["sensitivity"] == pytest.approx(delta_s) and 2 < delta_s < 14
     assert est["noise_std"] == pytest.approx(delta_s * sigma)
     assert est["validity_check"]["claimed"] and "CLAIMED" in (tmp_path / "privacy.txt").read_text()

@@ -58,6 +58,7 @@ from dptrain.data.table import schema_from_config as _schema_from_declaration
 from dptrain.runfolder.tracking import private_dir, write_json
 
 __all__ = [
+    "public_schema",
     "ADULT_FILE",
     "ADULT_SOURCE",
     "DIAGNOSTICS_FILE",
@@ -234,6 +235,14 @@ def schema_from_config(cfg: Any, *, numeric: Any = None, require_negative: bool 
     """The checked public schema of a data config (any source; :func:`declaration`).
     ``numeric`` replaces the declared numeric columns. Raises ConfigError."""
     return _schema_from_declaration(declaration(cfg), numeric=numeric, require_negative=require_negative)
+
+
+def public_schema(cfg: Any) -> Schema:
+    """The public schema of any data source's config, with a synthetic source's generated columns
+    declared (no row is read)."""
+    if _get(cfg, "name") == "synthetic":
+        return schema_from_config(cfg, numeric=_synthetic_schema(cfg)[2])
+    return schema_from_config(cfg)
 
 
 def load_dataset(cfg: Any, *, seed: int) -> Dataset:

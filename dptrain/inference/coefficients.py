@@ -29,17 +29,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from torch import nn
 
 from dptrain.core.errors import DPTrainError
-from dptrain.data import _synthetic_schema, schema_from_config
 from dptrain.models.objectives import OBJECTIVES
+from dptrain.training.plan import TrainingPlan
 
 __all__ = ["KINDS", "CoefficientEncoder", "coefficient_map", "coefficient_offset", "coefficients",
-           "encoder_from_schema", "linear_layer", "model_coefficients", "table_terms", "term_labels"]
+           "encoder_for", "encoder_from_schema", "linear_layer", "model_coefficients", "table_terms", "term_labels"]
 
 #: what the model's outputs mean: one logit (binary), K class scores (multinomial), a mean (linear)
 KINDS = ("binary", "multinomial", "linear")
@@ -193,13 +192,10 @@ def model_coefficients(model: nn.Module, enc: CoefficientEncoder) -> np.ndarray:
     return coefficients(w, b, enc)
 
 
-def encoder_for_config(conf: Any) -> Any:
-    """The coefficient map's public facts from the run's data config and objective (no row read)."""
-    data = conf.data
-    name = data.get("name") if isinstance(data, dict) else getattr(data, "name", None)
-    numeric = _synthetic_schema(data)[2] if name == "synthetic" else None
-    schema = schema_from_config(data, numeric=numeric)
-    return encoder_from_schema(schema, kind=objective_kind(conf.objective.name) or "binary")
+def encoder_for(plan: TrainingPlan) -> CoefficientEncoder:
+    """The coefficient map's public facts of a training plan (its public schema and objective; no
+    row read)."""
+    return encoder_from_schema(plan.schema, kind=objective_kind(plan.objective_name) or "binary")
 
 
 def objective_kind(objective_name: str) -> str | None:

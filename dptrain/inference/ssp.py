@@ -38,7 +38,7 @@ import numpy as np
 from dptrain.core.validation import ConfigError
 from dptrain.inference.coefficients import CoefficientEncoder, coefficient_map, coefficient_offset
 from dptrain.inference.intervals import Interval
-from dptrain.privacy.accounting import PrivacyAccountant
+from dptrain.privacy.accounting import DEFAULT, PrivacyLedger
 from dptrain.privacy.calibration import Unreachable, smallest_noise
 from dptrain.privacy.events import gaussian_event  # noqa: F401 - offered here as before
 
@@ -113,11 +113,11 @@ def sensitivity_rule(enc: CoefficientEncoder) -> str:
             "(not the uncentred bound ||z||^2)")
 
 
-def calibrate(*, target_epsilon: float, delta: float, accountant: str = "rdp", rtol: float = 1e-4) -> float:
+def calibrate(*, target_epsilon: float, delta: float, accountant: str = DEFAULT.name, rtol: float = 1e-4) -> float:
     """The smallest noise multiplier s in [1e-3, 1e7] (to relative ``rtol``) whose epsilon (by ``accountant``)
     is <= the target: :func:`dptrain.privacy.calibration.smallest_noise`."""
     def eps(s: float) -> float:
-        acc = PrivacyAccountant()
+        acc = PrivacyLedger()
         acc.record(gaussian_event(s))
         return acc.get_epsilon(delta=delta, accountant=accountant)
 

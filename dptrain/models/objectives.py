@@ -104,8 +104,6 @@ class BinaryLogistic(BinaryCrossEntropy):
         """task=tune's per-row validation score in [0, 1]: 1 when the row is classified correctly."""
         return ((outputs.reshape(len(y), -1)[:, 0] > 0).to(y.dtype) == y).double()
 
-    def __init__(self, settings: Any = None) -> None:
-        self.settings = settings
 
     def output_width(self, spec: DataSpec) -> int:
         return 1
@@ -195,8 +193,6 @@ class Multinomial:
         """task=tune's per-row validation score in [0, 1]: 1 when the arg-max class is the label."""
         return (outputs.reshape(len(y), -1).argmax(1) == y).double()
 
-    def __init__(self, settings: Any = None) -> None:
-        self.settings = settings
         self.class_names: tuple[str, ...] = ()
 
     def output_width(self, spec: DataSpec) -> int:
@@ -284,8 +280,6 @@ class LinearRegression:
         [0, 1]-scaled target."""
         return 1.0 - (outputs.reshape(len(y), -1)[:, 0].double() - y.double()).square().clamp(max=1.0)
 
-    def __init__(self, settings: Any = None) -> None:
-        self.settings = settings
         self.target_bounds: tuple[float, float] | None = None
 
     def output_width(self, spec: DataSpec) -> int:
@@ -372,7 +366,7 @@ OBJECTIVES.register("linear", LinearRegression)
 BINARY = BinaryLogistic()
 
 
-def build_objective(settings: Any) -> Any:
-    """The objective named by ``settings.name`` (``objective=NAME``), built with its settings."""
-    name = settings.name if not isinstance(settings, str) else settings
-    return OBJECTIVES.get(name)(settings)
+def build_objective(name: str) -> Any:
+    """The objective registered as ``name`` (``objective=NAME``), a new instance (it keeps what
+    :meth:`check_data` learns of the data's public description)."""
+    return OBJECTIVES.get(name)()

@@ -109,6 +109,7 @@ class ZCDP:
     (rho = epsilon^2 / 2). Params (rho,). RDP accounting only (dp-accounting has no PLD of it)."""
 
     params = ("rho",)
+    pld = False  # no privacy loss distribution: accountants that need one do not support it
 
     @staticmethod
     def dp_event(params: tuple[float, ...]) -> dp_accounting.DpEvent:
@@ -141,6 +142,7 @@ class PrivateSearch:
     score_noise, mean, shape). RDP accounting only (dp-accounting has no PLD of it)."""
 
     params = ("sample_rate", "noise_multiplier", "steps", "score_noise", "mean", "shape")
+    pld = False  # no privacy loss distribution: accountants that need one do not support it
 
     @staticmethod
     def dp_event(params: tuple[float, ...]) -> dp_accounting.DpEvent:

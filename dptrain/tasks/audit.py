@@ -84,7 +84,6 @@ from dptrain.inference.audit_bound import (  # noqa: F401  (the audit's statisti
     guess_counts,
     p_value,
 )
-from dptrain.models.objectives import build_objective
 from dptrain.runfolder.tracking import (
     Tracker,
     atomic_write_text,
@@ -96,11 +95,11 @@ from dptrain.runfolder.tracking import (
 from dptrain.settings.audit import validate_audit
 from dptrain.settings.train import Config, validate_against_size
 from dptrain.tasks.outputs import randomness_for
+from dptrain.tasks.plan import training_plan
 from dptrain.training.fit import (
     LaunchConfig,
     bound_to_rows,
     build_model,
-    data_spec_from_config,
     final_epsilons,
     fit,
     mechanism_for,
@@ -202,8 +201,7 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     conf: Config = OmegaConf.to_object(cfg)
     validate_audit(conf)
     randomness = randomness_for(conf, cfg, run_dir=run_dir)
-    build_model(conf, spec=data_spec_from_config(conf.data, extra_features=conf.audit.canaries),
-                objective=build_objective(conf.objective))
+    build_model(training_plan(conf, extra_features=conf.audit.canaries))
     data = load_dataset(conf.data, seed=conf.seed)
     randomness = bound_to_rows(randomness, data)
     atomic_write_text(run_dir / ".hydra" / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
@@ -220,7 +218,8 @@ def _train_with_canaries(conf: Config, canaries: Canaries, *, public_n: int, del
     weights). The mechanism's N is ``public_n`` (all m canaries counted), so q, the steps and
     delta do not depend on the coin flips. ``audit.mutation=no_noise``: the mechanism's engine
     adds no noise while its accountant records sigma."""
-    mechanism = mechanism_for(conf, dataset_size=public_n, delta=delta, curves=False)  # audits the model alone
+    plan = training_plan(conf, extra_features=conf.audit.canaries)
+    mechanism = mechanism_for(plan, dataset_size=public_n, delta=delta, curves=False)  # audits the model alone
     if conf.audit.mutation == "no_noise":
         log.warning("%s", BROKEN_WARNING)
         mechanism = mechanism.without_noise()
@@ -228,7 +227,7 @@ def _train_with_canaries(conf: Config, canaries: Canaries, *, public_n: int, del
     tracker = Tracker(private_dir(run_dir) if run_dir is not None else Path("."),
                       tensorboard=conf.logger.tensorboard and run_dir is not None)
     try:
-        result = fit(conf, canaries.data, mechanism=mechanism, tracker=tracker,
+        result = fit(plan, canaries.data, mechanism=mechanism, tracker=tracker,
                      launch=LaunchConfig(randomness=randomness),
                      on_engine=lambda e: initial.setdefault("weight", first_linear(e.model).weight.detach().clone()))
     finally:

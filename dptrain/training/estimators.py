@@ -70,6 +70,7 @@ from dptrain.core.validation import ConfigError, bad, integer, is_finite, is_rea
 from dptrain.models.networks import logit, mlp
 from dptrain.models.optimizers import eager_class
 from dptrain.privacy import newton
+from dptrain.privacy.accounting import DEFAULT
 from dptrain.privacy.events import gaussian_event
 from dptrain.privacy.newton_terms import MAX_HESSIAN_NOISE, predict_claims, reference_design, reference_statistics
 from dptrain.settings.train import MAX_TARGET_EPSILON
@@ -221,7 +222,7 @@ class DPEstimatorConfig:
     epochs: float = 10.0
     lr: float = 1.0
     momentum: float = 0.0
-    accountant: str = "rdp"
+    accountant: str = DEFAULT.name
     engine: str = "auto"
     random_state: int | None = None
 
