@@ -21,7 +21,7 @@ from dptrain.privacy.randomness import Randomness
 from dptrain.release.employer import mechanisms as mech
 from dptrain.release.employer.intervals import smooth_gamma_interval_public, smooth_laplace_interval_public
 from dptrain.release.employer.mechanisms import smooth_median
-from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json, write_manifest
+from dptrain.runfolder.folder import Report, RunFolder
 from dptrain.settings.lodes import MECHANISMS, LodesRunConfig, feasible, marginal_sets, per_table, validate_lodes
 
 log = logging.getLogger("dptrain.lodes")
@@ -138,42 +138,42 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     jobs = simulate_jobs(conf.seed, establishments=c.establishments)
     budget = per_table(p.epsilon, p.delta, c.marginals)
     names = feasible(c.alpha, *budget)
-    secret, rows, published = Randomness.fresh(), [], {}
+    secret, rows, published, folder = Randomness.fresh(), [], {}, RunFolder.of(run_dir)
+    _place(folder, c.publish, names)
     for by in marginal_sets(c.marginals):
         cells, label = _cells(jobs, by, c.employer_cap), "__".join(by)
         tables = {n: release(n, cells, conf, budget, secret.numpy(f"lodes-{n}-{label}"), max_size=jobs.config.max_size)
                   for n in names}
         for name, table in tables.items():
-            where = run_dir / "tables" if name == c.publish else private_dir(run_dir) / "tables" / name
-            where.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(where / f"{label}.csv", table.to_csv(index=False, float_format="%.6g"))
+            folder.write_text(f"tables/{label}.csv" if name == c.publish else f"tables/{name}/{label}.csv",
+                              table.to_csv(index=False, float_format="%.6g"), private=name != c.publish)
         published[f"tables/{label}.csv"] = len(cells)
         rows += compare(tables, cells, label)
     if c.median:
         medians = sector_medians(jobs, c.median_epsilon, secret.numpy("lodes-median"))
-        atomic_write_text(run_dir / "tables" / "median_size_by_sector.csv",
+        folder.write_text("tables/median_size_by_sector.csv",
                           medians.drop(columns="exact").to_csv(index=False, float_format="%.6g"))
-        atomic_write_text(private_dir(run_dir) / "median_exact.csv", medians.to_csv(index=False, float_format="%.6g"))
+        folder.write_text("median_exact.csv", medians.to_csv(index=False, float_format="%.6g"),
+                          "the sector medians beside their exact values", private=True)
     comparison = pd.DataFrame(rows)
-    atomic_write_text(private_dir(run_dir) / "comparison.csv", comparison.to_csv(index=False, float_format="%.6g"))
+    folder.write_text("comparison.csv", comparison.to_csv(index=False, float_format="%.6g"),
+                      "every mechanism against the exact totals, per marginal and size band", private=True)
     report = _report(conf, budget, names, published)
-    write_json(run_dir / "privacy.json", report)
-    atomic_write_text(run_dir / "privacy.txt", report["guarantee"] + "\n")
-    private = {f"private/tables/{n}/": "another mechanism's tables (publishing them too composes the guarantees; "
-               "laplace_worker's are not ER-EE)" for n in names if n != c.publish}
-    if c.median:
-        private["private/median_exact.csv"] = "the sector medians beside their exact values"
-    private.update({"private/comparison.csv": "every mechanism against the exact totals, per marginal and size band",
-                    "private/dptrain.log": "the log"})
-    write_manifest(run_dir, publishable={"privacy.json, privacy.txt": "this report",
-                                         "tables/": f"the published tables ({c.publish}; covered by the guarantee; "
-                                                    "median_size_by_sector.csv with lodes.median)",
-                                         "FILES.txt": "this list", ".hydra/": "the configuration"},
-                   private=private, guarantee=report["guarantee"], report="privacy.json", finite_guarantee=True)
+    folder.finish(guarantee=report["guarantee"], finite_guarantee=True, report=Report(
+        "privacy.json", report, "this report", text=lambda body: body["guarantee"] + "\n"))
     log.info("lodes: %d jobs, %d establishments, %d tables (%s); published %s: %s", jobs.n_jobs,
              jobs.n_establishments, len(published), c.marginals, c.publish, report["guarantee"].split(":")[0])
     mine = comparison[comparison.mechanism == c.publish]
     return float((mine.mae * mine.cells).sum() / mine.cells.sum())
+
+
+def _place(folder: RunFolder, publish: str, names: tuple[str, ...]) -> None:
+    """The tables' folders: the published mechanism's at the top, every other one's under private/."""
+    folder.publishable("tables/", f"the published tables ({publish}; covered by the guarantee; "
+                       "median_size_by_sector.csv with lodes.median)")
+    for name in (n for n in names if n != publish):
+        folder.private(f"tables/{name}/", "another mechanism's tables (publishing them too composes the guarantees; "
+                       "laplace_worker's are not ER-EE)")
 
 
 def _report(conf: LodesRunConfig, budget: tuple[float, float], names: tuple[str, ...],

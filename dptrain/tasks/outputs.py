@@ -19,8 +19,9 @@ from dptrain.data import write_data_diagnostics
 from dptrain.inference.run import coefficient_section, estimator_report
 from dptrain.privacy.accounting import PLD
 from dptrain.privacy.randomness import Randomness, settings_digest
-from dptrain.privacy.report import build_report, files_section, format_report
-from dptrain.runfolder.tracking import atomic_write_text, finite_epsilon, private_dir, write_json, write_manifest
+from dptrain.privacy.report import build_report, format_report
+from dptrain.runfolder.folder import Report, RunFolder
+from dptrain.runfolder.tracking import finite_epsilon
 from dptrain.settings.train import Config
 from dptrain.training.checkpoint import MODEL_FILENAME, save_model
 from dptrain.training.fit import final_epsilons
@@ -49,44 +50,89 @@ def publishable_metrics(plan: TrainingPlan, metrics: dict[str, float], report: d
     return public
 
 
+def training_files(*, test_public: bool, covered: bool) -> dict[str, str]:
+    """What each file of a training run folder is (FILES.txt and the report's file list), by its
+    listed name. ``covered`` False (privacy off, or no noise): the files at the top are described
+    as what they are, computed from private rows with no guarantee (FILES.txt then lists them as
+    NOT publishable: :meth:`dptrain.runfolder.folder.RunFolder.finish`)."""
+    if covered:
+        top = {"privacy.json, privacy.txt": "this report (no private value; N is public)",
+               "model.pt": "final weights + the public feature encoder (covered by the guarantee)",
+               "metrics.json": "publishable metrics only: steps, epochs, epsilon"
+               + (", and test/* (the test rows are declared public)" if test_public else
+                  " (test metrics are private here: data.test_public=false)"),
+               "coefficients.csv": "the coefficient table on the original scale (estimates; standard errors, "
+               "intervals and whether the run claims them): a function of the released model(s) or noisy "
+               "statistics only (covered by the guarantee)"}
+    else:
+        top = {"privacy.json, privacy.txt": "this report: it says there is no guarantee, and holds the model's "
+               "coefficient table and settings",
+               "model.pt": "final weights + the public feature encoder, trained WITHOUT a privacy guarantee",
+               "metrics.json": "steps, epochs (test/* when the test rows are public) of a model without a guarantee",
+               "coefficients.csv": "the coefficient table of a model without a guarantee"}
+    return {**top,
+            "private/checkpoint.pt": "resumable state (model, optimizer, accountant; generator states only "
+            "when privacy.noise_seed_file is set)",
+            "private/metrics.json": "every metric, incl. those on private rows (baseline, timings"
+            + ("" if test_public else ", test/*") + ")",
+            "private/tb/": "TensorBoard curves: diagnostics on training rows and test curves (its dp/* curves alone "
+            "are covered by the guarantee)"}
+
+
+def write_model_files(folder: RunFolder, plan: TrainingPlan, cfg: Any, *, model: Any, model_config: dict, data: Any,
+                      report: dict) -> None:
+    """The model of a run that released one (task=train, task=tune), placed in ``folder``: the
+    resolved settings and model.pt (``model``, built from ``model_config``)."""
+    # Hydra saves the composed config with interpolations; keep the resolved values beside it
+    # (written only once training has succeeded: a refused resume must not overwrite the record).
+    folder.write_text(".hydra/resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    why = training_files(test_public=bool(plan.test_public), covered=bool(report["private"]))
+    save_model(folder.publishable(MODEL_FILENAME, why["model.pt"]), model=model, model_config=model_config,
+               feature_names=list(data.feature_names),
+               schema=plan.schema, objective=plan.objective_name, report=report)
+
+
+def write_metrics(folder: RunFolder, metrics: dict[str, float], public: dict[str, float], why: dict[str, str]) -> None:
+    """metrics.json (``public``: what may be published) and private/metrics.json (every metric)."""
+    folder.write_json("metrics.json", public, why["metrics.json"])
+    folder.write_json("metrics.json", {**metrics, **public}, why["private/metrics.json"], private=True)
+
+
 def write_training_outputs(plan: TrainingPlan, cfg: Any, result: Any, *, data: Any, tracker: Any,
                            run_dir: Path) -> dict:
     """Write the run folder (module docstring) and close the tracker; returns the report."""
-    # Hydra saves the composed config with interpolations; keep the resolved values beside it
-    # (written only once training has succeeded: a refused resume must not overwrite the record).
-    atomic_write_text(run_dir / ".hydra" / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    folder = RunFolder.of(run_dir)
     delta = result.mechanism.delta
     epsilons = final_epsilons(result, delta=delta, headline=plan.budget.accountant) if plan.private else None
     report = build_report(mechanism=result.privacy, epsilons=epsilons, accountant=plan.budget.accountant,
-                          seed=plan.seed, data_source=data.source, test_public=bool(plan.test_public))
-    _coefficients(plan, result, report, run_dir)
+                          seed=plan.seed, data_source=data.source)
+    why = training_files(test_public=bool(plan.test_public), covered=bool(report["private"]))
+    table = _coefficients(plan, result, report)
     _log_to_tracker(tracker, plan, result, report, epsilons)
-    m = result.metrics
-    public = publishable_metrics(plan, m, report)
-    write_json(private_dir(run_dir) / "metrics.json", {**m, **public})
-    write_json(run_dir / "metrics.json", public)
-    save_model(run_dir / MODEL_FILENAME, model=result.model,
-               model_config=OmegaConf.to_container(cfg.model, resolve=True),
-               feature_names=list(data.feature_names),
-               schema=plan.schema, objective=plan.objective_name, report=report)
-    files = report["files"]  # one list for privacy.json, privacy.txt and FILES.txt
-    files["private"].update(write_data_diagnostics(run_dir, data))
-    write_json(run_dir / "privacy.json", report)
-    atomic_write_text(run_dir / "privacy.txt", format_report(report))
-    write_manifest(run_dir, publishable=files["publishable"], private=files["private"], guarantee=report["guarantee"],
-                   report="privacy.json", finite_guarantee=report["private"] and finite_epsilon(report.get("epsilon")))
+    if (folder.path / "private" / "checkpoint.pt").is_file():  # not written by subsample_aggregate and ssp
+        folder.private("checkpoint.pt", why["private/checkpoint.pt"])
+    write_model_files(folder, plan, cfg, model=result.model, data=data, report=report,
+                      model_config=OmegaConf.to_container(cfg.model, resolve=True))
+    write_metrics(folder, result.metrics, publishable_metrics(plan, result.metrics, report), why)
+    folder.private("tb/", why["private/tb/"])
+    if table is not None:
+        folder.write_text("coefficients.csv", table["frame"].to_csv(index=False, float_format="%.10g"),
+                          why["coefficients.csv"])
+    folder.record(write_data_diagnostics(folder.path, data))
+    folder.finish(guarantee=report["guarantee"], finite_guarantee=report["private"] and finite_epsilon(
+        report.get("epsilon")), report=Report("privacy.json", report, why["privacy.json, privacy.txt"],
+                                              text=format_report, listing=True))
     return report
 
 
-def _coefficients(plan: TrainingPlan, result: Any, report: dict, run_dir: Path) -> dict | None:
-    """coefficients.csv (publishable: a function of the released model or statistics only) and
-    the estimator's section of the report (dptrain.inference); None for a model that is not linear."""
+def _coefficients(plan: TrainingPlan, result: Any, report: dict) -> dict | None:
+    """The coefficient table (coefficients.csv: publishable, a function of the released model or
+    statistics only) and the estimator's section of the report (dptrain.inference); None for a
+    model that is not linear."""
     table = coefficient_section(plan, result, report)
     if table is None:
         logging.getLogger(__name__).info("no coefficient table: the model is not linear (one Linear layer) or the "
                                          "objective has no coefficient interpretation", extra={"console": False})
-    else:
-        atomic_write_text(run_dir / "coefficients.csv", table["frame"].to_csv(index=False, float_format="%.10g"))
     report["estimator"] = estimator_report(plan, result, report, table)
     if table is not None:  # the same table inside model.pt and privacy.json: load_model(run).coefficients()
         frame = table["frame"].astype(object).where(table["frame"].notna(), None)
@@ -97,8 +143,6 @@ def _coefficients(plan: TrainingPlan, result: Any, report: dict, run_dir: Path) 
         report.update(sampling="none: one release over all rows", clipping="rows clipped into the PUBLIC bounds "
                       "(features and target); L2 sensitivity of Z'Z given as max_grad_norm", noise=(
                           "Gaussian N(0, (sigma x sensitivity)^2) on each entry of the upper triangle of Z'Z"))
-    report["files"] = files_section(test_public=bool(plan.test_public), coefficients=table is not None,
-                          checkpoint=(run_dir / "private" / "checkpoint.pt").is_file(), covered=report["private"])
     return table
 
 

@@ -42,14 +42,8 @@ from dptrain.core.validation import ConfigError
 from dptrain.data.table import DataError, Schema, _numbers, detect_format, encode_features, read_table
 from dptrain.inference.coefficients import linear_layer
 from dptrain.models.objectives import build_objective
-from dptrain.runfolder.tracking import (  # noqa: F401
-    MODEL_FILENAME,
-    PRIVATE_DIR,
-    atomic_write_text,
-    finite_epsilon,
-    model_path_in,
-    write_manifest,
-)
+from dptrain.runfolder.folder import RunFolder
+from dptrain.runfolder.tracking import MODEL_FILENAME, finite_epsilon, model_path_in  # noqa: F401
 from dptrain.settings.predict import PredictDataConfig, PredictRunConfig, validate_predict, validate_predict_run
 from dptrain.training.checkpoint import CheckpointError, _build_module, _read_model_file, schema_from_dict
 
@@ -243,24 +237,24 @@ def file_columns(path: str, fmt: str, delimiter: str = ",") -> list[str]:
     return [str(n).strip() for n in names]
 
 
-def _manifest(run_dir: Path, *, model: TrainedModel, public: bool, origin: str) -> Path:
-    """FILES.txt of a predict run; returns where the predictions go."""
+def _write(folder: RunFolder, frame: pd.DataFrame, *, model: TrainedModel, public: bool, origin: str) -> Path:
+    """The predictions, publishable (``public``: the rows are declared public) or private, and
+    FILES.txt of a predict run; returns where the predictions went."""
     what = {"binary": "score = logit, probability of label 1, label 0/1",
             "multinomial": "p_<class> = the probability of each declared class, label = the most probable class",
             "linear": "prediction, in the target's original units"}.get(getattr(model.objective, "name", None),
                                                                         "the objective's prediction columns")
     what = f"one prediction per row of {origin} ({what}), computed from those rows"
-    target = run_dir / PREDICTIONS if public else run_dir / PRIVATE_DIR / PREDICTIONS
-    publishable = {"FILES.txt": "this list", ".hydra/": "the configuration (the command line)"}
-    private = {"private/dptrain.log": "the log"}
     if public:
-        publishable[PREDICTIONS] = what + ": the rows are declared public (data.public=true)"
+        target = folder.write_text(PREDICTIONS, frame.to_csv(index=False),
+                                   what + ": the rows are declared public (data.public=true)")
     else:
-        private[f"{PRIVATE_DIR}/{PREDICTIONS}"] = what + ": as private as those rows (data.public=false)"
+        target = folder.write_text(PREDICTIONS, frame.to_csv(index=False),
+                                   what + ": as private as those rows (data.public=false)", private=True)
     guarantee = (f"none for the rows scored: the predictions are a function of the rows in {origin}. The model "
                  f"({model.path}) protects its TRAINING rows only: {model.guarantee}")
     covered = public and bool(model.privacy.get("private")) and finite_epsilon(model.privacy.get("epsilon"))
-    write_manifest(run_dir, publishable=publishable, private=private, guarantee=guarantee, finite_guarantee=covered)
+    folder.finish(guarantee=guarantee, finite_guarantee=covered)
     return target
 
 
@@ -286,8 +280,7 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     wanted = [*model.schema.feature_columns, *[c for c in d.keep_columns if c not in model.schema.feature_columns]]
     df = read_table(d.path, fmt=d.format, columns=wanted, delimiter=d.delimiter, text_columns=model.schema.text_columns)
     frame = model.prediction_frame(df, keep=list(d.keep_columns), origin=origin)
-    target = _manifest(Path(run_dir), model=model, public=d.public, origin=origin)
-    atomic_write_text(target, frame.to_csv(index=False))
+    target = _write(RunFolder.of(run_dir), frame, model=model, public=d.public, origin=origin)
     log.info("scored the rows of %s with %s; predictions in %s (%s; FILES.txt says why)", origin, model.path,
              target, "publishable: data.public=true" if d.public else "PRIVATE: computed from the rows given")
     return 0.0

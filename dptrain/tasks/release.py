@@ -56,13 +56,13 @@ from dptrain.release.methods import (
 )
 from dptrain.release.mos import NOT_DP
 from dptrain.release.prepared import ReleaseRun
-from dptrain.runfolder.tracking import atomic_write_text, finite_epsilon, private_dir, write_json, write_manifest
+from dptrain.runfolder.folder import PRIVATE_DIR, Report, RunFolder
+from dptrain.runfolder.tracking import finite_epsilon
 from dptrain.settings.release import ReleaseRunConfig, resolved_domain, validate_release_run
 
 log = logging.getLogger(__name__)
 
 EVALUATION_DIR = "evaluation"
-LOG_FILE = {"private/dptrain.log": "the run's log (settings, warnings, timings)"}
 DIAGNOSTICS = "data_diagnostics.json"  # under private/: how many x / y values were clipped (PRIVATE counts)
 
 
@@ -232,17 +232,18 @@ def run_release(conf: ReleaseRunConfig, run_dir: Path, *, randomness: Randomness
                                        rng=run.randomness.numpy(f"release-{name}"), config=r)
             bar.update()
     say_if_nothing_released(results[r.method], r.method)
-    facts = write_release(run, method, results[r.method])
-    private_files, rmse = {**LOG_FILE, **write_diagnostics(run)}, float("nan")
+    folder = RunFolder.of(run.run_dir)
+    facts = write_release(folder, run, method, results[r.method])
+    write_diagnostics(folder, run)
+    rmse = float("nan")
     if evaluate:
-        eval_dir = private_dir(run.run_dir) / EVALUATION_DIR
+        eval_dir = folder.path / PRIVATE_DIR / EVALUATION_DIR
         files, rmse = write_evaluation(eval_dir, run, results)
-        private_files.update({f"private/{EVALUATION_DIR}/{p.name}": why for p, why in files.items()})
+        folder.record({f"{PRIVATE_DIR}/{EVALUATION_DIR}/{p.name}": why for p, why in files.items()})
         log.warning("private evaluation (exact values, every method) written to %s: never publish it", eval_dir)
     covered = method.has_guarantee and finite_epsilon((facts.get("total") or {}).get("epsilon"))
-    write_files_list(run, f"the released cells of method {r.method} (one row per listed cell)",
-                     "the facts of that release: method, neighbours, epsilon, delta, guarantee",
-                     private=private_files, guarantee=report.guarantee_line(facts), finite_guarantee=covered)
+    folder.finish(guarantee=report.guarantee_line(facts), finite_guarantee=covered, report=Report(
+        "release.json", facts, "the facts of that release: method, neighbours, epsilon, delta, guarantee"))
     log.info("release written: release.csv, release.json (%s%s)", total_epsilon_text(facts), facts["guarantee"])
     return rmse
 
@@ -280,36 +281,23 @@ HELPS = {
 }
 
 
-def write_diagnostics(run: ReleaseRun) -> dict[str, str]:
-    """private/data_diagnostics.json (PRIVATE counts); its FILES.txt entry."""
-    if not run.diagnostics:
-        return {}
-    write_json(private_dir(run.run_dir) / DIAGNOSTICS, run.diagnostics)
-    return {f"private/{DIAGNOSTICS}": "counts about the private rows (rows read and left out per rule, x / y values "
-            "outside release.domain)"}
+def write_diagnostics(folder: RunFolder, run: ReleaseRun) -> None:
+    """private/data_diagnostics.json (PRIVATE counts), when there are any."""
+    if run.diagnostics:
+        folder.write_json(DIAGNOSTICS, run.diagnostics, "counts about the private rows (rows read and left out per "
+                          "rule, x / y values outside release.domain)", private=True)
 
 
-def write_release(run: ReleaseRun, method: ReleaseMethod, result: MethodResult) -> dict:
-    """release.csv and release.json of the chosen method (its own output and facts)."""
+def write_release(folder: RunFolder, run: ReleaseRun, method: ReleaseMethod, result: MethodResult) -> dict:
+    """release.csv of the chosen method (its own output); returns release.json's facts (written
+    by the folder with FILES.txt: :meth:`~dptrain.runfolder.folder.RunFolder.finish`)."""
     name = run.conf.release.method
-    run.run_dir.mkdir(parents=True, exist_ok=True)
     facts = method.release_json(name, result, facts=run.facts())
     if run.conf.data.name != "atlas":  # a user's table: what its log, console and refusals do not cover
         facts["not_covered"] = [*facts.get("not_covered", []), LOG_AND_REFUSALS]
-    atomic_write_text(run.run_dir / "release.csv", method.published(run.est, result).to_csv(index=False))
-    write_json(run.run_dir / "release.json", facts)
+    folder.write_text("release.csv", method.published(run.est, result).to_csv(index=False),
+                      f"the released cells of method {name} (one row per listed cell)")
     return facts
-
-
-def write_files_list(run: ReleaseRun, csv_note: str, json_note: str, *, private: dict, guarantee: str,
-                     finite_guarantee: bool) -> None:
-    """FILES.txt: the publishable files at the top of the run folder, and the private ones
-    (``finite_guarantee`` False: a method without a guarantee, nothing publishable but the settings)."""
-    publishable = {"release.csv": csv_note, "release.json": json_note, "FILES.txt": "this list"}
-    if (run.run_dir / ".hydra").is_dir():
-        publishable[".hydra/"] = "the run's settings (no data values; check file paths before publishing)"
-    write_manifest(run.run_dir, publishable=publishable, private=private, guarantee=guarantee, report="release.json",
-                   finite_guarantee=finite_guarantee)
 
 
 def load_stat_fn(spec: str) -> Callable:
@@ -332,11 +320,10 @@ def run_custom(run: ReleaseRun) -> float:
     log.warning("release.statistic=custom (MOS): %s", NOT_DP)
     rel = release_custom(run.est.cells, load_stat_fn(r.stat_fn), epsilon=r.epsilon, neighbors=r.neighbors,
                          rng=run.randomness.numpy("release-mos-custom"))
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run.run_dir / "release.csv", rel.to_frame().to_csv(index=False))
-    facts = report.custom_json(rel, stat_fn=r.stat_fn, facts=run.facts())
-    write_json(run.run_dir / "release.json", facts)
-    write_files_list(run, "the released cells (MOS, custom statistic)", "its facts",
-                     private={**LOG_FILE, **write_diagnostics(run)}, guarantee=NOT_DP, finite_guarantee=False)
+    folder = RunFolder.of(run.run_dir)
+    folder.write_text("release.csv", rel.to_frame().to_csv(index=False), "the released cells (MOS, custom statistic)")
+    write_diagnostics(folder, run)
+    folder.finish(guarantee=NOT_DP, finite_guarantee=False, report=Report(
+        "release.json", report.custom_json(rel, stat_fn=r.stat_fn, facts=run.facts()), "its facts"))
     log.info("release written: release.csv, release.json (MOS, custom statistic %s)", r.stat_fn)
     return float("nan")

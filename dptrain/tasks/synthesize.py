@@ -22,7 +22,7 @@ from dptrain.release.synthesis.mst import mst
 from dptrain.release.synthesis.mwem import MWEMSettings, mwem
 from dptrain.release.tables.domain import decode_rows, domain_columns, row_codes
 from dptrain.release.tables.marginals import gaussian_rho
-from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json, write_manifest
+from dptrain.runfolder.folder import Report, RunFolder
 from dptrain.settings.synthesize import SynthesizeRunConfig, validate_synthesize
 
 log = logging.getLogger("dptrain.synthesize")
@@ -57,21 +57,15 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     n = int(max(fitted.total, 0))
     synth_codes = fitted.sample(n, secret.numpy("synthesize-sample"))
     frame = decode_rows(synth_codes, schema, bins=s.bins, rng=secret.numpy("synthesize-decode"))
-    atomic_write_text(run_dir / "synthetic.csv", frame.to_csv(index=False, float_format="%.6g"))
-    _write_data_config(conf, run_dir)
-    error = _evaluate(conf, run_dir, codes, synth_codes, sizes)
+    folder = RunFolder.of(run_dir)
+    folder.write_text("synthetic.csv", frame.to_csv(index=False, float_format="%.6g"),
+                      "the synthetic rows (covered by the guarantee)")
+    _write_data_config(conf, folder)
+    error = _evaluate(conf, folder, codes, synth_codes, sizes)
     report = _report(conf, rho, fitted, n, columns)
-    write_json(run_dir / "privacy.json", report)
-    atomic_write_text(run_dir / "privacy.txt", _text(report))
-    publishable = {"privacy.json, privacy.txt": "this report (the guarantee, the budget split; no count)",
-                   "synthetic.csv": "the synthetic rows (covered by the guarantee)", "FILES.txt": "this list",
-                   DATA_CONFIG: "a data config to train on synthetic.csv (the declared schema: public)",
-                   ".hydra/": "the configuration (no secret, no private value)"}
-    private = {"private/dptrain.log": "the log", **write_data_diagnostics(run_dir, data)}
-    if error is not None:
-        private["private/evaluation.json"] = "the synthetic file's marginal error against the real rows"
-    write_manifest(run_dir, publishable=publishable, private=private, guarantee=report["guarantee"],
-                   report="privacy.json", finite_guarantee=True)
+    folder.record(write_data_diagnostics(run_dir, data))
+    folder.finish(guarantee=report["guarantee"], finite_guarantee=True, report=Report(
+        "privacy.json", report, "this report (the guarantee, the budget split; no count)", text=_text))
     log.info("privacy: %s", report["guarantee"])
     log.info("synthetic: %d rows (a noisy count), %d columns (%s) -> %s/synthetic.csv", n, len(columns), s.method,
              run_dir)
@@ -83,14 +77,14 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
 DATA_CONFIG = "conf/data/synthetic_release.yaml"
 
 
-def _write_data_config(conf: SynthesizeRunConfig, run_dir: Path) -> None:
+def _write_data_config(conf: SynthesizeRunConfig, folder: RunFolder) -> None:
     """RUN/conf/data/synthetic_release.yaml: data=table on synthetic.csv with the input's declared
     schema (public), so that any dptrain model trains on it:
     ``python -m dptrain --config-dir RUN/conf experiment=logit data=synthetic_release``. Its
     split is a hash split of the synthetic rows (no real test row is in the file)."""
     d = declaration(conf.data)
     body = {"defaults": ["/schema/data/table@_here_", "_self_"], "name": "table",
-            "path": str((run_dir / "synthetic.csv").resolve()), "target": d["target"], "positive": d["positive"],
+            "path": str((folder.path / "synthetic.csv").resolve()), "target": d["target"], "positive": d["positive"],
             "negative": d["negative"],
             "classes": d["classes"], "numeric": d["numeric"], "categorical": d["categorical"]}
     if d["target_bounds"] is not None:
@@ -98,8 +92,8 @@ def _write_data_config(conf: SynthesizeRunConfig, run_dir: Path) -> None:
         body["target_bounds"] = {"lower": _get(bounds, "lower"), "upper": _get(bounds, "upper")}
     header = ("# data=table on this run's synthetic.csv, with the declared schema of the data it was made from:\n"
               "# python -m dptrain --config-dir <this run>/conf experiment=logit data=synthetic_release\n")
-    (run_dir / "conf" / "data").mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / DATA_CONFIG, header + OmegaConf.to_yaml(OmegaConf.create(body)))
+    folder.write_text(DATA_CONFIG, header + OmegaConf.to_yaml(OmegaConf.create(body)),
+                      "a data config to train on synthetic.csv (the declared schema: public)")
 
 
 def _get(obj: Any, name: str) -> Any:
@@ -118,7 +112,7 @@ def marginal_l1(a: np.ndarray, b: np.ndarray, cols: tuple[int, ...], sizes: list
     return float(np.abs(ca / max(ca.sum(), 1) - cb / max(cb.sum(), 1)).sum())
 
 
-def _evaluate(conf: SynthesizeRunConfig, run_dir: Path, real: np.ndarray, synth: np.ndarray,
+def _evaluate(conf: SynthesizeRunConfig, folder: RunFolder, real: np.ndarray, synth: np.ndarray,
               sizes: list[int]) -> float | None:
     """private/evaluation.json for public or simulated data (data=adult, synthetic) only: the
     average L1 distance over every 2-way and every 3-way marginal."""
@@ -128,7 +122,8 @@ def _evaluate(conf: SynthesizeRunConfig, run_dir: Path, real: np.ndarray, synth:
     for k in (2, 3):
         errs = [marginal_l1(real, synth, c, sizes) for c in itertools.combinations(range(len(sizes)), k)]
         out[f"mean_l1_{k}way"] = float(np.mean(errs))
-    write_json(private_dir(run_dir) / "evaluation.json", {**out, "note": "against the real rows: private"})
+    folder.write_json("evaluation.json", {**out, "note": "against the real rows: private"},
+                      "the synthetic file's marginal error against the real rows", private=True)
     return float((out["mean_l1_2way"] + out["mean_l1_3way"]) / 2.0)
 
 

@@ -32,7 +32,7 @@ from dptrain.release.tables.marginals import (
     stability_histogram,
     workload,
 )
-from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json, write_manifest
+from dptrain.runfolder.folder import Report, RunFolder
 from dptrain.settings.tabulate import MAX_CELLS, TabulateRunConfig, validate_tabulate
 
 log = logging.getLogger("dptrain.tabulate")
@@ -71,19 +71,14 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     marginals = [Marginal(s, t, noise_variance(w, mechanism=plan["mechanism"], budget=plan["budget"]))
                  for s, t, w in zip(sets, noisy, plan["shares"])]
     released = consistent_tables(marginals, sizes) if conf.tabulate.consistent else noisy
-    files = _write_tables(run_dir, sets, released, columns)
-    error = _evaluate(conf, run_dir, sets, released, exact)
+    folder = RunFolder.of(run_dir)
+    folder.publishable("tables/", "the released marginals (covered by the guarantee)")
+    files = _write_tables(folder, sets, released, columns)
+    error = _evaluate(conf, folder, sets, released, exact)
     report = _report(conf, plan, sets, cells, columns, files)
-    write_json(run_dir / "privacy.json", report)
-    atomic_write_text(run_dir / "privacy.txt", _text(report))
-    publishable = {"privacy.json, privacy.txt": "this report (the guarantee, the budget split; no count)",
-                   "tables/": "the released marginals (covered by the guarantee)", "FILES.txt": "this list",
-                   ".hydra/": "the configuration (no secret, no private value)"}
-    private = {"private/dptrain.log": "the log", **write_data_diagnostics(run_dir, data)}
-    if error is not None:
-        private["private/evaluation.json"] = "the released tables' error against the exact counts"
-    write_manifest(run_dir, publishable=publishable, private=private, guarantee=report["guarantee"],
-                   report="privacy.json", finite_guarantee=True)
+    folder.record(write_data_diagnostics(run_dir, data))
+    folder.finish(guarantee=report["guarantee"], finite_guarantee=True, report=Report(
+        "privacy.json", report, "this report (the guarantee, the budget split; no count)", text=_text))
     log.info("privacy: %s", report["guarantee"])
     log.info("tables: %d marginals, %d cells, total %d (a noisy count) -> %s/tables/", len(sets), sum(cells),
              int(released[0].sum()), run_dir)
@@ -100,7 +95,8 @@ def _run_sparse(conf: TabulateRunConfig, run_dir: Path, schema: Any, columns: li
     data = load_dataset(conf.data, seed=conf.seed)
     codes = row_codes(np.concatenate([data.x_train.numpy(), data.x_test.numpy()]),
                       np.concatenate([data.y_train.numpy(), data.y_test.numpy()]), schema, bins=conf.tabulate.bins)
-    files = []
+    folder, files = RunFolder.of(run_dir), []
+    folder.publishable("tables/", "the listed cells and their noisy counts (covered by the guarantee)")
     for cols, share in zip(sets, shares):
         shape = [sizes[c] for c in cols]
         ids, noisy = stability_histogram(np.ravel_multi_index(codes[:, list(cols)].T, shape),
@@ -109,10 +105,8 @@ def _run_sparse(conf: TabulateRunConfig, run_dir: Path, schema: Any, columns: li
         frame = pd.DataFrame({columns[c].name: np.asarray(columns[c].levels, dtype=object)[lv]
                               for c, lv in zip(cols, levels)})
         frame["count"] = noisy
-        name = f"tables/{table_name(cols, columns)}.csv"
-        (run_dir / "tables").mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run_dir / name, frame.to_csv(index=False))
-        files.append(name)
+        files.append(f"tables/{table_name(cols, columns)}.csv")
+        folder.write_text(files[-1], frame.to_csv(index=False))
     guarantee = (f"({p.epsilon:g}, {p.delta:g})-DP: the stability-based histogram on each of {len(sets)} marginals "
                  f"(discrete Laplace at epsilon {p.epsilon / len(sets):.4g} each, a one-row cell listed with "
                  f"probability <= {p.delta / len(sets):.3g}); neighbours: {NEIGHBOURS}; for every file under tables/")
@@ -123,13 +117,9 @@ def _run_sparse(conf: TabulateRunConfig, run_dir: Path, schema: Any, columns: li
                              "delta": p.delta / len(sets)} for s, w in zip(sets, shares)],
               "post_processing": "none: only the listed cells, their noisy counts", "files": files,
               "not_covered": NOT_COVERED}
-    write_json(run_dir / "privacy.json", report)
-    atomic_write_text(run_dir / "privacy.txt", json.dumps(report, indent=2) + "\n")
-    write_manifest(run_dir, publishable={"privacy.json, privacy.txt": "this report", "tables/": "the listed cells "
-                                         "and their noisy counts (covered by the guarantee)", "FILES.txt": "this list",
-                                         ".hydra/": "the configuration"},
-                   private={"private/dptrain.log": "the log", **write_data_diagnostics(run_dir, data)},
-                   guarantee=guarantee, report="privacy.json", finite_guarantee=True)
+    folder.record(write_data_diagnostics(run_dir, data))
+    folder.finish(guarantee=guarantee, finite_guarantee=True, report=Report(
+        "privacy.json", report, "this report", text=lambda body: json.dumps(body, indent=2) + "\n"))
     log.info("privacy: %s", guarantee)
     return float("nan")
 
@@ -174,21 +164,19 @@ def table_name(cols: tuple[int, ...], columns: list[Column]) -> str:
     return "__".join(columns[c].name for c in cols)
 
 
-def _write_tables(run_dir: Path, sets: list[tuple[int, ...]], tables: list[np.ndarray],
+def _write_tables(folder: RunFolder, sets: list[tuple[int, ...]], tables: list[np.ndarray],
                   columns: list[Column]) -> list[str]:
-    """tables/<a>__<b>.csv: one row per cell (the columns' level labels, then ``count``)."""
+    """tables/<a>__<b>.csv (placed): one row per cell (the columns' level labels, then ``count``)."""
     out = []
     for cols, table in zip(sets, tables):
         index = pd.MultiIndex.from_product([columns[c].levels for c in cols], names=[columns[c].name for c in cols])
         frame = pd.DataFrame({"count": np.asarray(table).reshape(-1)}, index=index).reset_index()
-        name = f"tables/{table_name(cols, columns)}.csv"
-        (run_dir / "tables").mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run_dir / name, frame.to_csv(index=False))
-        out.append(name)
+        out.append(f"tables/{table_name(cols, columns)}.csv")
+        folder.write_text(out[-1], frame.to_csv(index=False))
     return out
 
 
-def _evaluate(conf: TabulateRunConfig, run_dir: Path, sets: list[tuple[int, ...]], released: list[np.ndarray],
+def _evaluate(conf: TabulateRunConfig, folder: RunFolder, sets: list[tuple[int, ...]], released: list[np.ndarray],
               exact: list[np.ndarray]) -> float | None:
     """private/evaluation.json for public or simulated data only (data=adult, synthetic): per
     marginal the mean absolute error per cell and the L1 error over the total."""
@@ -196,8 +184,8 @@ def _evaluate(conf: TabulateRunConfig, run_dir: Path, sets: list[tuple[int, ...]
         return None
     rows = [{"marginal": list(s), "mean_abs_error_per_cell": float(np.mean(np.abs(r - e))),
              "l1_over_n": float(np.abs(r - e).sum() / max(e.sum(), 1))} for s, r, e in zip(sets, released, exact)]
-    write_json(private_dir(run_dir) / "evaluation.json", {"marginals": rows, "note": "exact counts compared: "
-                                                           "private (never publish)"})
+    folder.write_json("evaluation.json", {"marginals": rows, "note": "exact counts compared: private (never publish)"},
+                      "the released tables' error against the exact counts", private=True)
     return float(np.mean([r["mean_abs_error_per_cell"] for r in rows]))
 
 

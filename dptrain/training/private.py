@@ -317,8 +317,7 @@ def training_report(run: PrivateTraining, *, data_source: str, seed: int | None)
     names = list(dict.fromkeys([*(a.name for a in REPORTED), run.config.accountant]))
     epsilons = {name: run.accountant.get_epsilon(delta=m.delta, accountant=name) for name in names}
     report = build_report(mechanism=record, epsilons=epsilons, accountant=run.config.accountant,
-                          seed=seed, data_source=data_source, test_public=False)
-    report.pop("files", None)  # no run folder
+                          seed=seed, data_source=data_source)
     return report
 
 
