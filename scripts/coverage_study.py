@@ -39,7 +39,9 @@ import pandas as pd  # noqa: E402
 import statsmodels.api as sm  # noqa: E402
 import torch  # noqa: E402
 
-from dptrain.data.table import Dataset, encode_features, schema_from_config  # noqa: E402
+from dptrain.data.dataset import Dataset  # noqa: E402
+from dptrain.data.encoding import encode_features  # noqa: E402
+from dptrain.data.schema import schema_from_config  # noqa: E402
 from dptrain.inference.coefficients import encoder_from_schema, model_coefficients, term_labels  # noqa: E402
 from dptrain.inference.intervals import aggregate_parts  # noqa: E402
 from dptrain.inference.ssp import calibrate, ssp_estimate  # noqa: E402

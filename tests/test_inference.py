@@ -22,7 +22,8 @@ from scipy import stats
 
 import dptrain.tasks.cli  # noqa: F401  (registers the config schema)
 from dptrain.core.validation import ConfigError
-from dptrain.data.table import encode_features, schema_from_config
+from dptrain.data.encoding import encode_features
+from dptrain.data.schema import schema_from_config
 from dptrain.inference.coefficients import (
     coefficient_map,
     coefficients,

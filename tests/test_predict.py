@@ -173,12 +173,12 @@ def test_parquet_and_semicolon_files_score_like_the_api(logit_run, new_rows, tmp
 
 
 def test_refusals_come_before_any_row_is_read(logit_run, new_rows, tmp_path, capsys, monkeypatch):
-    import dptrain.data.table as table
+    import dptrain.tasks.predict as predict
 
     def no_rows(*args, **kwargs):
         raise AssertionError("a row was read")
 
-    monkeypatch.setattr(table, "read_table", no_rows)
+    monkeypatch.setattr(predict, "read_table", no_rows)
     lacking = tmp_path / "lacking.csv"
     pd.read_csv(new_rows).drop(columns=["age", "workclass"]).to_csv(lacking, index=False)
     cases = [

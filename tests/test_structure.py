@@ -147,7 +147,7 @@ def test_no_process_holds_private_rows_beside_the_run():
 #: only some runs need it: {dptrain module: {library}}. No dptrain module is ever imported there.
 LAZY_THIRD_PARTY = {
     "dptrain.data.parquet": {"pyarrow.parquet"},  # Parquet input only
-    "dptrain.data.table": {"pyarrow.parquet"},
+    "dptrain.data.reading": {"pyarrow.parquet"},
     "dptrain.data.atlas": {"scipy.special"},  # data=atlas only
     "dptrain.models.baselines": {"sklearn.linear_model", "threadpoolctl"},  # trainer.baseline=true only
     "dptrain.privacy.accounting": {"dp_accounting"},  # an uncached accounting only (privacy/cache.py)

@@ -1,7 +1,7 @@
 """Coefficient tables on the ORIGINAL scale of the data, from one fitted linear model.
 
 A linear model (one ``nn.Linear(d, K)``) sees the features encoded with the PUBLIC schema
-(:mod:`dptrain.data.table`): numeric column ``x`` as ``z = (t(x) - t(lower)) / (t(upper) -
+(:mod:`dptrain.data.encoding`): numeric column ``x`` as ``z = (t(x) - t(lower)) / (t(upper) -
 t(lower))`` (``t`` the identity, or ``log1p`` with ``transform: log1p``), categorical columns
 one-hot over the declared levels plus an ``<other>`` slot, no reference level. The table maps
 the fitted (bias, weights) to an identified parametrisation a statistician reads:
@@ -65,7 +65,7 @@ class CoefficientEncoder:
 
 def encoder_from_schema(schema: object, *, kind: str = "binary", target_scale: Sequence[float] | None = None,
                         classes: Sequence[str] | None = None) -> CoefficientEncoder:
-    """The :class:`CoefficientEncoder` of a :class:`dptrain.data.table.Schema`; a linear
+    """The :class:`CoefficientEncoder` of a :class:`dptrain.data.schema.Schema`; a linear
     regression's target scale and a multinomial's classes default to the schema's declared
     ``target_bounds`` and ``classes``."""
     if kind not in KINDS:

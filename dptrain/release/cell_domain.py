@@ -35,28 +35,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dptrain.data.labels import cell_label
 from dptrain.release.cells import ReleaseError
 from dptrain.release.noise import add_noise
 
 MAX_DECLARED_CELLS = 50_000_000
-
-
-def cell_label(v: Any) -> str | None:
-    """A cell value as the stripped string it is compared with (1.0 -> "1"); None for missing."""
-    if v is None or v is pd.NA or v is pd.NaT:
-        return None
-    if isinstance(v, (bool, np.bool_)):
-        return str(bool(v))
-    if isinstance(v, (float, np.floating)):
-        f = float(v)
-        if math.isnan(f):
-            return None
-        return str(int(f)) if f.is_integer() else repr(f)
-    if isinstance(v, (int, np.integer)):
-        return str(int(v))
-    if isinstance(v, bytes):
-        v = v.decode("utf-8", errors="replace")
-    return str(v).strip()
 
 
 def _label_column(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:

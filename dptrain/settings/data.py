@@ -17,7 +17,7 @@ from dptrain.core.validation import (
     setting,
 )
 from dptrain.data import schema_from_config
-from dptrain.data.table import delimiter_char
+from dptrain.data.reading import delimiter_char
 
 TEST_PUBLIC_HELP = ("true only when the test rows are PUBLIC data (a published benchmark split, generated data): "
                     "then test metrics are publishable (metrics.json); otherwise they stay in private/")

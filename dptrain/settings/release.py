@@ -26,6 +26,7 @@ from dptrain.core.validation import finite_positive as _finite_positive
 from dptrain.core.validation import integer as _integer
 from dptrain.core.validation import is_real as _is_real
 from dptrain.core.validation import one_of as _one_of
+from dptrain.data.schema import number_format
 from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, TASKS_ALLOWED, check_common, check_noise_seed_file
 from dptrain.settings.data import check_delimiter, check_source
 
@@ -338,6 +339,7 @@ def check_release_data(d: Any) -> None:
         return
     one_of("data.format", getattr(d, "format", "auto"), ("auto", "csv", "parquet", "dta"))
     check_delimiter(getattr(d, "delimiter", ","))
+    number_format(d)  # data.thousands / data.decimal: x and y written with separators
     one_of("data.nonfinite", getattr(d, "nonfinite", "error"), ("error", "drop"))
 
 

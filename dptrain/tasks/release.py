@@ -30,7 +30,8 @@ from tqdm import tqdm
 
 from dptrain.data import read_table
 from dptrain.data.atlas import design_cells, simulate_atlas, simulate_figure2
-from dptrain.data.rules import CHECK_HINT
+from dptrain.data.rules import CHECK_HINT, parse_numbers
+from dptrain.data.schema import number_format
 from dptrain.privacy.randomness import Randomness, data_digest, settings_digest
 from dptrain.privacy.report import LOG_AND_REFUSALS
 from dptrain.release import report
@@ -106,8 +107,14 @@ def load_rows(conf: ReleaseRunConfig) -> tuple[pd.DataFrame, pd.DataFrame | None
         source = f"simulated Atlas-like cells (generator={d.generator}, seed={conf.seed})"
         return rows, truth, source, design_cells(truth)
 
-    return (read_table(d.path, fmt=d.format, delimiter=getattr(d, "delimiter", ",")), None, f"table {d.path}",
-            None)
+    r = conf.release
+    thousands, decimal = number_format(d)  # numbers written with separators: x and y read as text, then parsed
+    text = None if thousands is None and decimal == "." else [r.x, r.y]
+    df = read_table(d.path, fmt=d.format, delimiter=d.delimiter, text_columns=text,
+                    required=[("release.x", r.x), ("release.y", r.y), *(("release.cells", c) for c in r.cells)])
+    for col in text or ():
+        df[col] = parse_numbers(df[col].astype(object), thousands=thousands, decimal=decimal)[0]
+    return df, None, f"table {d.path}", None
 
 
 def clipped_counts(df: pd.DataFrame, conf: ReleaseRunConfig, domain: Domain) -> dict[str, dict[str, int]]:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
+from dptrain.core.validation import field_of
 from dptrain.data import declaration, load_dataset, write_data_diagnostics
 from dptrain.data import schema_from_config as data_schema
 from dptrain.privacy.accounting import history_epsilon
@@ -89,15 +90,11 @@ def _write_data_config(conf: SynthesizeRunConfig, folder: RunFolder) -> None:
             "classes": d["classes"], "numeric": d["numeric"], "categorical": d["categorical"]}
     if d["target_bounds"] is not None:
         bounds = d["target_bounds"]
-        body["target_bounds"] = {"lower": _get(bounds, "lower"), "upper": _get(bounds, "upper")}
+        body["target_bounds"] = {"lower": field_of(bounds, "lower"), "upper": field_of(bounds, "upper")}
     header = ("# data=table on this run's synthetic.csv, with the declared schema of the data it was made from:\n"
               "# python -m dptrain --config-dir <this run>/conf experiment=logit data=synthetic_release\n")
     folder.write_text(DATA_CONFIG, header + OmegaConf.to_yaml(OmegaConf.create(body)),
                       "a data config to train on synthetic.csv (the declared schema: public)")
-
-
-def _get(obj: Any, name: str) -> Any:
-    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name)
 
 
 def _workload(d: int, order: int) -> list[tuple[int, ...]]:

@@ -278,7 +278,7 @@ def schema_to_dict(schema: Any) -> dict[str, Any]:
 
 
 def schema_from_dict(stored: dict[str, Any], path: Path) -> Any:
-    """The :class:`dptrain.data.table.Schema` a model file stores, checked again by the data
+    """The :class:`dptrain.data.schema.Schema` a model file stores, checked again by the data
     module's own parser; its feature names must be the ones the model was trained on."""
     try:
         schema = schema_from_config({
