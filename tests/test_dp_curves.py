@@ -25,10 +25,11 @@ from omegaconf import OmegaConf
 from scipy import stats
 
 import dptrain.training.fit
+from dptrain.core.dataspec import DataSpec
 from dptrain.core.validation import ConfigError
 from dptrain.data import load_dataset
 from dptrain.models.networks import logit, mlp
-from dptrain.models.objectives import BINARY, DataSpec, build_objective
+from dptrain.models.objectives import BINARY, build_objective
 from dptrain.privacy.accounting import calibrate_noise_multiplier, rdp_epsilon
 from dptrain.privacy.curves import TAG, bounded_loss_sum, joint_noise_multiplier
 from dptrain.privacy.dpsgd.engine import make_engine

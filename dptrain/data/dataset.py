@@ -19,12 +19,12 @@ import numpy as np
 import pandas as pd
 import torch
 
+from dptrain.core.dataspec import DataSpec
 from dptrain.data.encoding import EncodedRows, encode_rows
 from dptrain.data.files import DataError, check_header
 from dptrain.data.rules import CHECK_HINT, counts_line
 from dptrain.data.schema import Schema
 from dptrain.data.split import check_seed
-from dptrain.models.objectives import DataSpec
 
 log = logging.getLogger("dptrain.data")
 

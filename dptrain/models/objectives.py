@@ -40,13 +40,13 @@ uses it: train, tune, predict), plus, optionally, its config file (docs/extendin
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
+from dptrain.core.dataspec import DataSpec
 from dptrain.core.errors import DPTrainError
 from dptrain.core.registry import Registry
 from dptrain.models import baselines
@@ -61,23 +61,6 @@ _DECLARE = {
     "multiclass": "a multiclass target with its PUBLIC class list (data.classes=[A, B, C])",
     "continuous": "a continuous target with PUBLIC bounds (data.target_bounds={lower: L, upper: U})",
 }
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    """What a data set's rows look like, from its public schema: the number of input features
-    and the kind of target: "binary" (0/1 labels as float32), "multiclass" (int64 indices into
-    ``class_names``, the declared class list) or "continuous" (float32, scaled to [0, 1] by the
-    declared public ``target_bounds`` (lower, upper))."""
-
-    n_features: int
-    target_kind: str = "binary"
-    class_names: tuple[str, ...] = ()
-    target_bounds: tuple[float, float] | None = None
-
-    @property
-    def n_classes(self) -> int:
-        return len(self.class_names) if self.target_kind == "multiclass" else (2 if self.target_kind == "binary" else 0)
 
 
 def _refuse_kind(objective: str, spec: DataSpec, needed: str) -> None:

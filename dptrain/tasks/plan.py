@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from dptrain.data import public_schema
+from dptrain.data import data_source
 from dptrain.inference.newton_run import INTERVALS
 from dptrain.models.objectives import build_objective
 from dptrain.privacy.budget import Budget
@@ -48,8 +48,8 @@ def budget_of(conf: Config) -> Budget:
 def training_plan(conf: Config, *, extra_features: int = 0, task: str | None = None) -> TrainingPlan:
     """The :class:`TrainingPlan` of a checked training configuration (module docstring);
     ``extra_features``: columns the task adds to the public schema's (the audit's canaries)."""
-    schema = public_schema(conf.data)
-    spec = schema.data_spec(extra_features=extra_features)
+    data = data_source(conf.data)
+    spec = data.schema.data_spec(extra_features=extra_features)
     objective = build_objective(conf.objective.name)
     objective.check_data(spec)
     loop = Loop(**{f.name: getattr(conf.trainer, f.name) for f in dataclasses.fields(Loop)})
@@ -57,5 +57,5 @@ def training_plan(conf: Config, *, extra_features: int = 0, task: str | None = N
     return TrainingPlan(seed=int(conf.seed), loop=loop, budget=budget_of(conf),
                         max_grad_norm=float(conf.privacy.max_grad_norm), model=_plain(conf.model),
                         optim=_plain(conf.optim), objective=objective, objective_name=conf.objective.name,
-                        schema=schema, spec=spec, estimator=estimator, test_public=bool(conf.data.test_public),
-                        data_name=str(conf.data.name), task=task or str(conf.task))
+                        data=data, spec=spec, estimator=estimator, test_public=bool(conf.data.test_public),
+                        task=task or str(conf.task))

@@ -35,7 +35,8 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     randomness = randomness_for(conf, cfg, run_dir=run_dir)
     build_model(plan)
     dist_ctx, run_dir = _join_processes(plan, run_dir)  # before the data: a sharded read sums N over the ranks
-    data = load_training_data(conf, dist=dist_ctx)  # this rank's shard of a partitioned Parquet set, or all rows
+    data = load_training_data(plan.data, seed=plan.seed, dist=dist_ctx, baseline=plan.loop.baseline,
+                              estimator=plan.estimator.name)  # this rank's shard of a partitioned Parquet set, or all
     randomness = bound_to_rows(randomness, data, dist=dist_ctx)
     delta = validate_against_size(conf, data.n_train)
     check_estimator_size(plan, data.n_train)

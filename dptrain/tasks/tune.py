@@ -325,7 +325,7 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     plan = training_plan(conf)
     check_scorable(plan.objective)
     build_model(plan)
-    data = load_dataset(conf.data, seed=conf.seed)
+    data = load_dataset(plan.data, seed=plan.seed)
     randomness = bound_to_rows(randomness, data)
     delta = validate_against_size(conf, data.n_train)
     mask = validation_mask(data.x_train, data.y_train, fraction=conf.tune.validation_fraction, seed=conf.seed)

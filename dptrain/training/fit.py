@@ -23,11 +23,11 @@ from omegaconf import OmegaConf
 from torch import nn
 from tqdm import tqdm
 
+from dptrain.core.dataspec import DataSpec
 from dptrain.core.device import describe, resolve_device
 from dptrain.core.validation import ConfigError
 from dptrain.data import Dataset
 from dptrain.data.shards import SHARDED_NOTE, baseline_data
-from dptrain.models.objectives import DataSpec
 from dptrain.models.optimizers import build_optimizer
 from dptrain.privacy.accounting import DEFAULT, RDP, REPORTED, PrivacyLedger, accountant_named
 from dptrain.privacy.budget import Budget

@@ -9,8 +9,9 @@ object:
   checkpoints, device, averaging, the dp/ curve's share and bound);
 * :class:`dptrain.privacy.budget.Budget`: the privacy budget and its shares;
 * the model's and the optimiser's builders (plain ``_target_`` mappings for Hydra's
-  ``instantiate``), the objective (checked against the data's public description), the public
-  schema and data description, the estimator's numbers.
+  ``instantiate``), the objective (checked against the data's public description), the data
+  source (:class:`dptrain.data.DataSource`: its public schema and how to read it) and its
+  description, the estimator's numbers.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dptrain.core.dataspec import DataSpec
 from dptrain.data.schema import Schema
-from dptrain.models.objectives import DataSpec
+from dptrain.data.source import DataSource
 from dptrain.privacy.budget import Budget
 
 __all__ = ["EstimatorSpec", "Loop", "TrainingPlan"]
@@ -67,8 +69,9 @@ class EstimatorSpec:
 class TrainingPlan:
     """One training run as values (module docstring). ``objective`` is the objective object,
     already checked against ``spec`` (it keeps the declared classes or target bounds);
-    ``objective_name`` its registered name; ``data_name`` the data source (adult, table, synthetic);
-    ``test_public``: the test rows are public data."""
+    ``objective_name`` its registered name; ``data`` the data source (its public schema and how
+    to read it); ``spec`` the data's public description; ``test_public``: the test rows are public
+    data."""
 
     seed: int
     loop: Loop
@@ -78,12 +81,21 @@ class TrainingPlan:
     optim: Mapping[str, Any]
     objective: Any
     objective_name: str
-    schema: Schema
+    data: DataSource
     spec: DataSpec
     estimator: EstimatorSpec = field(default_factory=EstimatorSpec)
     test_public: bool = False
-    data_name: str = "table"
     task: str = "train"
+
+    @property
+    def schema(self) -> Schema:
+        """The data's checked public schema."""
+        return self.data.schema
+
+    @property
+    def data_name(self) -> str:
+        """The data source: adult, table or synthetic."""
+        return self.data.name
 
     @property
     def private(self) -> bool:
