@@ -23,8 +23,8 @@ from omegaconf import OmegaConf
 from dptrain.core.errors import DPTrainError
 from dptrain.core.validation import ConfigError
 from dptrain.data import DataError, load_dataset, read_table, write_data_diagnostics
-from dptrain.inference.newton_run import INTERVALS
 from dptrain.inference.run import warn_large_epsilon
+from dptrain.privacy.budget import INTERVALS
 from dptrain.privacy.report import summary_lines
 from dptrain.release.api import fit_cells
 from dptrain.settings.data import DataConfig, NumericColumn

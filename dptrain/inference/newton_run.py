@@ -38,6 +38,7 @@ from dptrain.inference.newton import (
     reduced_to_terms,
     term_intervals,
 )
+from dptrain.privacy.budget import INTERVALS
 from dptrain.privacy.events import gaussian_event
 from dptrain.privacy.newton import (
     noise_sds,
@@ -49,7 +50,7 @@ from dptrain.privacy.randomness import Randomness
 from dptrain.training.fit import bound_to_rows, mechanism_for
 from dptrain.training.plan import TrainingPlan
 
-__all__ = ["EXACT_METHOD", "INTERVALS", "IntervalPlan", "NEWTON_METHOD", "exact_refit", "newton_refit",
+__all__ = ["EXACT_METHOD", "IntervalPlan", "NEWTON_METHOD", "exact_refit", "newton_refit",
            "plan_release", "refine_plan", "term_table"]
 
 log = logging.getLogger("dptrain.inference.run")
@@ -82,10 +83,6 @@ class IntervalPlan:
     noise_multiplier: float | None = None
     claimable: int = 0
     terms: int = 0
-
-
-#: the name of the interval release's share in the run's :class:`dptrain.privacy.budget.Budget`
-INTERVALS = "coefficient intervals"
 
 
 def _claimable(plan: TrainingPlan, n: int, sigma: float, outcome: tuple[float, float] | None = None) -> tuple[int, int]:

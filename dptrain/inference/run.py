@@ -35,7 +35,6 @@ from dptrain.inference.coefficients import (
 from dptrain.inference.intervals import aggregate_parts, coefficient_frame, format_table
 from dptrain.inference.newton_run import (
     EXACT_METHOD,
-    INTERVALS,
     NEWTON_METHOD,
     exact_refit,
     newton_refit,
@@ -46,6 +45,7 @@ from dptrain.inference.ssp import ssp_config_check
 from dptrain.inference.ssp_run import run_ssp
 from dptrain.inference.subsample import fit_parts, part_mechanism
 from dptrain.privacy.accounting import RDP, history_epsilon
+from dptrain.privacy.budget import INTERVALS
 from dptrain.privacy.newton import BOUNDS
 from dptrain.privacy.report import delta_total_clause
 from dptrain.settings.inference import MAX_PARTS

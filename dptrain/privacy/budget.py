@@ -4,8 +4,9 @@ The command line turns ``privacy.*`` (and the shares other settings ask for: the
 table's ``estimator.interval_share``) into a :class:`Budget` once, at the task's door; every layer
 below reads the budget, never the settings. It is the one place the run's target is split:
 
-* :meth:`Budget.dpsgd` is DP-SGD's part: the target times ``1 - sum of the other shares`` (the
-  dp/ curve takes its own share within DP-SGD's part: :mod:`dptrain.privacy.curves`);
+* :meth:`Budget.dpsgd` is DP-SGD's part: the target times ``1 - sum of the other shares``;
+  :meth:`Budget.gradients` the gradients' part of it when the dp/ curve takes its share of
+  DP-SGD's part (:mod:`dptrain.privacy.curves`);
 * :meth:`Budget.share` is a named share's fraction of the whole; :meth:`Budget.without` gives a
   share back to DP-SGD (a release the plan decides not to make);
 * :meth:`Budget.describe` is the console's line: the whole first, then the shares as shares of it.
@@ -21,7 +22,11 @@ from dataclasses import dataclass, replace
 
 from dptrain.privacy.accounting import DEFAULT, Accountant, accountant_named
 
-__all__ = ["Budget"]
+__all__ = ["INTERVALS", "Budget"]
+
+#: the share of a run's epsilon that the coefficient table's interval release takes
+#: (``estimator.interval_share``; the estimators' ``interval_share``)
+INTERVALS = "coefficient intervals"
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,12 @@ class Budget:
             return self
         target = None if self.target is None else self.target * (1.0 - self.others)
         return replace(self, target=target, shares=())
+
+    def gradients(self, curve: float = 0.0) -> float | None:
+        """The epsilon DP-SGD's gradients are calibrated to when the dp/ curve takes ``curve`` of
+        DP-SGD's part (:mod:`dptrain.privacy.curves`); None without a target."""
+        target = self.dpsgd.target
+        return None if target is None else target * (1.0 - curve)
 
     def without(self, *names: str) -> Budget:
         """The same budget with the named shares given back to DP-SGD."""

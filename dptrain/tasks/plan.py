@@ -17,9 +17,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from dptrain.data import data_source
-from dptrain.inference.newton_run import INTERVALS
 from dptrain.models.objectives import build_objective
-from dptrain.privacy.budget import Budget
+from dptrain.privacy.budget import INTERVALS, Budget
 from dptrain.settings.train import Config
 from dptrain.training.plan import EstimatorSpec, Loop, TrainingPlan
 

@@ -227,7 +227,7 @@ def _calibrate(privacy: Budget, *, q: float, steps: int, delta: float, curves: C
                quiet: bool = False) -> tuple[float, str | None]:
     """(sigma calibrated to the budget's target, advice). With a dp/ curve the gradients
     get (1 - s) of the target and the curve the rest (dptrain.privacy.curves)."""
-    target = privacy.target * (1.0 - curves.budget_share) if curves is not None else privacy.target
+    target = privacy.gradients(curves.budget_share if curves is not None else 0.0)
     try:
         sigma = calibrate_noise_multiplier(target_epsilon=target, sample_rate=q, steps=steps, delta=delta,
                                            accountant=privacy.accountant, rtol=privacy.rtol)
