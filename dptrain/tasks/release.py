@@ -57,7 +57,7 @@ from dptrain.release.methods import (
 from dptrain.release.mos import NOT_DP
 from dptrain.release.prepared import ReleaseRun
 from dptrain.runfolder.tracking import atomic_write_text, finite_epsilon, private_dir, write_json, write_manifest
-from dptrain.settings.release import ReleaseRunConfig, resolved_domain, validate_release_run
+from dptrain.settings.release import ReleaseRunConfig, release_spec, resolved_domain, validate_release_run
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def run_task(cfg: DictConfig, *, run_dir: Path) -> float:
     written. Returns the objective: the released method's RMSE in the private evaluation, or NaN."""
     conf = OmegaConf.to_object(cfg)
     validate_release_run(conf)
-    check_release_method(conf.release)
+    check_release_method(release_spec(conf.release))
     randomness = build_randomness(cfg, conf=conf, run_dir=run_dir)
     return run_release(conf, run_dir, randomness=randomness)
 
@@ -180,8 +180,8 @@ def prepare(conf: ReleaseRunConfig, run_dir: Path, randomness: Randomness) -> Re
     chi_group_labels(listed, list(r.chi_by))  # release.chi_by must name public columns of the cell list
     if conf.data.name != "atlas":  # a user's table: the rules' counts for the data holder (PRIVATE)
         log_counts(est.rows, clipped if r.clip else {})
-    return ReleaseRun(conf=conf, run_dir=run_dir, randomness=randomness, truth=truth, source=source, est=est,
-                      diagnostics={"clipped": clipped, "rows": est.rows})
+    return ReleaseRun(spec=release_spec(r), run_dir=run_dir, randomness=randomness, truth=truth, source=source,
+                      est=est, simulated=conf.data.name == "atlas", diagnostics={"clipped": clipped, "rows": est.rows})
 
 
 def log_counts(rows: dict, clipped: dict) -> None:
@@ -202,17 +202,17 @@ def log_counts(rows: dict, clipped: dict) -> None:
 
 def methods_to_run(conf: ReleaseRunConfig, evaluate: bool) -> list[str]:
     """The chosen method, then (for the private evaluation) every other evaluated method."""
-    r = conf.release
+    r = release_spec(conf.release)
     return [r.method] + ([n for n in evaluation_methods(r) if n != r.method] if evaluate else [])
 
 
 def run_release(conf: ReleaseRunConfig, run_dir: Path, *, randomness: Randomness) -> float:
     """Run one release. Returns the released method's RMSE against the reference (truth, else
     OLS) when the private evaluation ran, else NaN (nothing exact leaves the evaluation)."""
-    r = conf.release
     run = prepare(conf, Path(run_dir), randomness)
+    r = run.spec
     if r.statistic == "custom":
-        return run_custom(run)
+        return run_custom(run, conf.release.stat_fn)
     method = RELEASE_METHODS.get(r.method)
     log.info("release: method=%s, statistic=%s, release.epsilon=%g per released statistic (the total is on the "
              "last line); cells: %s", r.method, r.statistic, r.epsilon, run.est.listed.description)
@@ -291,10 +291,10 @@ def write_diagnostics(run: ReleaseRun) -> dict[str, str]:
 
 def write_release(run: ReleaseRun, method: ReleaseMethod, result: MethodResult) -> dict:
     """release.csv and release.json of the chosen method (its own output and facts)."""
-    name = run.conf.release.method
+    name = run.spec.method
     run.run_dir.mkdir(parents=True, exist_ok=True)
     facts = method.release_json(name, result, facts=run.facts())
-    if run.conf.data.name != "atlas":  # a user's table: what its log, console and refusals do not cover
+    if not run.simulated:  # a user's table: what its log, console and refusals do not cover
         facts["not_covered"] = [*facts.get("not_covered", []), LOG_AND_REFUSALS]
     atomic_write_text(run.run_dir / "release.csv", method.published(run.est, result).to_csv(index=False))
     write_json(run.run_dir / "release.json", facts)
@@ -322,21 +322,22 @@ def load_stat_fn(spec: str) -> Callable:
                            "'package.module:function' importable from the working directory") from None
 
 
-def run_custom(run: ReleaseRun) -> float:
-    """MOS for a user statistic by brute-force refits (no closed form, so no baselines)."""
-    r = run.conf.release
+def run_custom(run: ReleaseRun, stat_fn: str) -> float:
+    """MOS for a user statistic (``stat_fn``, package.module:function) by brute-force refits (no
+    closed form, so no baselines)."""
+    r = run.spec
     if r.chi_by:
         raise ReleaseError("release.chi_by is not supported with release.statistic=custom; allowed: []")
     if r.method != "mos":
         raise ReleaseError(f"release.method={r.method!r} is not allowed with release.statistic=custom: mos")
     log.warning("release.statistic=custom (MOS): %s", NOT_DP)
-    rel = release_custom(run.est.cells, load_stat_fn(r.stat_fn), epsilon=r.epsilon, neighbors=r.neighbors,
+    rel = release_custom(run.est.cells, load_stat_fn(stat_fn), epsilon=r.epsilon, neighbors=r.neighbors,
                          rng=run.randomness.numpy("release-mos-custom"))
     run.run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run.run_dir / "release.csv", rel.to_frame().to_csv(index=False))
-    facts = report.custom_json(rel, stat_fn=r.stat_fn, facts=run.facts())
+    facts = report.custom_json(rel, stat_fn=stat_fn, facts=run.facts())
     write_json(run.run_dir / "release.json", facts)
     write_files_list(run, "the released cells (MOS, custom statistic)", "its facts",
                      private={**LOG_FILE, **write_diagnostics(run)}, guarantee=NOT_DP, finite_guarantee=False)
-    log.info("release written: release.csv, release.json (MOS, custom statistic %s)", r.stat_fn)
+    log.info("release written: release.csv, release.json (MOS, custom statistic %s)", stat_fn)
     return float("nan")
