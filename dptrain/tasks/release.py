@@ -56,6 +56,7 @@ from dptrain.release.methods import (
 )
 from dptrain.release.mos import NOT_DP
 from dptrain.release.prepared import ReleaseRun
+from dptrain.release.spec import ReleaseSpec
 from dptrain.runfolder.tracking import atomic_write_text, finite_epsilon, private_dir, write_json, write_manifest
 from dptrain.settings.release import ReleaseRunConfig, release_spec, resolved_domain, validate_release_run
 
@@ -72,9 +73,10 @@ def run_task(cfg: DictConfig, *, run_dir: Path) -> float:
     written. Returns the objective: the released method's RMSE in the private evaluation, or NaN."""
     conf = OmegaConf.to_object(cfg)
     validate_release_run(conf)
-    check_release_method(release_spec(conf.release))
+    spec = release_spec(conf.release)  # the typed settings the release library reads, built once
+    check_release_method(spec)
     randomness = build_randomness(cfg, conf=conf, run_dir=run_dir)
-    return run_release(conf, run_dir, randomness=randomness)
+    return run_release(conf, spec, run_dir, randomness=randomness)
 
 
 def build_randomness(cfg: DictConfig, *, conf: ReleaseRunConfig, run_dir: Path) -> Randomness:
@@ -163,7 +165,7 @@ def list_cells(conf: ReleaseRunConfig, df: pd.DataFrame, design: pd.DataFrame | 
                        "or release.cell_selection=private")
 
 
-def prepare(conf: ReleaseRunConfig, run_dir: Path, randomness: Randomness) -> ReleaseRun:
+def prepare(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, randomness: Randomness) -> ReleaseRun:
     """The declaration (before any row is read), the rows, the listed cells and their estimates."""
     r = conf.release
     declared = declared_cells(conf)
@@ -180,7 +182,7 @@ def prepare(conf: ReleaseRunConfig, run_dir: Path, randomness: Randomness) -> Re
     chi_group_labels(listed, list(r.chi_by))  # release.chi_by must name public columns of the cell list
     if conf.data.name != "atlas":  # a user's table: the rules' counts for the data holder (PRIVATE)
         log_counts(est.rows, clipped if r.clip else {})
-    return ReleaseRun(spec=release_spec(r), run_dir=run_dir, randomness=randomness, truth=truth, source=source,
+    return ReleaseRun(spec=spec, run_dir=run_dir, randomness=randomness, truth=truth, source=source,
                       est=est, simulated=conf.data.name == "atlas", diagnostics={"clipped": clipped, "rows": est.rows})
 
 
@@ -200,16 +202,15 @@ def log_counts(rows: dict, clipped: dict) -> None:
         log.warning("%s", CHECK_HINT)
 
 
-def methods_to_run(conf: ReleaseRunConfig, evaluate: bool) -> list[str]:
+def methods_to_run(r: ReleaseSpec, evaluate: bool) -> list[str]:
     """The chosen method, then (for the private evaluation) every other evaluated method."""
-    r = release_spec(conf.release)
     return [r.method] + ([n for n in evaluation_methods(r) if n != r.method] if evaluate else [])
 
 
-def run_release(conf: ReleaseRunConfig, run_dir: Path, *, randomness: Randomness) -> float:
+def run_release(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, *, randomness: Randomness) -> float:
     """Run one release. Returns the released method's RMSE against the reference (truth, else
     OLS) when the private evaluation ran, else NaN (nothing exact leaves the evaluation)."""
-    run = prepare(conf, Path(run_dir), randomness)
+    run = prepare(conf, spec, Path(run_dir), randomness)
     r = run.spec
     if r.statistic == "custom":
         return run_custom(run, conf.release.stat_fn)
@@ -220,7 +221,7 @@ def run_release(conf: ReleaseRunConfig, run_dir: Path, *, randomness: Randomness
     if warning:
         log.warning("%s", warning)
     evaluate = private_evaluation_enabled(conf)
-    names = methods_to_run(conf, evaluate)
+    names = methods_to_run(r, evaluate)
     results = {}
     # the private evaluation runs every method (dp_sgd's per-cell DP-SGD alone takes ~35 s on 2,000 cells):
     # one progress line naming the method that runs (public: the registry's list, not the data's)
