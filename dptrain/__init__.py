@@ -13,7 +13,8 @@ The front door: ``import dptrain as dp`` gives the names a user needs, loaded wh
 * a run folder: :func:`verify` (its digests and that nothing unlisted lies outside private/),
   :func:`publish` (the export of exactly what the report covers);
 * the registries a plugin adds to: ``ACCOUNTANTS``, ``OBJECTIVES``, ``ENGINES``, ``ESTIMATORS``,
-  ``RELEASE_METHODS``, ``TASKS``;
+  ``RELEASE_METHODS`` (small-cell methods), ``ONE_SHOT`` (tables, TopDown, synthesis, ER-EE),
+  ``TASKS``;
 * :class:`DPTrainError`, the base of every refusal.
 
 Everything else keeps its module path (docs/api.md).
@@ -55,6 +56,7 @@ _FRONT_DOOR = {
     "OBJECTIVES": "dptrain.models.objectives",
     "ENGINES": "dptrain.privacy.dpsgd.engine",
     "RELEASE_METHODS": "dptrain.release.methods",
+    "ONE_SHOT": "dptrain.release.oneshot",
     "ESTIMATORS": "dptrain.inference.run",
     "TASKS": "dptrain.tasks.registry",
     "DPTrainError": "dptrain.core.errors",
@@ -72,6 +74,7 @@ __all__ = [
     "ENGINES",
     "ESTIMATORS",
     "OBJECTIVES",
+    "ONE_SHOT",
     "PublicBoundsScaler",
     "RELEASE_METHODS",
     "Squeeze",
@@ -108,6 +111,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see: the same names, importe
     from dptrain.privacy.dpsgd.layers import Squeeze
     from dptrain.release.api import fit_cells
     from dptrain.release.methods import RELEASE_METHODS
+    from dptrain.release.oneshot import ONE_SHOT
     from dptrain.runfolder.publish import publish
     from dptrain.runfolder.verify import verify_run as verify
     from dptrain.tasks.predict import load_model

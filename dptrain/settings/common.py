@@ -4,6 +4,7 @@ noise seed file's check."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from dptrain.core.validation import (
@@ -11,6 +12,7 @@ from dptrain.core.validation import (
     flag,
     integer,
     real,
+    setting,
 )
 from dptrain.settings.data import as_source, check_source
 
@@ -34,6 +36,18 @@ OVERWRITE_HELP = ("launch into a run folder that already holds files of another 
                   "killed run's leftovers) after emptying it: every file of the old run is removed first; false: "
                   "such a launch is refused, nothing written (use a new folder, or trainer.resume=auto to continue "
                   "a training run of the same settings)")
+
+
+@dataclass
+class ReleaseRunBase:
+    """The top-level settings of a release's config (task=release and the one-shot releases): each
+    task's schema subclasses it, giving ``task`` its name and ``seed`` its meaning, and adds its
+    own sections."""
+
+    task: str = setting("release", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
+    seed: int = setting(0, help="seeds simulated data; NEVER the noise", allowed="an integer >= 0")
+    plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)
+    overwrite: bool = setting(False, help=OVERWRITE_HELP, allowed="true | false")
 
 
 DATA_HELP = "the data source, a config group: data=adult | table | synthetic (| atlas for task=release)"

@@ -57,9 +57,10 @@ from dptrain.release.methods import (
 )
 from dptrain.release.mos import NOT_DP
 from dptrain.release.prepared import ReleaseRun
+from dptrain.release.spec import ReleaseSpec
 from dptrain.runfolder.folder import PRIVATE_DIR, Report, RunFolder
 from dptrain.runfolder.tracking import finite_epsilon
-from dptrain.settings.release import ReleaseRunConfig, resolved_domain, validate_release_run
+from dptrain.settings.release import ReleaseRunConfig, release_spec, resolved_domain, validate_release_run
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +74,10 @@ def run_task(cfg: DictConfig, *, run_dir: Path) -> float:
     written. Returns the objective: the released method's RMSE in the private evaluation, or NaN."""
     conf = OmegaConf.to_object(cfg)
     validate_release_run(conf)
-    check_release_method(conf.release)
+    spec = release_spec(conf.release)  # the typed settings the release library reads, built once
+    check_release_method(spec)
     randomness = build_randomness(cfg, conf=conf, run_dir=run_dir)
-    return run_release(conf, run_dir, randomness=randomness)
+    return run_release(conf, spec, run_dir, randomness=randomness)
 
 
 def build_randomness(cfg: DictConfig, *, conf: ReleaseRunConfig, run_dir: Path) -> Randomness:
@@ -170,7 +172,7 @@ def list_cells(conf: ReleaseRunConfig, df: pd.DataFrame, design: pd.DataFrame | 
                        "or release.cell_selection=private")
 
 
-def prepare(conf: ReleaseRunConfig, run_dir: Path, randomness: Randomness) -> ReleaseRun:
+def prepare(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, randomness: Randomness) -> ReleaseRun:
     """The declaration (before any row is read), the rows, the listed cells and their estimates."""
     r = conf.release
     declared = declared_cells(conf)
@@ -187,8 +189,8 @@ def prepare(conf: ReleaseRunConfig, run_dir: Path, randomness: Randomness) -> Re
     chi_group_labels(listed, list(r.chi_by))  # release.chi_by must name public columns of the cell list
     if conf.data.name != "atlas":  # a user's table: the rules' counts for the data holder (PRIVATE)
         log_counts(est.rows, clipped if r.clip else {})
-    return ReleaseRun(conf=conf, run_dir=run_dir, randomness=randomness, truth=truth, source=source, est=est,
-                      diagnostics={"clipped": clipped, "rows": est.rows})
+    return ReleaseRun(spec=spec, run_dir=run_dir, randomness=randomness, truth=truth, source=source,
+                      est=est, simulated=conf.data.name == "atlas", diagnostics={"clipped": clipped, "rows": est.rows})
 
 
 def log_counts(rows: dict, clipped: dict) -> None:
@@ -207,19 +209,18 @@ def log_counts(rows: dict, clipped: dict) -> None:
         log.warning("%s", CHECK_HINT)
 
 
-def methods_to_run(conf: ReleaseRunConfig, evaluate: bool) -> list[str]:
+def methods_to_run(r: ReleaseSpec, evaluate: bool) -> list[str]:
     """The chosen method, then (for the private evaluation) every other evaluated method."""
-    r = conf.release
     return [r.method] + ([n for n in evaluation_methods(r) if n != r.method] if evaluate else [])
 
 
-def run_release(conf: ReleaseRunConfig, run_dir: Path, *, randomness: Randomness) -> float:
+def run_release(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, *, randomness: Randomness) -> float:
     """Run one release. Returns the released method's RMSE against the reference (truth, else
     OLS) when the private evaluation ran, else NaN (nothing exact leaves the evaluation)."""
-    r = conf.release
-    run = prepare(conf, Path(run_dir), randomness)
+    run = prepare(conf, spec, Path(run_dir), randomness)
+    r = run.spec
     if r.statistic == "custom":
-        return run_custom(run)
+        return run_custom(run, conf.release.stat_fn)
     method = RELEASE_METHODS.get(r.method)
     log.info("release: method=%s, statistic=%s, release.epsilon=%g per released statistic (the total is on the "
              "last line); cells: %s", r.method, r.statistic, r.epsilon, run.est.listed.description)
@@ -227,7 +228,7 @@ def run_release(conf: ReleaseRunConfig, run_dir: Path, *, randomness: Randomness
     if warning:
         log.warning("%s", warning)
     evaluate = private_evaluation_enabled(conf)
-    names = methods_to_run(conf, evaluate)
+    names = methods_to_run(r, evaluate)
     results = {}
     # the private evaluation runs every method (dp_sgd's per-cell DP-SGD alone takes ~35 s on 2,000 cells):
     # one progress line naming the method that runs (public: the registry's list, not the data's)
@@ -298,9 +299,9 @@ def write_diagnostics(folder: RunFolder, run: ReleaseRun) -> None:
 def write_release(folder: RunFolder, run: ReleaseRun, method: ReleaseMethod, result: MethodResult) -> dict:
     """release.csv of the chosen method (its own output); returns release.json's facts (written
     by the folder with FILES.txt: :meth:`~dptrain.runfolder.folder.RunFolder.finish`)."""
-    name = run.conf.release.method
+    name = run.spec.method
     facts = method.release_json(name, result, facts=run.facts())
-    if run.conf.data.name != "atlas":  # a user's table: what its log, console and refusals do not cover
+    if not run.simulated:  # a user's table: what its log, console and refusals do not cover
         facts["not_covered"] = [*facts.get("not_covered", []), LOG_AND_REFUSALS]
     folder.write_text("release.csv", method.published(run.est, result).to_csv(index=False),
                       f"the released cells of method {name} (one row per listed cell)")
@@ -317,20 +318,21 @@ def load_stat_fn(spec: str) -> Callable:
                            "'package.module:function' importable from the working directory") from None
 
 
-def run_custom(run: ReleaseRun) -> float:
-    """MOS for a user statistic by brute-force refits (no closed form, so no baselines)."""
-    r = run.conf.release
+def run_custom(run: ReleaseRun, stat_fn: str) -> float:
+    """MOS for a user statistic (``stat_fn``, package.module:function) by brute-force refits (no
+    closed form, so no baselines)."""
+    r = run.spec
     if r.chi_by:
         raise ReleaseError("release.chi_by is not supported with release.statistic=custom; allowed: []")
     if r.method != "mos":
         raise ReleaseError(f"release.method={r.method!r} is not allowed with release.statistic=custom: mos")
     log.warning("release.statistic=custom (MOS): %s", NOT_DP)
-    rel = release_custom(run.est.cells, load_stat_fn(r.stat_fn), epsilon=r.epsilon, neighbors=r.neighbors,
+    rel = release_custom(run.est.cells, load_stat_fn(stat_fn), epsilon=r.epsilon, neighbors=r.neighbors,
                          rng=run.randomness.numpy("release-mos-custom"))
     folder = RunFolder.of(run.run_dir)
     folder.write_text("release.csv", rel.to_frame().to_csv(index=False), "the released cells (MOS, custom statistic)")
     write_diagnostics(folder, run)
     folder.finish(guarantee=NOT_DP, finite_guarantee=False, report=Report(
-        "release.json", report.custom_json(rel, stat_fn=r.stat_fn, facts=run.facts()), "its facts"))
-    log.info("release written: release.csv, release.json (MOS, custom statistic %s)", r.stat_fn)
+        "release.json", report.custom_json(rel, stat_fn=stat_fn, facts=run.facts()), "its facts"))
+    log.info("release written: release.csv, release.json (MOS, custom statistic %s)", stat_fn)
     return float("nan")

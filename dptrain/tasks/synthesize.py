@@ -15,16 +15,13 @@ from omegaconf import OmegaConf
 from dptrain.core.validation import field_of
 from dptrain.data import declaration, load_dataset, write_data_diagnostics
 from dptrain.data import schema_from_config as data_schema
-from dptrain.privacy.accounting import history_epsilon
-from dptrain.privacy.events import zcdp_event
 from dptrain.privacy.randomness import Randomness
 from dptrain.privacy.report import LOG_AND_REFUSALS
-from dptrain.release.synthesis.mst import mst
-from dptrain.release.synthesis.mwem import MWEMSettings, mwem
+from dptrain.release.oneshot import ONE_SHOT, Guarantee
 from dptrain.release.tables.domain import decode_rows, domain_columns, row_codes
-from dptrain.release.tables.marginals import gaussian_rho
+from dptrain.release.zcdp import gaussian_rho
 from dptrain.runfolder.folder import Report, RunFolder
-from dptrain.settings.synthesize import SynthesizeRunConfig, validate_synthesize
+from dptrain.settings.synthesize import SynthesizeRunConfig, synthesis_settings, validate_synthesize
 
 log = logging.getLogger("dptrain.synthesize")
 
@@ -51,10 +48,8 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     data = load_dataset(conf.data, seed=conf.seed)
     codes = row_codes(np.concatenate([data.x_train.numpy(), data.x_test.numpy()]),
                       np.concatenate([data.y_train.numpy(), data.y_test.numpy()]), schema, bins=s.bins)
-    secret = Randomness.fresh()
-    fitted = (mst(codes, sizes, rho=rho, rng=secret.numpy("synthesize-select")) if s.method == "mst" else
-              mwem(codes, sizes, _workload(len(sizes), s.workload),
-                   settings=MWEMSettings(rho=rho, rounds=s.rounds), rng=secret.numpy("synthesize-select")))
+    secret, mechanism = Randomness.fresh(), ONE_SHOT.get(s.method)
+    fitted = mechanism.fit(codes, sizes, synthesis_settings(s), rho=rho, rng=secret.numpy("synthesize-select"))
     n = int(max(fitted.total, 0))
     synth_codes = fitted.sample(n, secret.numpy("synthesize-sample"))
     frame = decode_rows(synth_codes, schema, bins=s.bins, rng=secret.numpy("synthesize-decode"))
@@ -63,7 +58,8 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
                       "the synthetic rows (covered by the guarantee)")
     _write_data_config(conf, folder)
     error = _evaluate(conf, folder, codes, synth_codes, sizes)
-    report = _report(conf, rho, fitted, n, columns)
+    report = _report(conf, mechanism.guarantee(mechanism.event(fitted), delta=conf.privacy.delta), rho, fitted, n,
+                     columns)
     folder.record(write_data_diagnostics(run_dir, data))
     folder.finish(guarantee=report["guarantee"], finite_guarantee=True, report=Report(
         "privacy.json", report, "this report (the guarantee, the budget split; no count)", text=_text))
@@ -97,10 +93,6 @@ def _write_data_config(conf: SynthesizeRunConfig, folder: RunFolder) -> None:
                       "a data config to train on synthetic.csv (the declared schema: public)")
 
 
-def _workload(d: int, order: int) -> list[tuple[int, ...]]:
-    return [c for k in range(2, order + 1) for c in itertools.combinations(range(d), k)]
-
-
 def marginal_l1(a: np.ndarray, b: np.ndarray, cols: tuple[int, ...], sizes: list[int]) -> float:
     """The L1 distance between the ``cols`` marginals of two sets of rows, as distributions."""
     shape = [sizes[c] for c in cols]
@@ -124,14 +116,15 @@ def _evaluate(conf: SynthesizeRunConfig, folder: RunFolder, real: np.ndarray, sy
     return float((out["mean_l1_2way"] + out["mean_l1_3way"]) / 2.0)
 
 
-def _report(conf: SynthesizeRunConfig, rho: float, fitted: Any, n: int, columns: list) -> dict[str, Any]:
-    p = conf.privacy
-    eps = history_epsilon([(zcdp_event(fitted.total_rho), 1)], delta=p.delta, accountant="rdp")
+def _report(conf: SynthesizeRunConfig, spent: Guarantee, rho: float, fitted: Any, n: int,
+            columns: list) -> dict[str, Any]:
+    p, eps = conf.privacy, spent.epsilon
     guarantee = (f"({eps:.4g}, {p.delta:.3g})-DP, neighbours: {NEIGHBOURS}; {conf.synthesize.method}: "
                  f"{fitted.total_rho:.6g}-zCDP in all (its stages' rho summed), converted by the RDP accountant; "
                  "for synthetic.csv and everything computed from it")
     return {"task": "synthesize", "private": True, "guarantee": guarantee, "epsilon": eps, "delta": p.delta,
-            "accountant": "rdp (zCDP)", "rho": fitted.total_rho, "rho_budget": rho, "method": conf.synthesize.method,
+            "accountant": spent.accounting, "rho": fitted.total_rho, "rho_budget": rho,
+            "method": conf.synthesize.method,
             "stages": fitted.spent, "rows": n, "neighbours": NEIGHBOURS,
             "sampler": "OpenDP's exact discrete Gaussian for the measurements; the selections and the sampling "
                        "from the operating system's CSPRNG",

@@ -17,23 +17,12 @@ from omegaconf import OmegaConf
 from dptrain.core.errors import DPTrainError
 from dptrain.data import load_dataset, write_data_diagnostics
 from dptrain.data import schema_from_config as data_schema
-from dptrain.privacy.accounting import history_epsilon
-from dptrain.privacy.events import zcdp_event
 from dptrain.privacy.report import LOG_AND_REFUSALS
+from dptrain.release.oneshot import ONE_SHOT
 from dptrain.release.tables.domain import domain_columns, row_codes
-from dptrain.release.tables.marginals import (
-    Column,
-    Marginal,
-    budget_weights,
-    consistent_tables,
-    gaussian_rho,
-    measure,
-    noise_variance,
-    stability_histogram,
-    workload,
-)
+from dptrain.release.tables.marginals import Column, Marginal, consistent_tables, workload
 from dptrain.runfolder.folder import Report, RunFolder
-from dptrain.settings.tabulate import MAX_CELLS, TabulateRunConfig, validate_tabulate
+from dptrain.settings.tabulate import MAX_CELLS, TabulateRunConfig, table_settings, validate_tabulate
 
 log = logging.getLogger("dptrain.tabulate")
 
@@ -67,9 +56,9 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     codes = row_codes(np.concatenate([data.x_train.numpy(), data.x_test.numpy()]),
                       np.concatenate([data.y_train.numpy(), data.y_test.numpy()]), schema, bins=conf.tabulate.bins)
     exact = [_count(codes, s, sizes) for s in sets]
-    noisy = measure(exact, plan["shares"], mechanism=plan["mechanism"], budget=plan["budget"])
-    marginals = [Marginal(s, t, noise_variance(w, mechanism=plan["mechanism"], budget=plan["budget"]))
-                 for s, t, w in zip(sets, noisy, plan["shares"])]
+    mechanism, budget = plan["mechanism"], plan["budget"]
+    noisy = [mechanism.measure(t, w, budget) for t, w in zip(exact, plan["shares"])]
+    marginals = [Marginal(s, t, mechanism.variance(w, budget)) for s, t, w in zip(sets, noisy, plan["shares"])]
     released = consistent_tables(marginals, sizes) if conf.tabulate.consistent else noisy
     folder = RunFolder.of(run_dir)
     folder.publishable("tables/", "the released marginals (covered by the guarantee)")
@@ -91,6 +80,7 @@ def _run_sparse(conf: TabulateRunConfig, run_dir: Path, schema: Any, columns: li
     delta / (number of marginals); the listed cells' noisy counts (module docstring of
     :mod:`dptrain.release.tables.marginals`)."""
     p, sizes = conf.privacy, [c.size for c in columns]
+    mechanism = ONE_SHOT.get("stability_histogram")
     shares = np.full(len(sets), 1.0 / len(sets))
     data = load_dataset(conf.data, seed=conf.seed)
     codes = row_codes(np.concatenate([data.x_train.numpy(), data.x_test.numpy()]),
@@ -99,8 +89,8 @@ def _run_sparse(conf: TabulateRunConfig, run_dir: Path, schema: Any, columns: li
     folder.publishable("tables/", "the listed cells and their noisy counts (covered by the guarantee)")
     for cols, share in zip(sets, shares):
         shape = [sizes[c] for c in cols]
-        ids, noisy = stability_histogram(np.ravel_multi_index(codes[:, list(cols)].T, shape),
-                                         epsilon=share * p.epsilon, delta=p.delta / len(sets))
+        ids, noisy = mechanism.release(np.ravel_multi_index(codes[:, list(cols)].T, shape),
+                                       epsilon=share * p.epsilon, delta=p.delta / len(sets))
         levels = np.unravel_index(ids, shape)
         frame = pd.DataFrame({columns[c].name: np.asarray(columns[c].levels, dtype=object)[lv]
                               for c, lv in zip(cols, levels)})
@@ -110,8 +100,9 @@ def _run_sparse(conf: TabulateRunConfig, run_dir: Path, schema: Any, columns: li
     guarantee = (f"({p.epsilon:g}, {p.delta:g})-DP: the stability-based histogram on each of {len(sets)} marginals "
                  f"(discrete Laplace at epsilon {p.epsilon / len(sets):.4g} each, a one-row cell listed with "
                  f"probability <= {p.delta / len(sets):.3g}); neighbours: {NEIGHBOURS}; for every file under tables/")
-    report = {"task": "tabulate", "private": True, "guarantee": guarantee, "epsilon": float(p.epsilon),
-              "delta": float(p.delta), "accountant": "basic composition", "mechanism": "stability-based histogram",
+    spent = mechanism.guarantee(mechanism.event((p.epsilon, p.delta)), delta=p.delta)
+    report = {"task": "tabulate", "private": True, "guarantee": guarantee, "epsilon": float(spent.epsilon),
+              "delta": float(spent.delta), "accountant": spent.accounting, "mechanism": "stability-based histogram",
               "sampler": "OpenDP's exact discrete Laplace (OS CSPRNG)", "neighbours": NEIGHBOURS,
               "marginals": [{"table": table_name(s, columns), "share": float(w), "epsilon": float(w * p.epsilon),
                              "delta": p.delta / len(sets)} for s, w in zip(sets, shares)],
@@ -147,11 +138,12 @@ def _workload(conf: TabulateRunConfig, chosen: list[int], columns: list[Column])
 
 
 def _plan(conf: TabulateRunConfig, cells: list[int]) -> dict[str, Any]:
-    """The budget: the total (epsilon for laplace, rho for gaussian) and each marginal's share."""
+    """The registered table mechanism (privacy.mechanism), the budget in its unit (epsilon for
+    laplace, rho for gaussian) and each marginal's share."""
     p = conf.privacy
-    shares = budget_weights(cells, mechanism=p.mechanism, split=conf.tabulate.split)
-    budget = p.epsilon if p.mechanism == "laplace" else gaussian_rho(p.epsilon, p.delta)
-    return {"mechanism": p.mechanism, "shares": shares, "budget": float(budget)}
+    mechanism = ONE_SHOT.get(p.mechanism)
+    shares = mechanism.shares(cells, table_settings(conf.tabulate))
+    return {"mechanism": mechanism, "shares": shares, "budget": mechanism.budget(epsilon=p.epsilon, delta=p.delta)}
 
 
 def _count(codes: np.ndarray, cols: tuple[int, ...], sizes: list[int]) -> np.ndarray:
@@ -191,24 +183,13 @@ def _evaluate(conf: TabulateRunConfig, folder: RunFolder, sets: list[tuple[int, 
 
 def _report(conf: TabulateRunConfig, plan: dict, sets: list[tuple[int, ...]], cells: list[int],
             columns: list[Column], files: list[str]) -> dict[str, Any]:
-    p, shares, budget = conf.privacy, plan["shares"], plan["budget"]
-    split = []
-    for s, c, w in zip(sets, cells, shares):
-        row = {"table": table_name(s, columns), "cells": c, "share": float(w)}
-        row.update({"epsilon": float(w * budget)} if p.mechanism == "laplace" else
-                   {"rho": float(w * budget), "sigma": float((2.0 * w * budget) ** -0.5)})
-        split.append(row)
-    if p.mechanism == "laplace":
-        eps, delta = float(sum(r["epsilon"] for r in split)), 0.0
-        how = f"({eps:.4g}, 0)-DP: the discrete Laplace on each marginal, epsilons summed (basic composition)"
-    else:
-        rho = float(sum(r["rho"] for r in split))
-        eps, delta = history_epsilon([(zcdp_event(rho), 1)], delta=p.delta, accountant="rdp"), float(p.delta)
-        how = (f"({eps:.4g}, {delta:.3g})-DP: the discrete Gaussian on each marginal, {rho:.6g}-zCDP in all "
-               "(rho summed), converted by the RDP accountant")
-    return {"task": "tabulate", "private": True, "guarantee": f"{how}; neighbours: {NEIGHBOURS}; for every file "
-            "under tables/", "epsilon": eps, "delta": delta, "accountant": "pure (basic composition)" if
-            p.mechanism == "laplace" else "rdp (zCDP)", "mechanism": p.mechanism,
+    p, shares, budget, mechanism = conf.privacy, plan["shares"], plan["budget"], plan["mechanism"]
+    split = [{"table": table_name(s, columns), "cells": c, "share": float(w), **mechanism.spent(w, budget)}
+             for s, c, w in zip(sets, cells, shares)]
+    spent = mechanism.guarantee(mechanism.event(split), delta=p.delta)
+    return {"task": "tabulate", "private": True, "guarantee": f"{spent.statement}; neighbours: {NEIGHBOURS}; for "
+            "every file under tables/", "epsilon": spent.epsilon, "delta": spent.delta,
+            "accountant": spent.accounting, "mechanism": p.mechanism,
             "sampler": "OpenDP's exact discrete samplers (OS CSPRNG; no noise key can reproduce them)",
             "neighbours": NEIGHBOURS, "split": conf.tabulate.split, "marginals": split,
             "domain": {c.name: list(c.levels) for c in columns},

@@ -15,13 +15,12 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from dptrain.data.geography import simulate_geography
-from dptrain.privacy.accounting import history_epsilon
-from dptrain.privacy.events import zcdp_event
 from dptrain.privacy.randomness import Randomness
-from dptrain.release.tables.marginals import gaussian_rho
-from dptrain.release.tables.topdown import bottom_up, evaluate, measure, no_post_processing, topdown
+from dptrain.release.oneshot import ONE_SHOT
+from dptrain.release.tables.topdown import bottom_up, evaluate, no_post_processing
+from dptrain.release.zcdp import gaussian_rho
 from dptrain.runfolder.folder import Report, RunFolder
-from dptrain.settings.topdown import TopDownRunConfig, validate_topdown
+from dptrain.settings.topdown import TopDownRunConfig, geography_settings, validate_topdown
 
 log = logging.getLogger("dptrain.topdown")
 
@@ -35,8 +34,8 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     t, p = conf.topdown, conf.privacy
     geo = simulate_geography(conf.seed, states=t.states, counties=t.counties, population=t.population)
     rho = gaussian_rho(p.epsilon, p.delta)
-    m = measure(geo, rho, shares=tuple(float(s) for s in t.shares), invariants=t.invariants)
-    est = topdown(geo.hierarchy, m, rng=Randomness.fresh().numpy("topdown-ties"))
+    mechanism = ONE_SHOT.get("topdown")
+    m, est = mechanism.release(geo, geography_settings(t), rho=rho, rng=Randomness.fresh().numpy("topdown-ties"))
     folder, files = RunFolder.of(run_dir), []
     folder.publishable("tables/", "each level's released counts (covered by the guarantee; invariants exact)")
     for level, table in zip(geo.levels, est):
@@ -50,7 +49,7 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     evaluation = pd.concat(rows, ignore_index=True)
     folder.write_text("evaluation.csv", evaluation.to_csv(index=False, float_format="%.6g"),
                       "TopDown, bottom-up and no post-processing against the simulated truth", private=True)
-    eps = history_epsilon([(zcdp_event(m.rho), 1)], delta=p.delta, accountant="rdp")
+    eps = mechanism.guarantee(mechanism.event(m), delta=p.delta).epsilon
     guarantee = (f"({eps:.4g}, {p.delta:.3g})-DP, {m.rho:.6g}-zCDP in all (levels' rho summed: "
                  + ", ".join(f"{lv} {r:.4g}" for lv, r in zip(geo.levels, m.rhos))
                  + f"), neighbours: {NEIGHBOURS}; the invariants ({t.invariants}) are released EXACTLY, outside "
