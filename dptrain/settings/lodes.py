@@ -9,7 +9,8 @@ from dptrain.release.oneshot import mechanism_for, names
 from dptrain.release.oneshot.er_ee import ErEeSettings
 from dptrain.settings.common import (
     TASKS_ALLOWED,
-    ReleaseRunBase,
+    ReleaseBudget,
+    RunBase,
     check_budget,
     check_common,
 )
@@ -39,15 +40,14 @@ class LodesConfig:
 
 
 @dataclass
-class LodesPrivacyConfig:
-    """The budget of each mechanism's table."""
+class LodesPrivacyConfig(ReleaseBudget):
+    """The budget of each mechanism's table (delta: smooth_laplace's)."""
 
     epsilon: float = setting(4.0, help="each table's epsilon", allowed="a number in (0, 100]")
-    delta: float = setting(1e-6, help="smooth_laplace's delta", allowed="a number in (0, 1e-3]")
 
 
 @dataclass
-class LodesRunConfig(ReleaseRunBase):
+class LodesRunConfig(RunBase):
     """task=lodes: jobs by place x NAICS sector x ownership on the simulated jobs data."""
 
     task: str = setting("lodes", help="what the run does (a config group)", allowed=TASKS_ALLOWED)

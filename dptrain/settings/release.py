@@ -32,7 +32,8 @@ from dptrain.release.cell_domain import CellSource, check_listing
 from dptrain.release.dp_mos import stage_epsilons
 from dptrain.release.spec import ReleaseSpec
 from dptrain.settings.common import (
-    ReleaseRunBase,
+    TASKS_ALLOWED,
+    RunBase,
     check_common,
     check_noise_seed_file,
 )
@@ -295,9 +296,10 @@ class ReleasePrivacyConfig:
 
 
 @dataclass
-class ReleaseRunConfig(ReleaseRunBase):
+class ReleaseRunConfig(RunBase):
     """task=release: small-cell regression releases (docs/release.md)."""
 
+    task: str = setting("release", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
     seed: int = setting(0, help="seeds the simulator (data=atlas); NEVER the release's noise", allowed="an integer "
                         ">= 0")
     data: Any = setting(None, help="the data source, a config group: data=table (your microdata) | atlas "
@@ -311,19 +313,19 @@ def check_release_data(d: Any) -> None:
     if d.name not in ("table", "atlas"):
         raise bad("data", d.name, "a release reads data=table (your microdata) or data=atlas (simulated)")
     check_source(d, ("table", "atlas"), "a release")
-    path = getattr(d, "path", None)
-    if d.name == "table" and not path:
-        raise bad("data.path", path, "data=table needs the path of a CSV, Parquet or .dta file")
-    if path is not None and not isinstance(path, (str, os.PathLike)):
-        raise bad("data.path", path, "must be the path of a CSV, Parquet or .dta file (or null)")
     if d.name == "atlas":
         integer("data.n_cells", d.n_cells, 2, "must be an integer >= 2")
         one_of("data.generator", d.generator, ("atlas", "figure2"))
         return
-    one_of("data.format", getattr(d, "format", "auto"), ("auto", "csv", "parquet", "dta"))
-    check_delimiter(getattr(d, "delimiter", ","))
+    path = d.path
+    if not path:
+        raise bad("data.path", path, "data=table needs the path of a CSV, Parquet or .dta file")
+    if not isinstance(path, (str, os.PathLike)):
+        raise bad("data.path", path, "must be the path of a CSV, Parquet or .dta file (or null)")
+    one_of("data.format", d.format, ("auto", "csv", "parquet", "dta"))
+    check_delimiter(d.delimiter)
     number_format(d)  # data.thousands / data.decimal: x and y written with separators
-    one_of("data.nonfinite", getattr(d, "nonfinite", "error"), ("error", "drop"))
+    one_of("data.nonfinite", d.nonfinite, ("error", "drop"))
 
 
 def validate_release_run(cfg: Any) -> None:

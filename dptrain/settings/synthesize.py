@@ -10,7 +10,8 @@ from dptrain.release.oneshot import mechanism_for
 from dptrain.release.oneshot.synthesis import SynthesisSettings
 from dptrain.settings.common import (
     TASKS_ALLOWED,
-    ReleaseRunBase,
+    ReleaseBudget,
+    TableReleaseBase,
     check_budget,
     check_common,
     check_table_source,
@@ -18,12 +19,8 @@ from dptrain.settings.common import (
 
 
 @dataclass
-class SynthesizePrivacyConfig:
-    """The release's budget: zCDP, reported as (epsilon, delta) by the RDP accountant."""
-
-    epsilon: float = setting(1.0, help="the whole release's epsilon (selection, measurements, the noisy N)",
-                             allowed="a number in (0, 100]")
-    delta: float = setting(1e-6, help="the release's delta", allowed="a number in (0, 1e-3]")
+class SynthesizePrivacyConfig(ReleaseBudget):
+    """The release's budget (selection, measurements and the noisy N together)."""
 
 
 @dataclass
@@ -40,14 +37,12 @@ class SynthesizeConfig:
 
 
 @dataclass
-class SynthesizeRunConfig(ReleaseRunBase):
+class SynthesizeRunConfig(TableReleaseBase):
     """task=synthesize: a synthetic file with the input's declared schema (docs/synthesis.md)."""
 
     task: str = setting("synthesize", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
     seed: int = setting(0, help="seeds data=synthetic's generator; NEVER the noise, the selections or the sampling "
                         "(the operating system's CSPRNG)", allowed="an integer >= 0")
-    data: Any = setting(None, help="the data source, a config group: data=adult | table | synthetic (its declared "
-                        "columns are the domain)", allowed="adult | table | synthetic")
     privacy: SynthesizePrivacyConfig = setting(help="the budget", factory=SynthesizePrivacyConfig)
     synthesize: SynthesizeConfig = setting(help="the synthesizer", factory=SynthesizeConfig)
 

@@ -11,7 +11,7 @@ from dptrain.release.oneshot import mechanism_for
 from dptrain.release.oneshot.tables import SPLITS, TableSettings
 from dptrain.settings.common import (
     TASKS_ALLOWED,
-    ReleaseRunBase,
+    TableReleaseBase,
     check_budget,
     check_common,
     check_table_source,
@@ -57,14 +57,12 @@ class TabulateConfig:
 
 
 @dataclass
-class TabulateRunConfig(ReleaseRunBase):
+class TabulateRunConfig(TableReleaseBase):
     """task=tabulate: DP marginals of a table over its declared domain (docs/tables.md)."""
 
     task: str = setting("tabulate", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
     seed: int = setting(0, help="seeds data=synthetic's generator; NEVER the noise (OpenDP's CSPRNG)",
                         allowed="an integer >= 0")
-    data: Any = setting(None, help="the data source, a config group: data=adult | table | synthetic (its declared "
-                        "columns are the domain)", allowed="adult | table | synthetic")
     privacy: TabulatePrivacyConfig = setting(help="the budget and the mechanism", factory=TabulatePrivacyConfig)
     tabulate: TabulateConfig = setting(help="the marginals", factory=TabulateConfig)
 

@@ -9,7 +9,8 @@ from dptrain.release.oneshot.topdown import GeographySettings
 from dptrain.release.tables.topdown import INVARIANTS
 from dptrain.settings.common import (
     TASKS_ALLOWED,
-    ReleaseRunBase,
+    ReleaseBudget,
+    RunBase,
     check_budget,
     check_common,
 )
@@ -29,16 +30,15 @@ class TopDownConfig:
 
 
 @dataclass
-class TopDownPrivacyConfig:
-    """The release's budget: zCDP, reported as (epsilon, delta) by the RDP accountant."""
+class TopDownPrivacyConfig(ReleaseBudget):
+    """The release's budget (the invariants are outside it: exact by policy)."""
 
     epsilon: float = setting(5.0, help="the release's epsilon (the invariants are outside it: exact by policy)",
                              allowed="a number in (0, 100]")
-    delta: float = setting(1e-6, help="the release's delta", allowed="a number in (0, 1e-3]")
 
 
 @dataclass
-class TopDownRunConfig(ReleaseRunBase):
+class TopDownRunConfig(RunBase):
     """task=topdown: noisy counts at every level of a simulated geography, made consistent top down."""
 
     task: str = setting("topdown", help="what the run does (a config group)", allowed=TASKS_ALLOWED)

@@ -34,10 +34,9 @@ from dptrain.privacy.curves import resolve_loss_bound
 from dptrain.privacy.dpsgd.engine import ENGINES
 from dptrain.settings.common import (
     DATA_HELP,
-    OVERWRITE_HELP,
-    PLUGINS_HELP,
     SEED_HELP,
     TASKS_ALLOWED,
+    RunBase,
     check_common,
     check_noise_seed_file,
 )
@@ -299,13 +298,11 @@ class LoggerConfig:
 
 
 @dataclass
-class TrainRunConfig:
+class TrainRunConfig(RunBase):
     """task=train: a DP-SGD (or non-private) training run."""
 
     task: str = setting("train", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
     seed: int = setting(0, help=SEED_HELP, allowed="an integer >= 0")
-    plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)
-    overwrite: bool = setting(False, help=OVERWRITE_HELP, allowed="true | false")
     # one schema per source (DATA_SOURCES): each conf/data/NAME.yaml extends its own
     data: Any = setting(None, help=DATA_HELP, allowed="adult | table | synthetic")
     model: Any = setting(None, help="the model, a config group (free-form: the keys its _target_ takes): "

@@ -79,11 +79,10 @@ def _compose(overrides: list[str], config_dir: Path | None) -> Any:
 
 def _table(data: Any, schema: Any) -> Any:
     """The table's rows, every column of a file (id columns included), checked for the declared ones."""
-    path = getattr(data, "path", None)
+    path = data.path if data.name == "table" else None
     if not path:
         raise ConfigError(f"data.path={path!r} is not allowed: dptrain check reads the table of data=table")
-    fmt, delimiter = getattr(data, "format", "auto") or "auto", getattr(data, "delimiter", ",") or ","
-    return read_table(path, fmt=fmt, delimiter=delimiter, text_columns=schema.text_columns,
+    return read_table(path, fmt=data.format, delimiter=data.delimiter, text_columns=schema.text_columns,
                       required=schema.declared_columns)
 
 

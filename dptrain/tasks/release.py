@@ -185,7 +185,7 @@ def prepare(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, randomness
     domain = Domain(*resolved_domain(r, conf.data.name))
     clipped = clipped_counts(df, conf, domain)
     est = estimates_for_listed(df, listed, x=r.x, y=r.y, domain=domain,
-                               clip=r.clip, drop_nonfinite=getattr(conf.data, "nonfinite", "drop") == "drop")
+                               clip=r.clip, drop_nonfinite=conf.data.name == "atlas" or conf.data.nonfinite == "drop")
     chi_group_labels(listed, list(r.chi_by))  # release.chi_by must name public columns of the cell list
     if conf.data.name != "atlas":  # a user's table: the rules' counts for the data holder (PRIVATE)
         log_counts(est.rows, clipped if r.clip else {})

@@ -44,6 +44,11 @@ from dptrain.privacy.accounting import RDP
 from dptrain.privacy.events import Event
 from dptrain.release.zcdp import zcdp_epsilon
 
+#: what a mechanism's ``settings`` parameter holds: an instance of its family's frozen settings
+#: dataclass (the class in its ``settings`` attribute: TableSettings, SynthesisSettings, ...), a
+#: typed value the command line's schemas build (never the command line's configuration)
+MechanismSettings = Any
+
 
 @dataclass(frozen=True)
 class Guarantee:
@@ -93,7 +98,7 @@ class OneShotMechanism(ABC):
     #: whether its guarantee has a delta (the run's privacy.delta is checked and reported only then)
     uses_delta: ClassVar[bool] = True
 
-    def unavailable(self, settings: Any, *, epsilon: float, delta: float) -> str | None:
+    def unavailable(self, settings: MechanismSettings, *, epsilon: float, delta: float) -> str | None:
         """Why it cannot run with ``settings`` at (``epsilon``, ``delta``), from public values
         only, before any row is read ("needs ..."); None when it can (the default)."""
         return None
@@ -103,7 +108,7 @@ class OneShotMechanism(ABC):
         """The privacy event of one run, from what it spent (``spent``: what the family's method
         returned or planned, its family's base class says which)."""
 
-    def guarantee(self, event: Event, *, delta: float, settings: Any = None) -> Guarantee:
+    def guarantee(self, event: Event, *, delta: float, settings: MechanismSettings = None) -> Guarantee:
         """Its guarantee for ``event`` (:func:`composed` at the run's ``delta``); a mechanism
         overrides it to add its words (``settings``: the run's, for words that name them)."""
         epsilon, spent_delta, rho = composed([event], delta=delta)
@@ -164,7 +169,7 @@ def mechanism_for(setting: str, name: Any, family: str) -> OneShotMechanism:
     return ONE_SHOT.get(name)
 
 
-def available(family: str, settings: Any, *, epsilon: float, delta: float) -> tuple[str, ...]:
+def available(family: str, settings: MechanismSettings, *, epsilon: float, delta: float) -> tuple[str, ...]:
     """The mechanisms of ``family`` that can run with ``settings`` at (``epsilon``, ``delta``)."""
     return tuple(name for name in names(family)
                  if ONE_SHOT.get(name).unavailable(settings, epsilon=epsilon, delta=delta) is None)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -31,7 +30,14 @@ from dptrain.core.neighbours import Neighbours
 from dptrain.privacy.events import Event, epsilon_delta_event
 from dptrain.release.employer import mechanisms as ee
 from dptrain.release.employer.intervals import smooth_gamma_interval_public, smooth_laplace_interval_public
-from dptrain.release.oneshot.base import ONE_SHOT, Guarantee, OneShotMechanism, composed, family_base
+from dptrain.release.oneshot.base import (
+    ONE_SHOT,
+    Guarantee,
+    MechanismSettings,
+    OneShotMechanism,
+    composed,
+    family_base,
+)
 
 __all__ = ["ErEeMechanism", "ErEeSettings"]
 
@@ -77,7 +83,7 @@ class ErEeMechanism(OneShotMechanism):
         epsilon, delta = spent
         return epsilon_delta_event(epsilon, delta if self.uses_delta else 0.0)
 
-    def guarantee(self, event: Event, *, delta: float, settings: Any = None) -> Guarantee:
+    def guarantee(self, event: Event, *, delta: float, settings: MechanismSettings = None) -> Guarantee:
         epsilon, spent_delta, _ = composed([event], delta=delta)
         statement, protects, bias = self.words(settings, epsilon, spent_delta)
         return Guarantee(epsilon, spent_delta, Neighbours(self.neighbours), "basic composition",
