@@ -46,7 +46,8 @@ import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from dptrain.data import load_dataset, schema_from_config, table  # noqa: E402
+from dptrain.data import encoding, load_dataset, reading, schema_from_config, split  # noqa: E402
+from dptrain.data.rules import RowCounts  # noqa: E402
 
 GIB = 2**30
 
@@ -90,16 +91,18 @@ def in_process(path: Path, threads: int) -> None:
     schema = schema_from_config(cfg)
     print(f" in this process, {threads} thread(s), {os.cpu_count()} cores:")
     _, floor = stage("pyarrow read_table (the floor)", lambda: pq.read_table(path).num_rows)  # the table dropped
-    table.release_arrow_memory()
-    df, _ = stage("read into a frame", lambda: table.read_table(path, columns=schema.read_columns), floor)
-    (nums, idx, _), _ = stage("numeric columns (in place)", lambda: table._numeric_columns(df, schema), floor)
-    codes, _ = stage("category codes", lambda: table._category_codes(df, schema), floor)
-    is_test, _ = stage("split hash", lambda: table._split(df, schema, idx, 0), floor)
-    (outs, _), _ = stage("encode (blocks, train/test)", lambda: table._encode_blocks(
+    reading.release_arrow_memory()
+    df, _ = stage("read into a frame", lambda: reading.read_table(path, columns=schema.read_columns), floor)
+    counts = RowCounts(len(df))
+    nums, _ = stage("numeric columns (in place)", lambda: encoding._numeric_columns(df, schema, counts), floor)
+    idx = counts.kept()  # every row of the benchmark table (no missing value)
+    codes, _ = stage("category codes", lambda: encoding._category_codes(df, schema), floor)
+    is_test, _ = stage("split hash", lambda: split.in_test_part(df, schema, idx, 0), floor)
+    (outs, _), _ = stage("encode (blocks, train/test)", lambda: encoding._encode_blocks(
         schema, nums, codes, None, is_test, len(idx)), floor)
     encoded = sum(o.nbytes for o in outs) / GIB
     df = nums = codes = is_test = outs = idx = None  # dropped before the whole load
-    table.release_arrow_memory()
+    reading.release_arrow_memory()
     base = _status()["VmRSS"] / GIB
     data, whole = stage("load_dataset (all of it)", lambda: load_dataset(cfg, seed=0), floor)
     print(f"  encoded matrix {encoded:.2f} GiB; interpreter before loading {base:.2f} GiB; load_dataset peak "
@@ -165,7 +168,7 @@ def check(path: Path) -> None:
     spec.loader.exec_module(ref)
     df = pq.ParquetFile(path).read_row_groups([0]).to_pandas()
     schema = schema_from_config(data_config(path))
-    rows = table.encode_rows(df, schema, seed=0)
+    rows = encoding.encode_rows(df, schema, seed=0)
     every = np.arange(len(df))
     test = ref.reference_scores(df, 0, every) < schema.test_fraction
     x = ref.reference_features(df, schema, every)

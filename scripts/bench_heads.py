@@ -40,8 +40,9 @@ for p in (ROOT, ROOT / "scripts"):
 
 from bench_step import OtherLoad, machine_description, num_rows, time_block, warm_up  # noqa: E402
 
+from dptrain.core.dataspec import DataSpec  # noqa: E402
 from dptrain.models.networks import logit  # noqa: E402
-from dptrain.models.objectives import DataSpec, build_objective  # noqa: E402
+from dptrain.models.objectives import build_objective  # noqa: E402
 from dptrain.privacy.dpsgd.engine import make_engine  # noqa: E402
 from dptrain.privacy.dpsgd.sampling import PoissonSampler  # noqa: E402
 from dptrain.privacy.randomness import Randomness  # noqa: E402

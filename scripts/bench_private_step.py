@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dptrain.models.networks import logit  # noqa: E402
-from dptrain.privacy.accounting import PrivacyAccountant  # noqa: E402
+from dptrain.privacy.accounting import PrivacyLedger  # noqa: E402
 from dptrain.privacy.dpsgd.engine import make_engine  # noqa: E402
 from dptrain.privacy.dpsgd.graph import BatchStep  # noqa: E402
 from dptrain.privacy.dpsgd.loop import PrivateStep  # noqa: E402
@@ -54,7 +54,7 @@ def _parts():
 def variants():
     event = poisson_gaussian(sample_rate=B / N, noise_multiplier=1.0)
     x, y, _, engine, sampler, opt = _parts()
-    batch_step, acc = BatchStep(engine, sampler, x, y, cuda_graph=False), PrivacyAccountant()
+    batch_step, acc = BatchStep(engine, sampler, x, y, cuda_graph=False), PrivacyLedger()
 
     def hand_written():
         batch_step()
@@ -62,10 +62,10 @@ def variants():
         acc.record(event)
 
     x2, y2, _, engine2, sampler2, opt2 = _parts()
-    private = PrivateStep(engine2, sampler2, opt2, x2, y2, accountant=PrivacyAccountant(),
+    private = PrivateStep(engine2, sampler2, opt2, x2, y2, accountant=PrivacyLedger(),
                           batch_step=BatchStep(engine2, sampler2, x2, y2, cuda_graph=False))
     x3, y3, _, engine3, sampler3, opt3 = _parts()
-    batch3, acc3 = BatchStep(engine3, sampler3, x3, y3, cuda_graph=False), PrivacyAccountant()
+    batch3, acc3 = BatchStep(engine3, sampler3, x3, y3, cuda_graph=False), PrivacyLedger()
 
     def hand_written_again():
         batch3()

@@ -39,11 +39,14 @@ import pandas as pd  # noqa: E402
 import statsmodels.api as sm  # noqa: E402
 import torch  # noqa: E402
 
-from dptrain.data.table import Dataset, encode_features, schema_from_config  # noqa: E402
+from dptrain.data.dataset import Dataset  # noqa: E402
+from dptrain.data.encoding import encode_features  # noqa: E402
+from dptrain.data.schema import schema_from_config  # noqa: E402
 from dptrain.inference.coefficients import encoder_from_schema, model_coefficients, term_labels  # noqa: E402
 from dptrain.inference.intervals import aggregate_parts  # noqa: E402
 from dptrain.inference.ssp import calibrate, ssp_estimate  # noqa: E402
 from dptrain.inference.subsample import fit_parts, part_mechanism  # noqa: E402
+from dptrain.tasks.plan import training_plan  # noqa: E402
 
 #: the public schema of the synthetic covariates (bounds from the "codebook", not the rows)
 DECL = {"target": "y", "numeric": {"a": {"lower": 0, "upper": 10}, "b": {"lower": -5, "upper": 5},
@@ -88,19 +91,19 @@ def nonprivate(df: pd.DataFrame, kind: str) -> pd.DataFrame:
 
 
 def _study_config(parts: int, eps: float, *, epochs: float, batch: int, lr: float, clip: float):
-    """The training settings of the logistic cells (composed like a command-line run)."""
+    """The training plan of the logistic cells (composed like a command-line run)."""
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
     import dptrain.tasks.cli  # noqa: F401
 
     with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
-        cfg = OmegaConf.to_object(compose(config_name="config", overrides=[
+        conf = OmegaConf.to_object(compose(config_name="config", overrides=[
             "experiment=logit", "data=synthetic", "estimator=subsample_aggregate", f"estimator.parts={parts}",
             "privacy.noise_multiplier=null", f"privacy.target_epsilon={eps}", f"privacy.delta={DELTA}",
             f"privacy.max_grad_norm={clip}", f"trainer.epochs={epochs}", f"trainer.batch_size={batch}",
             f"optim.lr={lr}", "trainer.progress=false", "trainer.baseline=false", "trainer.threads=1"]))
-    return cfg
+    return training_plan(conf)
 
 
 def _dataset(df: pd.DataFrame, schema) -> Dataset:
@@ -110,9 +113,9 @@ def _dataset(df: pd.DataFrame, schema) -> Dataset:
                    feature_names=schema.feature_names, source="coverage study")
 
 
-def logit_rep(df: pd.DataFrame, schema, enc, cfg, mech) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def logit_rep(df: pd.DataFrame, schema, enc, plan, mech) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One replication of subsample_aggregate: (estimate, lower, upper) per study term."""
-    parts = fit_parts(cfg, _dataset(df, schema), mechanism=mech)
+    parts = fit_parts(plan, _dataset(df, schema), mechanism=mech)
     iv = aggregate_parts(np.stack([model_coefficients(r.model, enc) for r in parts]), level=0.95)
     idx = [term_labels(enc).index(t) for t in TERMS]
     return iv.estimate[idx], iv.lower[idx], iv.upper[idx]
@@ -151,16 +154,15 @@ def run_cell(kind: str, n: int, eps: float, args: argparse.Namespace, rng: np.ra
     if kind == "logit":
         enc = encoder_from_schema(schema, kind="binary")
         s = logit_settings(n, args.parts)
-        cfg = _study_config(args.parts, eps, **s)
-        mech = part_mechanism(cfg.privacy, epochs=s["epochs"], batch_size=s["batch"], dataset_size=n,
-                              parts=args.parts, delta=DELTA)
+        plan = _study_config(args.parts, eps, **s)
+        mech = part_mechanism(plan, dataset_size=n, delta=DELTA)
     else:
         enc = encoder_from_schema(schema, kind="linear", target_scale=Y_BOUNDS)
         sigma = calibrate(target_epsilon=eps, delta=DELTA, accountant="rdp")
     rows, start = [], time.perf_counter()
     for _ in range(args.reps if kind == "linear" else args.logit_reps or args.reps):
         df = simulate(n, rng, kind)
-        est, lo, hi = logit_rep(df, schema, enc, cfg, mech) if kind == "logit" else linear_rep(
+        est, lo, hi = logit_rep(df, schema, enc, plan, mech) if kind == "logit" else linear_rep(
             df, schema, enc, sigma, args.draws)
         ref = nonprivate(df, kind)
         rows.append(pd.DataFrame({"term": TERMS, "truth": truth, "estimate": est, "lower": lo, "upper": hi,
@@ -220,10 +222,9 @@ def adult_tables(eps_list: list[float], parts: int) -> pd.DataFrame:
     labels = term_labels(enc)
     for eps in eps_list:
         s = logit_settings(len(df), parts, epochs=ADULT_EPOCHS)
-        cfg = _study_config(parts, eps, **{**s, "clip": math.sqrt(5)})
-        mech = part_mechanism(cfg.privacy, epochs=s["epochs"], batch_size=s["batch"], dataset_size=data.n_train,
-                              parts=parts, delta=1e-5)
-        fits = fit_parts(cfg, data, mechanism=mech)
+        plan = _study_config(parts, eps, **{**s, "clip": math.sqrt(5)})
+        mech = part_mechanism(plan, dataset_size=data.n_train, delta=1e-5)
+        fits = fit_parts(plan, data, mechanism=mech)
         iv = aggregate_parts(np.stack([model_coefficients(r.model, enc) for r in fits]))
         idx = [labels.index(t) for t in terms]
         out[f"dp_eps{eps:g}_estimate"] = iv.estimate[idx]

@@ -37,7 +37,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from dptrain.runfolder.tracking import MANIFEST, PRIVATE_DIR, private_dir, write_manifest
+from dptrain.runfolder.folder import RunFolder
+from dptrain.runfolder.tracking import MANIFEST, PRIVATE_DIR, private_dir
 
 CAVEAT = (
     "Choosing the best run of this sweep is itself a use of the private data: "
@@ -419,26 +420,24 @@ SWEEP_RECORD = "multirun.yaml"
 
 def write_public(out: Path, runs: list[dict], sweep: Path, *, metric: str) -> pd.DataFrame:
     """``out/``: publishable numbers only (PUBLIC_NOTE) and FILES.txt."""
+    folder = RunFolder(out, run_log=False)  # a script's folder: no run's log
     table = summarize(public_view(runs)).drop(columns=["baseline/nonprivate_acc_mean"])
-    table.to_csv(out / "summary.csv", index=False)
+    table.to_csv(folder.publishable("summary.csv, summary.md", PUBLIC_NOTE), index=False)
     write_markdown(table, out / "summary.md", sweep, public=True)
     figure = f"{metric}_mean" in table and table[f"{metric}_mean"].notna().any()
     if figure:
-        plot(table, metric, out / "summary.png")
+        plot(table, metric, folder.publishable("summary.png", f"{metric} of those runs against epsilon"))
     else:  # no publishable value to plot; never leave an earlier (private) figure beside the summary
         (out / "summary.png").unlink(missing_ok=True)
-    guarantee = f"each run's own, in its privacy.json (this summary repeats its epsilon and delta). {CAVEAT}"
-    write_manifest(out, guarantee=guarantee, finite_guarantee=True, publishable={
-        "summary.csv, summary.md": PUBLIC_NOTE,
-        **({"summary.png": f"{metric} of those runs against epsilon"} if figure else {}),
-        MANIFEST: "this list",
-    }, private={
-        f"{PRIVATE_DIR}/": "the summary with every metric computed from private rows, and diffprivlib's fits "
-        f"(their epsilon is not accounted by any run's report): {PRIVATE_DIR}/{MANIFEST}",
-        **({"<each run folder>/": f"its own {MANIFEST} says which of its files may be published"}
-           if out.resolve() == sweep.resolve() else {}),
-    }, kept={SWEEP_RECORD: "Hydra's record of the sweep: its settings, this machine's paths and the sweep folder's "
-                           "name (its start time)"} if (out / SWEEP_RECORD).is_file() else None)
+    folder.private("", "the summary with every metric computed from private rows, and diffprivlib's fits (their "
+                   f"epsilon is not accounted by any run's report): {PRIVATE_DIR}/{MANIFEST}")
+    if out.resolve() == sweep.resolve():
+        folder.note("<each run folder>/", f"its own {MANIFEST} says which of its files may be published")
+    if (out / SWEEP_RECORD).is_file():
+        folder.kept(SWEEP_RECORD, "Hydra's record of the sweep: its settings, this machine's paths and the sweep "
+                    "folder's name (its start time)")
+    folder.finish(guarantee=f"each run's own, in its privacy.json (this summary repeats its epsilon and delta). "
+                  f"{CAVEAT}", finite_guarantee=True)
     return table
 
 

@@ -35,10 +35,11 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from dptrain.data import load_dataset  # noqa: E402
 from dptrain.data import schema_from_config as data_schema  # noqa: E402
+from dptrain.release.oneshot.tables import budget_weights, measure  # noqa: E402
 from dptrain.release.synthesis.mst import mst  # noqa: E402
 from dptrain.release.synthesis.mwem import MWEMSettings, mwem  # noqa: E402
 from dptrain.release.tables.domain import domain_columns, row_codes  # noqa: E402
-from dptrain.release.tables.marginals import budget_weights, gaussian_rho, measure  # noqa: E402
+from dptrain.release.zcdp import gaussian_rho  # noqa: E402
 from dptrain.tasks import cli  # noqa: E402
 
 BINS = 8

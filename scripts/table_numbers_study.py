@@ -121,11 +121,11 @@ def reference(design: str, df: pd.DataFrame, train_rids: np.ndarray) -> pd.DataF
 
 def train_rows(df: pd.DataFrame, run_dir: Path) -> np.ndarray:
     """The training rows' ids: the rows the default split kept for training, recomputed by the same
-    public rule (dptrain.data.table.split_scores) from the run's resolved config and file."""
+    public rule (dptrain.data.split.split_scores) from the run's resolved config and file."""
     from omegaconf import OmegaConf
 
     from dptrain.data import schema_from_config
-    from dptrain.data.table import split_scores
+    from dptrain.data.split import split_scores
 
     cfg = OmegaConf.load(run_dir / ".hydra" / "resolved_config.yaml")
     schema = schema_from_config(cfg.data)

@@ -19,7 +19,7 @@ from dptrain.privacy.accounting import (
     ACCOUNTANTS,
     RDP_ORDERS,
     AccountingError,
-    PrivacyAccountant,
+    PrivacyLedger,
     calibrate_noise_multiplier,
     compute_epsilon,
     pld_epsilon,
@@ -300,11 +300,11 @@ def test_calibrate_nothing_spent_needs_no_noise():
                                       delta=1e-5) == 0.0
 
 
-# ---------------------------------------------------------------- PrivacyAccountant
+# ---------------------------------------------------------------- PrivacyLedger
 
 
 def test_accountant_merges_consecutive_identical_segments():
-    acc = PrivacyAccountant()
+    acc = PrivacyLedger()
     for _ in range(3):
         acc.step(noise_multiplier=1.0, sample_rate=0.01)
     acc.step(noise_multiplier=1.0, sample_rate=0.01, num_steps=7)
@@ -316,17 +316,17 @@ def test_accountant_merges_consecutive_identical_segments():
 
 
 def test_accountant_single_segment_equals_functions():
-    acc = PrivacyAccountant()
+    acc = PrivacyLedger()
     acc.step(noise_multiplier=1.1, sample_rate=0.0307, num_steps=300)
     kwargs = dict(sample_rate=0.0307, noise_multiplier=1.1, steps=300, delta=1e-5)
     assert acc.get_epsilon(delta=1e-5) == rdp_epsilon(**kwargs)
     assert acc.get_epsilon(delta=1e-5, accountant="pld") == pld_epsilon(**kwargs)
-    assert PrivacyAccountant().get_epsilon(delta=1e-5) == 0.0
+    assert PrivacyLedger().get_epsilon(delta=1e-5) == 0.0
 
 
 @pytest.mark.parametrize("accountant", ACCOUNTANTS)
 def test_accountant_composes_segments(accountant):
-    a, b, both = PrivacyAccountant(), PrivacyAccountant(), PrivacyAccountant()
+    a, b, both = PrivacyLedger(), PrivacyLedger(), PrivacyLedger()
     a.step(noise_multiplier=1.0, sample_rate=0.01, num_steps=200)
     b.step(noise_multiplier=2.0, sample_rate=0.05, num_steps=100)
     both.step(noise_multiplier=1.0, sample_rate=0.01, num_steps=200)
@@ -337,15 +337,15 @@ def test_accountant_composes_segments(accountant):
 
 
 def test_accountant_state_dict_round_trip_and_resume():
-    acc = PrivacyAccountant()
+    acc = PrivacyLedger()
     acc.step(noise_multiplier=1.0, sample_rate=0.01, num_steps=100)
     acc.step(noise_multiplier=1.5, sample_rate=0.01, num_steps=50)
     state = json.loads(json.dumps(acc.state_dict()))  # survives a JSON checkpoint
-    resumed = PrivacyAccountant()
+    resumed = PrivacyLedger()
     resumed.load_state_dict(state)
     assert resumed.history == acc.history and resumed.steps == 150
     resumed.step(noise_multiplier=1.5, sample_rate=0.01, num_steps=50)
-    uninterrupted = PrivacyAccountant()
+    uninterrupted = PrivacyLedger()
     uninterrupted.step(noise_multiplier=1.0, sample_rate=0.01, num_steps=100)
     uninterrupted.step(noise_multiplier=1.5, sample_rate=0.01, num_steps=100)
     assert resumed.history == uninterrupted.history
@@ -353,7 +353,7 @@ def test_accountant_state_dict_round_trip_and_resume():
 
 
 def test_accountant_refuses_bad_input():
-    acc = PrivacyAccountant()
+    acc = PrivacyLedger()
     with pytest.raises(AccountingError, match="num_steps"):
         acc.step(noise_multiplier=1.0, sample_rate=0.01, num_steps=-1)
     with pytest.raises(AccountingError, match="sample_rate"):
@@ -396,11 +396,11 @@ def test_rdp_calibration_below_its_floor_is_refused_and_points_to_pld():
 
 
 def test_tiny_rdp_target_recommends_pld_when_it_needs_far_less_noise():
+    from dptrain.privacy.budget import Budget
     from dptrain.privacy.dpsgd.mechanism import DPSGDMechanism
-    from dptrain.settings.train import PrivacyConfig
 
-    kw = dict(epochs=10, expected_batch_size=1024, dataset_size=32561, delta=1e-5)
-    tiny = DPSGDMechanism.from_settings(PrivacyConfig(noise_multiplier=None, target_epsilon=0.004), **kw)
+    kw = dict(max_grad_norm=1.0, epochs=10, expected_batch_size=1024, dataset_size=32561, delta=1e-5)
+    tiny = DPSGDMechanism.from_budget(Budget(target=0.004), **kw)
     assert tiny.advice is not None and "privacy.accountant=pld" in tiny.advice and "less noise" in tiny.advice
-    usual = DPSGDMechanism.from_settings(PrivacyConfig(noise_multiplier=None, target_epsilon=1.0), **kw)
+    usual = DPSGDMechanism.from_budget(Budget(target=1.0), **kw)
     assert usual.advice is None

@@ -19,7 +19,8 @@ from torch.nn import functional as F
 import dptrain.tasks.cli  # noqa: F401  (registers the config schema)
 from dptrain.core.errors import DPTrainError
 from dptrain.core.validation import ConfigError
-from dptrain.data.table import encode_features, schema_from_config
+from dptrain.data.encoding import encode_features
+from dptrain.data.schema import schema_from_config
 from dptrain.inference.coefficients import encoder_from_schema
 from dptrain.inference.ssp import describe, sensitivity, ssp_estimate
 from dptrain.privacy.dpsgd.layers import Squeeze

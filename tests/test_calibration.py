@@ -178,11 +178,11 @@ def test_bad_arguments_are_refused(bad):
 
 def test_the_ssp_and_tune_callers_meet_their_targets():
     from dptrain.inference.ssp import calibrate
-    from dptrain.privacy.accounting import PrivacyAccountant
+    from dptrain.privacy.accounting import PrivacyLedger
     from dptrain.privacy.events import gaussian_event
 
     def gaussian(s):
-        acc = PrivacyAccountant()
+        acc = PrivacyLedger()
         acc.record(gaussian_event(s))
         return acc.get_epsilon(delta=1e-5, accountant="rdp")
 

@@ -247,7 +247,7 @@ def test_seeded_split(tmp_path):
     assert not torch.equal(a.x_test, c.x_test)
     schema = data.schema_from_config(table_cfg(p))
     raw = pd.read_csv(p)
-    u3, u4 = (data.table.split_scores(raw, schema, seed=s) for s in (3, 4))
+    u3, u4 = (data.split.split_scores(raw, schema, seed=s) for s in (3, 4))
     assert np.all((u3 >= 0) & (u3 < 1))
     full = data.encode_features(raw, schema)
     assert np.array_equal(a.x_test.numpy(), full[u3 < 0.2]) and np.array_equal(a.x_train.numpy(), full[u3 >= 0.2])
@@ -324,7 +324,7 @@ def test_split_fraction_close_to_test_fraction(tmp_path):
     df = unique_frame(n, seed=5)
     schema = data.schema_from_config(split_cfg("unused.csv"))
     for seed in (0, 1, 12345):
-        u = data.table.split_scores(df, schema, seed=seed)
+        u = data.split.split_scores(df, schema, seed=seed)
         counts = np.histogram(u, bins=10, range=(0, 1))[0]
         chi2 = float(np.sum((counts - n / 10) ** 2 / (n / 10)))
         assert chi2 < 27.9, (seed, counts)  # chi-square(9) at p = 0.001

@@ -15,7 +15,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dptrain.data import blocks, schema_from_config, table
+from dptrain.data import blocks, encoding, schema_from_config, split
+from dptrain.data.labels import cell_label, label_codes
 from dptrain.inference.subsample import row_uniform
 from dptrain.models import baselines, objectives
 from dptrain.training.fit import evaluate
@@ -45,13 +46,13 @@ def _reference_words(col, rows, salt):
         v[np.isnan(v)] = np.nan
         return v.view(np.uint64)
     codes, uniques = pd.factorize(col, use_na_sentinel=True)
-    labels = [table._label(u) for u in uniques]
+    labels = [cell_label(u) for u in uniques]
     words = [_word(salt, b"\xff" if s is None else s.encode("utf-8", "surrogatepass")) for s in labels]
     return np.array(words + [_word(salt, b"\xff")], dtype=np.uint64)[codes[rows]]
 
 
 def reference_scores(df, seed, rows):
-    salt = table.split_salt(seed)
+    salt = split.split_salt(seed)
     words = [_reference_words(df[c], rows, salt) for c in sorted(df.columns)]
 
     def keyed(x, name):
@@ -73,7 +74,7 @@ def reference_features(df, schema, rows):
         x[:, j] = (v - lo) / (hi - lo)
     j = len(schema.numeric)
     for col, cats in schema.categorical:
-        codes = table.label_codes(df[col], cats)[rows]
+        codes = label_codes(df[col], cats)[rows]
         codes[codes < 0] = len(cats)
         x[np.arange(len(rows)), j + codes] = 1.0
         j += len(cats) + 1
@@ -120,8 +121,8 @@ def test_split_scores_are_the_whole_array_hash_bit_for_bit(threads):
         schema = SimpleNamespace(split_key=None)
         kept = np.flatnonzero(np.random.default_rng(1).random(len(df)) < 0.9)
         for rows in (np.arange(len(df)), kept):
-            assert np.array_equal(table.split_scores(df, schema, seed=4, rows=rows), reference_scores(df, 4, rows))
-        assert not np.array_equal(table.split_scores(df, schema, seed=5), reference_scores(df, 4, np.arange(len(df))))
+            assert np.array_equal(split.split_scores(df, schema, seed=4, rows=rows), reference_scores(df, 4, rows))
+        assert not np.array_equal(split.split_scores(df, schema, seed=5), reference_scores(df, 4, np.arange(len(df))))
     finally:
         torch.set_num_threads(before)
 
@@ -132,7 +133,7 @@ def test_encoded_rows_are_the_whole_array_encoding_bit_for_bit(threads):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        rows = table.encode_rows(df, schema, seed=3)
+        rows = encoding.encode_rows(df, schema, seed=3)
     finally:
         torch.set_num_threads(before)
     kept = np.flatnonzero(np.isfinite(df["f64"].to_numpy()))
@@ -156,17 +157,17 @@ def test_encoded_rows_are_the_whole_array_encoding_bit_for_bit(threads):
                                             "sector": other(sector, ["a", "b", "c"])}
     assert rows.facts["rows"]["lumped"]["sector"]["undeclared"] > 1000  # the 'd' rows
     # every row kept: the slices path, the same encoding
-    full = table.encode_rows(df.assign(f64=df["f64"].fillna(0.25)), schema, seed=3)
+    full = encoding.encode_rows(df.assign(f64=df["f64"].fillna(0.25)), schema, seed=3)
     assert len(full.y_train) + len(full.y_test) == len(df)
 
 
 def test_encode_features_and_unmatched_categories():
     df, schema = _frame(5000), _schema()
     rows = np.arange(0, 5000, 3)
-    x = table.encode_features(df.assign(f64=df["f64"].fillna(0.0)), schema, rows)
+    x = encoding.encode_features(df.assign(f64=df["f64"].fillna(0.0)), schema, rows)
     assert np.array_equal(x, reference_features(df.assign(f64=df["f64"].fillna(0.0)), schema, rows))
     none = df.assign(region=pd.Categorical(["nowhere"] * len(df)), f64=df["f64"].fillna(0.0))
-    assert table.encode_rows(none, schema, seed=0).facts["rows"]["lumped"]["region"] == {"missing": 0,
+    assert encoding.encode_rows(none, schema, seed=0).facts["rows"]["lumped"]["region"] == {"missing": 0,
                                                                                        "undeclared": len(df)}
 
 
@@ -225,7 +226,7 @@ def test_evaluations_during_training_use_the_first_test_rows():
     x = torch.from_numpy(rng.random((3000, 2)).astype(np.float32))
     y = (x[:, 0] + 0.3 * torch.from_numpy(rng.normal(size=3000).astype(np.float32)) > 0.5).float()
     model = torch.nn.Sequential(torch.nn.Linear(2, 1), torch.nn.Flatten(0))
-    objective = objectives.build_objective(OmegaConf.create({"name": "binary"}))
+    objective = objectives.build_objective("binary")
     run = SimpleNamespace(x_test=None, model=model, objective=objective)
     data = SimpleNamespace(x_test=x, y_test=y, shard=None)
     with torch.no_grad():

@@ -21,7 +21,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from dptrain.core.validation import ConfigError
-from dptrain.data import DataError, load_dataset
+from dptrain.data import DataError, data_source, load_dataset
 from dptrain.data.cache import CacheError
 from dptrain.data.shards import sharding_plan
 from dptrain.settings.data import DataConfig
@@ -199,4 +199,5 @@ def test_a_sharded_read_refuses_the_cache_by_name(tmp_path):
     with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
         conf = OmegaConf.to_object(compose(config_name="config", overrides=overrides))
     with pytest.raises(ConfigError, match=r"data.cache=.*sharded read.*data.cache=null, or data.sharding=off"):
-        sharding_plan(conf, world=2)
+        sharding_plan(data_source(conf.data), world=2, baseline=conf.trainer.baseline,
+                      estimator=conf.estimator.name)

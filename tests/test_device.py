@@ -41,6 +41,7 @@ from dptrain.privacy.dpsgd.sampling import (
 from dptrain.privacy.randomness import Randomness, philox_state, seeded_philox
 from dptrain.runfolder.tracking import Tracker
 from dptrain.settings.train import validate_against_size
+from dptrain.tasks.plan import training_plan
 from dptrain.tasks.registry import validate
 from dptrain.training.checkpoint import CheckpointError, restore
 from dptrain.training.fit import LaunchConfig, fit, mechanism_for
@@ -203,8 +204,9 @@ def test_a_whole_fit_keeps_every_tensor_on_the_run_device(tmp_path, preset):
     the dp/ curve, checkpoint) under the meta default device and the audit."""
     cfg, data, delta = _setup([f"experiment={preset}", "trainer.epochs=1", "trainer.batch_size=100",
                                "trainer.log_every=3", "trainer.eval_every=5"])
-    mech = mechanism_for(cfg, dataset_size=data.n_train, delta=delta)
-    result, wrong = _audited(lambda: fit(cfg, data, mechanism=mech, tracker=Tracker(tmp_path, tensorboard=False),
+    mech = mechanism_for(training_plan(cfg), dataset_size=data.n_train, delta=delta)
+    plan = training_plan(cfg)
+    result, wrong = _audited(lambda: fit(plan, data, mechanism=mech, tracker=Tracker(tmp_path, tensorboard=False),
                                          launch=LaunchConfig(run_dir=tmp_path)))
     assert wrong == [], wrong[:10]
     assert result.privacy["device"] == "cpu" and result.metrics["train/steps"] == mech.planned_steps

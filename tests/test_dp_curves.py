@@ -25,10 +25,11 @@ from omegaconf import OmegaConf
 from scipy import stats
 
 import dptrain.training.fit
+from dptrain.core.dataspec import DataSpec
 from dptrain.core.validation import ConfigError
 from dptrain.data import load_dataset
 from dptrain.models.networks import logit, mlp
-from dptrain.models.objectives import BINARY, DataSpec, build_objective
+from dptrain.models.objectives import BINARY, build_objective
 from dptrain.privacy.accounting import calibrate_noise_multiplier, rdp_epsilon
 from dptrain.privacy.curves import TAG, bounded_loss_sum, joint_noise_multiplier
 from dptrain.privacy.dpsgd.engine import make_engine
@@ -36,6 +37,7 @@ from dptrain.privacy.randomness import Randomness, settings_digest
 from dptrain.runfolder.tracking import Tracker
 from dptrain.settings.train import validate_against_size
 from dptrain.tasks import cli
+from dptrain.tasks.plan import training_plan
 from dptrain.tasks.registry import validate
 
 SMALL = ["experiment=logit", "estimator.interval_share=0",
@@ -133,8 +135,8 @@ def test_the_run_accounting_invariant_observes_the_curve(tmp_path):
 
     def train(on_engine):
         conf = copy.deepcopy(cfg)
-        mechanism = dptrain.training.fit.mechanism_for(conf, dataset_size=data.n_train, delta=delta)
-        return dptrain.training.fit.fit(conf, data, mechanism=mechanism,
+        mechanism = dptrain.training.fit.mechanism_for(training_plan(conf), dataset_size=data.n_train, delta=delta)
+        return dptrain.training.fit.fit(training_plan(conf), data, mechanism=mechanism,
                                  tracker=Tracker(tmp_path, tensorboard=False), on_engine=on_engine)
 
     out = check_run_accounting(train, delta=delta, accountants=("rdp",))
@@ -200,7 +202,7 @@ def test_released_value_is_unbiased_for_the_clipped_mean_with_the_stated_sd():
     run's secret stream "curve-noise" per step) on one fixed batch, 20,000 times: mean = the sum of
     the clipped losses / B, SD = sigma_c L / B; draws of different steps are uncorrelated."""
     cfg, data, delta = _setup(["privacy.noise_multiplier=1.0"])
-    mech = dptrain.training.fit.mechanism_for(cfg, dataset_size=data.n_train, delta=delta)
+    mech = dptrain.training.fit.mechanism_for(training_plan(cfg), dataset_size=data.n_train, delta=delta)
     torch.manual_seed(0)
     net = logit(in_features=data.x_train.shape[1])
     eng = mech.build_engine(net, engine="fast", generator=torch.Generator().manual_seed(0), objective=BINARY)
@@ -308,11 +310,13 @@ def test_seed_file_label_holds_log_every_when_the_curve_is_released():
 
 
 def test_subsample_aggregate_parts_release_no_curve():
-    from dptrain.inference.subsample import _part_config, part_mechanism
+    from dptrain.inference.subsample import _part_plan, part_mechanism
 
-    cfg = OmegaConf.to_object(_compose([*SMALL, "privacy.noise_multiplier=1.0"]))
-    assert cfg.trainer.dp_curves and not _part_config(cfg).trainer.dp_curves
-    mech = part_mechanism(cfg.privacy, epochs=2, batch_size=100, dataset_size=2000, parts=4, delta=1e-5)
+    cfg = OmegaConf.to_object(_compose([*SMALL, "privacy.noise_multiplier=1.0", "estimator.parts=4",
+                                        "trainer.epochs=2", "trainer.batch_size=100"]))
+    plan = training_plan(cfg)
+    assert plan.loop.dp_curves and not _part_plan(plan).loop.dp_curves
+    mech = part_mechanism(plan, dataset_size=2000, delta=1e-5)
     assert mech.curve is None and mech.curve_event is None and mech.report_fields()["dp_curves"] is None
 
 
@@ -359,5 +363,6 @@ def test_objective_defaults_and_a_plugin_objective_without_one():
 
 def test_audit_mechanism_releases_no_curve():
     cfg, data, delta = _setup([])
-    assert dptrain.training.fit.mechanism_for(cfg, dataset_size=data.n_train, delta=delta, curves=False).curve is None
-    assert dptrain.training.fit.mechanism_for(cfg, dataset_size=data.n_train, delta=delta).curve is not None
+    plan = training_plan(cfg)
+    assert dptrain.training.fit.mechanism_for(plan, dataset_size=data.n_train, delta=delta, curves=False).curve is None
+    assert dptrain.training.fit.mechanism_for(plan, dataset_size=data.n_train, delta=delta).curve is not None

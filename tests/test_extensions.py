@@ -18,8 +18,9 @@ import torch
 from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
 
+from dptrain.core.dataspec import DataSpec
 from dptrain.models.networks import logit
-from dptrain.models.objectives import OBJECTIVES, DataSpec
+from dptrain.models.objectives import OBJECTIVES
 from dptrain.privacy.accounting import ACCOUNTANTS, calibrate_noise_multiplier
 from dptrain.privacy.dpsgd.engine import FastLinearEngine
 from dptrain.privacy.events import EVENT_KINDS, poisson_gaussian

@@ -4,6 +4,7 @@ drift. Each test names the item of the issue it covers."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -23,11 +24,13 @@ from dptrain.core.errors import DPTrainError
 from dptrain.core.validation import ConfigError
 from dptrain.data import DataError, load_dataset, read_table, write_data_diagnostics
 from dptrain.inference.run import warn_large_epsilon
+from dptrain.privacy.budget import INTERVALS
 from dptrain.privacy.report import summary_lines
 from dptrain.release.api import fit_cells
 from dptrain.settings.data import DataConfig, NumericColumn
 from dptrain.settings.train import Config
 from dptrain.tasks import cli
+from dptrain.tasks.plan import training_plan
 from dptrain.tasks.registry import validate
 from dptrain.training.fit import mechanism_for
 
@@ -548,10 +551,13 @@ def test_round2_item7_a_fixed_sigma_beyond_the_epsilon_limit_is_refused_before_t
     # at sigma 0.3 DP-SGD alone is under 100 (91.2); a planned interval release's share counts (Adult's
     # own table plans none, issue 42, so the planned total is checked on the mechanism directly)
     conf = OmegaConf.to_object(_compose(["privacy.noise_multiplier=0.3"]))
-    mechanism = mechanism_for(conf, dataset_size=32561, delta=1e-6)
+    plan = training_plan(conf)
+    mechanism = mechanism_for(plan, dataset_size=32561, delta=1e-6)
+    shared = dataclasses.replace(plan, budget=plan.budget.with_share(INTERVALS, 0.25))
     with pytest.raises(ConfigError, match=r"would be about 121\.[0-9]+ \(91\.[0-9]+ for DP-SGD"):
-        warn_large_epsilon(conf, mechanism, share=0.25)
-    assert warn_large_epsilon(conf, mechanism, share=0.0) == pytest.approx(91.2, abs=0.5)
+        warn_large_epsilon(shared, mechanism)
+    none = dataclasses.replace(plan, budget=plan.budget.with_share(INTERVALS, 0.0))
+    assert warn_large_epsilon(none, mechanism) == pytest.approx(91.2, abs=0.5)
 
 
 def test_round2_item7_a_slow_pld_pass_is_announced(tmp_path, caplog):

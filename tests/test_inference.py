@@ -5,6 +5,7 @@ the run folder, and the refusals."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -21,11 +22,12 @@ from scipy import stats
 
 import dptrain.tasks.cli  # noqa: F401  (registers the config schema)
 from dptrain.core.validation import ConfigError
-from dptrain.data.table import encode_features, schema_from_config
+from dptrain.data.encoding import encode_features
+from dptrain.data.schema import schema_from_config
 from dptrain.inference.coefficients import (
     coefficient_map,
     coefficients,
-    encoder_for_config,
+    encoder_for,
     encoder_from_schema,
     model_coefficients,
     table_terms,
@@ -33,9 +35,10 @@ from dptrain.inference.coefficients import (
 )
 from dptrain.inference.intervals import aggregate_parts
 from dptrain.inference.run import check_estimator, check_estimator_size
-from dptrain.inference.ssp import calibrate, centre, release, sensitivity, ssp_estimate
+from dptrain.inference.ssp import calibrate, centre, release, sensitivity, ssp_estimate, target_weight
 from dptrain.inference.subsample import part_mechanism, random_parts
 from dptrain.privacy.randomness import Randomness, new_seed_file
+from dptrain.tasks.plan import training_plan
 
 DECL = {
     "target": "y",
@@ -284,7 +287,7 @@ def test_multinomial_subsample_aggregate_end_to_end(tmp_path):
     else:  # an interval the run does not claim is not published
         assert table.ci_lower.isna().all() and not table.claimed.any()
     assert table.method.str.contains("mean of 4 part estimates").all()
-    enc = encoder_for_config(OmegaConf.to_object(cfg))
+    enc = encoder_for(training_plan(OmegaConf.to_object(cfg)))
     np.testing.assert_allclose(table.estimate, model_coefficients(load_model(tmp_path).module, enc).ravel(),
                                rtol=1e-5, atol=1e-6)
     check = report["estimator"]["validity_check"]
@@ -327,10 +330,11 @@ def test_dpsgd_estimator_trains_exactly_like_fit(tmp_path):
         launch = LaunchConfig(randomness=Randomness.from_seed_file(key, run_label="x"))
         tracker = Tracker(tmp_path / how, tensorboard=False)
         if how == "fit":
-            res = fit(cfg, data, mechanism=mechanism_for(cfg, dataset_size=data.n_train, delta=delta),
+            plan = training_plan(cfg)
+            res = fit(plan, data, mechanism=mechanism_for(plan, dataset_size=data.n_train, delta=delta),
                       tracker=tracker, launch=launch)
         else:
-            res = run_estimator(cfg, data, delta=delta, tracker=tracker, launch=launch)
+            res = run_estimator(training_plan(cfg), data, delta=delta, tracker=tracker, launch=launch)
         out.append(torch.cat([p.detach().flatten() for p in res.model.parameters()]))
     assert torch.equal(out[0], out[1])
 
@@ -346,23 +350,30 @@ def test_ssp_sensitivity_bounds_every_centred_row_and_is_attained():
     row c = (1, x, y) - m is added, over real rows and every corner of the box; a corner attains it."""
     schema = schema_from_config(DECL)
     enc = encoder_from_schema(schema, kind="linear", target_scale=(0, 1))
-    m = centre(enc)
-    assert m.tolist() == [0, 0.5, 0.5] + [1 / 3] * 3 + [1 / 4] * 4 + [0.5]
+    m, k = centre(enc), target_weight(enc)
+    # the target enters on [0, k], k from the schema's shape (issue 42: X'y's noise per unit of y is smallest there)
+    assert m.tolist() == [0, 0.5, 0.5] + [1 / 3] * 3 + [1 / 4] * 4 + [k / 2] and 2.0 < k < 3.5
     rng = np.random.default_rng(5)
     x = encode_features(_frame(1000, rng), schema).astype(np.float64)
-    z = np.concatenate([np.ones((len(x), 1)), x, rng.uniform(0, 1, (len(x), 1))], 1)
+    z = np.concatenate([np.ones((len(x), 1)), x, k * rng.uniform(0, 1, (len(x), 1))], 1)
     assert _upper_norms(z - m).max() <= sensitivity(enc) + 1e-12
     corners = []  # numeric and target at 0 or 1, every level of each block
     for bits in range(8):
         for s_lvl in range(3):
             for r_lvl in range(4):
                 row = np.zeros(len(m))
-                row[0], row[1], row[2], row[-1] = 1, bits & 1, (bits >> 1) & 1, (bits >> 2) & 1
+                row[0], row[1], row[2], row[-1] = 1, bits & 1, (bits >> 1) & 1, k * ((bits >> 2) & 1)
                 row[3 + s_lvl] = row[6 + r_lvl] = 1
                 corners.append(row)
     norms = _upper_norms(np.asarray(corners) - m)
     assert norms.max() == pytest.approx(sensitivity(enc), rel=1e-12)
-    assert sensitivity(enc) < 0.45 * (2 + 2 + 2)  # the uncentred bound ||z||^2 (2.2x more noise)
+    # per unit of y, X'y's noise Delta / k is below the uncentred bound ||z||^2 / 2.2
+    assert sensitivity(enc) / k < 0.45 * (2 + 2 + 2)
+    from dptrain.inference.ssp import _feature_sums
+
+    sq, quart = _feature_sums(enc)
+    noise_per_y = [math.sqrt(((sq + w * w / 4) ** 2 + quart + w**4 / 16) / 2) / w for w in (1.0, k, 0.8 * k, 1.25 * k)]
+    assert noise_per_y[1] == min(noise_per_y) and noise_per_y[1] < 0.8 * noise_per_y[0]
 
 
 def test_ssp_without_noise_is_ols_and_its_centring_is_a_reparametrisation():
@@ -446,27 +457,30 @@ def test_refusals_name_the_setting_value_and_what_is_allowed():
         ["estimator=subsample_aggregate", "model=mlp"], ["estimator.name=bogus"])
     with pytest.raises(ConfigError, match=r"estimator='ssp' is not allowed: estimates linear regression only, "
                        r"not objective=binary.*allowed"):
-        check_estimator(ssp)
-    check_estimator(parts)
+        check_estimator(training_plan(ssp))
+    check_estimator(training_plan(parts))
     with pytest.raises(ConfigError, match=r"estimator.parts=20 is not allowed for N = 15000 training rows: each "
                        r"part would have about 750 rows, fewer than estimator.min_part_rows=1000; "
                        r"allowed: estimator.parts <= 15"):
-        check_estimator_size(parts, 15000)
-    check_estimator_size(parts, 20000)
+        check_estimator_size(training_plan(parts), 15000)
+    check_estimator_size(training_plan(parts), 20000)
     with pytest.raises(ConfigError, match=r"estimator.parts=1 is not allowed: must be an integer in \[2, 1000\]"):
-        check_estimator(one)
+        check_estimator(training_plan(one))
     with pytest.raises(ConfigError, match=r"estimator='subsample_aggregate' is not allowed: needs a linear model"):
-        check_estimator(mlp)
+        check_estimator(training_plan(mlp))
     with pytest.raises(ConfigError, match=r"estimator.name='bogus' is not allowed: must be one of dpsgd, "
                        r"subsample_aggregate, ssp"):
-        check_estimator(bogus)
+        check_estimator(training_plan(bogus))
 
 
 def test_part_mechanism_uses_public_numbers_only():
-    from dptrain.settings.train import PrivacyConfig
+    from dptrain.privacy.budget import Budget
+    from dptrain.training.plan import EstimatorSpec, Loop
 
-    m = part_mechanism(PrivacyConfig(noise_multiplier=1.0), epochs=2, batch_size=300, dataset_size=30_001, parts=10,
-                       delta=1e-6)
+    plan = training_plan(_compose(["estimator=subsample_aggregate"]))
+    plan = dataclasses.replace(plan, budget=Budget(noise_multiplier=1.0), loop=Loop(epochs=2, batch_size=300),
+                               estimator=EstimatorSpec(name="subsample_aggregate", parts=10))
+    m = part_mechanism(plan, dataset_size=30_001, delta=1e-6)
     assert (m.dataset_size, m.expected_batch_size) == (3000, 30)
     assert m.planned_steps == 200 and m.noise_multiplier == 1.0
 
@@ -492,7 +506,7 @@ def test_ssp_run_reports_its_gaussian_mechanism(tmp_path):
     assert 0.99 <= report["epsilon"] <= 1.0
     est = report["estimator"]
 
-    delta_s = sensitivity(encoder_for_config(OmegaConf.to_object(cfg)))
+    delta_s = sensitivity(encoder_for(training_plan(OmegaConf.to_object(cfg))))
     assert est["name"] == "ssp" and est["sensitivity"] == pytest.approx(delta_s) and 2 < delta_s < 14
     assert est["noise_std"] == pytest.approx(delta_s * sigma)
     assert est["validity_check"]["claimed"] and "CLAIMED" in (tmp_path / "privacy.txt").read_text()

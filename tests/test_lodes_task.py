@@ -108,6 +108,7 @@ def test_smooth_intervals_do_not_name_the_size_class_of_the_largest_establishmen
     import dataclasses
 
     from dptrain.data.jobs import simulate_jobs
+    from dptrain.release.employer import mechanisms
     from dptrain.settings.lodes import LodesConfig, LodesRunConfig
     from dptrain.tasks import lodes
 
@@ -117,7 +118,7 @@ def test_smooth_intervals_do_not_name_the_size_class_of_the_largest_establishmen
     size[target] = 10  # max((1 + 0.1) 9, 9 + 1) = 10: a strong 0.1-neighbour
     neighbour = dataclasses.replace(jobs, size=size)
     fixed = np.linspace(20.0, 400.0, len(jobs.cell_totals()))  # the same release for both: only the interval differs
-    monkeypatch.setattr(lodes.mech, name, lambda n, *args, **kwargs: fixed.copy())
+    monkeypatch.setattr(mechanisms, name, lambda n, *args, **kwargs: fixed.copy())
     conf = LodesRunConfig(lodes=LodesConfig(alpha=0.1))
     tables = [lodes.release(name, j.cell_totals(), conf, (4.0, 1e-6), np.random.default_rng(0), max_size=30_000)
               for j in (jobs, neighbour)]

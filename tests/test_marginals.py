@@ -12,13 +12,11 @@ from dptrain.privacy.accounting import history_epsilon
 from dptrain.privacy.events import zcdp_event
 from dptrain.privacy.samplers import pmf_discrete_laplace
 from dptrain.release.cell_domain import selection_threshold
+from dptrain.release.oneshot.tables import budget_weights, measure, noise_variance
 from dptrain.release.tables.marginals import (
     Marginal,
-    budget_weights,
     consistent_tables,
     gaussian_rho,
-    measure,
-    noise_variance,
     project_simplex,
     rake,
     round_keeping_sum,

@@ -33,7 +33,7 @@ from torch import nn
 import dptrain.privacy.dpsgd.engine
 import dptrain.training.fit
 from dptrain.models.networks import logit, mlp
-from dptrain.privacy.accounting import PrivacyAccountant
+from dptrain.privacy.accounting import PrivacyLedger
 from dptrain.privacy.dpsgd.engine import (
     FastLinearEngine,
     GradientEngine,
@@ -42,6 +42,7 @@ from dptrain.privacy.dpsgd.engine import (
 )
 from dptrain.privacy.dpsgd.sampling import PoissonSampler
 from dptrain.privacy.events import poisson_gaussian
+from dptrain.tasks.plan import training_plan
 
 ENGINES = {
     "fast": functools.partial(make_engine, engine="fast"),
@@ -175,9 +176,9 @@ def _sampler_mutant(kind: str):
 
 
 def _accountant_step_mutant(*, sigma_factor: float = 1.0, q_factor: float = 1.0, every: int = 1):
-    """PrivacyAccountant.record that records sigma * sigma_factor, q * q_factor, and only one
+    """PrivacyLedger.record that records sigma * sigma_factor, q * q_factor, and only one
     call in ``every`` (the training loop records the mechanism's event once per step)."""
-    orig = PrivacyAccountant.record
+    orig = PrivacyLedger.record
 
     def record(self, event, num_steps=1):
         self._mutant_calls = getattr(self, "_mutant_calls", 0) + 1
@@ -237,8 +238,8 @@ def _trainer(kind: str, tmp_path):
 
     def train(on_engine):
         conf = copy.deepcopy(cfg)
-        mechanism = dptrain.training.fit.mechanism_for(conf, dataset_size=data.n_train, delta=delta)
-        return dptrain.training.fit.fit(conf, data, mechanism=mechanism,
+        mechanism = dptrain.training.fit.mechanism_for(training_plan(conf), dataset_size=data.n_train, delta=delta)
+        return dptrain.training.fit.fit(training_plan(conf), data, mechanism=mechanism,
                                  tracker=Tracker(tmp_path, tensorboard=False), on_engine=on_engine)
 
     return train, delta
@@ -396,7 +397,7 @@ def test_mutation_accountant(monkeypatch, tmp_path, mutant):
     # 30 steps) against 0.466 of the mechanism run
     kwargs = {"sigma_x2": {"sigma_factor": 2.0}, "sigma_half": {"sigma_factor": 0.5},
               "q_half": {"q_factor": 0.5}, "every_other_step": {"every": 2}}[mutant]
-    monkeypatch.setattr(PrivacyAccountant, "record", _accountant_step_mutant(**kwargs))
+    monkeypatch.setattr(PrivacyLedger, "record", _accountant_step_mutant(**kwargs))
     train, delta = _trainer("sigma", tmp_path)
     with pytest.raises(AssertionError, match="epsilon .* of the mechanism run"):
         check_run_accounting(train, delta=delta)

@@ -20,6 +20,7 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
+from dptrain.data import data_source
 from dptrain.data.shards import load_training_data
 from dptrain.privacy.randomness import Randomness, RandomnessError, data_digest, new_seed_file
 from dptrain.settings.train import Config
@@ -99,11 +100,11 @@ TRAIN = ["experiment=logit", "data=table", "data.target=y", NUMERIC, "trainer.ep
 def _appended_training_row(df: pd.DataFrame, tmp_path) -> pd.DataFrame:
     """``df`` plus one new person who lands in the TRAINING split (a row in the test split would
     leave the training rows, hence the model, unchanged)."""
-    base = len(load_training_data(_table_conf(df, tmp_path / "probe.csv"), dist=None).y_train)
+    base = len(_rows(_table_conf(df, tmp_path / "probe.csv")).y_train)
     for age in range(67, 90):
         row = {"age": [float(age)], "hours": [12.0], **{f"z{j}": [0.5] for j in range(EXTRA)}, "y": [1]}
         bigger = pd.concat([df, pd.DataFrame(row)], ignore_index=True)
-        if len(load_training_data(_table_conf(bigger, tmp_path / "probe.csv"), dist=None).y_train) == base + 1:
+        if len(_rows(_table_conf(bigger, tmp_path / "probe.csv")).y_train) == base + 1:
             return bigger
     raise AssertionError("no candidate row landed in the training split")
 
@@ -111,6 +112,11 @@ def _appended_training_row(df: pd.DataFrame, tmp_path) -> pd.DataFrame:
 def _table_conf(df: pd.DataFrame, path) -> Config:
     df.to_csv(path, index=False)
     return OmegaConf.to_object(_compose([*TRAIN, f"data.path={path}"]))
+
+
+def _rows(conf: Config):
+    """The training rows task=train reads for ``conf``."""
+    return load_training_data(data_source(conf.data), seed=conf.seed)
 
 
 def _model(df: pd.DataFrame, tmp_path, name: str, extra: list[str]) -> torch.Tensor:

@@ -15,11 +15,12 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
+from dptrain.core.dataspec import DataSpec
 from dptrain.core.errors import DPTrainError
 from dptrain.data import load_dataset, schema_from_config
-from dptrain.data.table import build_dataset
+from dptrain.data.dataset import build_dataset
 from dptrain.models.networks import logit, mlp
-from dptrain.models.objectives import BINARY, OBJECTIVES, DataSpec, Multinomial
+from dptrain.models.objectives import BINARY, OBJECTIVES, Multinomial
 from dptrain.privacy.dpsgd.engine import FastLinearEngine, OpacusEngine
 from dptrain.tasks import cli
 

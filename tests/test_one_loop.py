@@ -23,7 +23,7 @@ import dptrain.training.private as private_mod
 from dptrain.data import load_dataset
 from dptrain.models.objectives import build_objective
 from dptrain.models.optimizers import eager_class
-from dptrain.privacy.accounting import PrivacyAccountant
+from dptrain.privacy.accounting import PrivacyLedger
 from dptrain.privacy.dpsgd.engine import StepStats, make_engine
 from dptrain.privacy.dpsgd.layers import Squeeze
 from dptrain.privacy.dpsgd.loop import PrivateStep
@@ -33,6 +33,7 @@ from dptrain.privacy.randomness import Randomness, new_seed_file, seeded_mt19937
 from dptrain.release.methods.common import BOX_A, BOX_B
 from dptrain.runfolder.tracking import Tracker
 from dptrain.settings.train import validate_against_size
+from dptrain.tasks.plan import training_plan
 from dptrain.tasks.registry import validate
 from dptrain.training.private import make_private
 
@@ -172,7 +173,7 @@ def test_draw_then_apply_equals_call_and_the_hand_written_loop_bit_for_bit():
         engine = _engine(model, seed=11)
         sampler = PoissonSampler(num_rows=200, sample_rate=0.1, rng=np.random.default_rng(3))
         opt = torch.optim.SGD(model.parameters(), lr=0.3)
-        acc = PrivacyAccountant()
+        acc = PrivacyLedger()
         step = PrivateStep(engine, sampler, opt, x, y, accountant=acc)
         for _ in range(12):
             if way == "draw+apply":
@@ -299,8 +300,8 @@ def test_fit_takes_each_step_through_the_one_step(tmp_path, monkeypatch, private
 
     monkeypatch.setattr(fit_mod, "PrivateStep", Recording)
     cfg, data, delta = _fit_setup([] if private else ["privacy.enabled=false"])
-    mech = fit_mod.mechanism_for(cfg, dataset_size=data.n_train, delta=delta)
-    result = fit_mod.fit(cfg, data, mechanism=mech, tracker=Tracker(tmp_path, tensorboard=False))
+    mech = fit_mod.mechanism_for(training_plan(cfg), dataset_size=data.n_train, delta=delta)
+    result = fit_mod.fit(training_plan(cfg), data, mechanism=mech, tracker=Tracker(tmp_path, tensorboard=False))
     steps = result.metrics["train/steps"]
     assert len(seen) == steps == mech.planned_steps > 0 and all(has_batch_step for _, has_batch_step in seen)
     if private:

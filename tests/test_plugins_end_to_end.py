@@ -8,6 +8,9 @@ run end to end:
    method before any row is read, through task=release;
 3. a task with its own schema and config file (``task/NAME.yaml`` in a ``--config-dir``),
    through ``python -m dptrain --config-dir DIR task=NAME plugins=[...]``;
+4. one-shot mechanisms (one module and one registration line each): a synthesizer through
+   task=synthesize (``synthesize.method``) and an employer-employee mechanism through task=lodes
+   (``lodes.publish``);
 
 and a gradient engine (``trainer.engine=NAME``). docs/extending.md describes each as done here.
 """
@@ -21,6 +24,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import dp_accounting
 import numpy as np
 import pandas as pd
 import pytest
@@ -32,8 +36,11 @@ from dptrain.core.registry import load_plugins
 from dptrain.models.networks import logit
 from dptrain.models.objectives import OBJECTIVES
 from dptrain.privacy.dpsgd.engine import ENGINES, FastLinearEngine
+from dptrain.release.employer import mechanisms
 from dptrain.release.methods import RELEASE_METHODS
-from dptrain.settings.release import ReleaseConfig
+from dptrain.release.oneshot import ONE_SHOT
+from dptrain.release.oneshot.er_ee import ErEeSettings
+from dptrain.settings.release import ReleaseConfig, release_spec
 from dptrain.tasks import cli
 from dptrain.tasks.registry import TASKS
 
@@ -223,6 +230,64 @@ ENGINE_PLUGIN = '''
     ENGINES.register("loop", LoopEngine)
 '''
 
+SYNTHESIZER_PLUGIN = '''
+    """A user's synthesizer: each column's 1-way marginal with the discrete Gaussian (rho shared
+    evenly), the columns drawn independently of each other."""
+    import math
+
+    import numpy as np
+
+    from dptrain.privacy.samplers import discrete_gaussian
+    from dptrain.release.oneshot import ONE_SHOT
+    from dptrain.release.oneshot.synthesis import Synthesizer
+
+
+    class IndependentModel:
+        def __init__(self, tables, spent):
+            self.tables, self.spent = tables, spent
+            self.total = int(max(np.mean([t.sum() for t in tables]), 1))
+            self.total_rho = sum(s["rho"] for s in spent)
+
+        def sample(self, n, rng):
+            probs = [np.maximum(t, 0) / max(np.maximum(t, 0).sum(), 1) for t in self.tables]
+            return np.stack([rng.choice(p.size, size=n, p=p if p.sum() > 0 else None) for p in probs], axis=1)
+
+
+    class Independent(Synthesizer):
+        def fit(self, codes, sizes, settings, *, rho, rng):
+            sigma = math.sqrt(len(sizes) / (2.0 * rho))  # each of the d marginals at rho / d
+            tables = [discrete_gaussian(np.bincount(codes[:, c], minlength=s).astype(np.int64), sigma)
+                      for c, s in enumerate(sizes)]
+            spent = [{"stage": f"1-way marginal of column {c}", "sigma": sigma, "rho": rho / len(sizes)}
+                     for c in range(len(sizes))]
+            return IndependentModel(tables, spent)
+
+
+    ONE_SHOT.register("independent", Independent())
+'''
+
+ER_EE_PLUGIN = '''
+    """A user's employer-employee mechanism: log_laplace with its multiplicative bias removed (a
+    function of the release and the public alpha and epsilon: the same (alpha, epsilon)-ER-EE)."""
+    from dptrain.release.employer import mechanisms
+    from dptrain.release.oneshot import ONE_SHOT
+    from dptrain.release.oneshot.er_ee import ErEeMechanism
+
+
+    class UnbiasedLogLaplace(ErEeMechanism):
+        def release(self, cells, settings, *, epsilon, delta, rng, max_size):
+            raw = mechanisms.log_laplace(cells["n"].to_numpy(float), settings.alpha, epsilon, rng)
+            lo, hi = mechanisms.log_laplace_interval(raw, settings.alpha, epsilon)
+            return mechanisms.log_laplace_unbiased(raw, settings.alpha, epsilon), lo, hi
+
+        def words(self, settings, epsilon, delta):
+            return (f"({settings.alpha:g}, {epsilon:g})-er_ee", "an establishment's size up to a factor "
+                    f"1 + alpha = {1 + settings.alpha:g}", "none: log_laplace's multiplicative bias removed")
+
+
+    ONE_SHOT.register("log_laplace_unbiased", UnbiasedLogLaplace())
+'''
+
 CONFIG_FILES = {
     "objective/modified_huber.yaml": "name: modified_huber\n",
     "task/count_rows.yaml": textwrap.dedent("""\
@@ -238,12 +303,12 @@ CONFIG_FILES = {
 }
 
 PLUGINS = {"my_objective": OBJECTIVE_PLUGIN, "my_release_method": METHOD_PLUGIN, "my_task": TASK_PLUGIN,
-           "my_engine": ENGINE_PLUGIN}
+           "my_engine": ENGINE_PLUGIN, "my_synthesizer": SYNTHESIZER_PLUGIN, "my_er_ee": ER_EE_PLUGIN}
 
 
 @pytest.fixture(scope="module")
 def plugin_dir(tmp_path_factory) -> Path:
-    """The user's folder: four plugin modules and a config dir (conf/objective, conf/task)."""
+    """The user's folder: six plugin modules and a config dir (conf/objective, conf/task)."""
     root = tmp_path_factory.mktemp("user")
     for name, text in PLUGINS.items():
         (root / f"{name}.py").write_text(textwrap.dedent(text))
@@ -263,6 +328,8 @@ def in_process(plugin_dir, monkeypatch):
     RELEASE_METHODS.unregister("thresholded_mean")
     TASKS.unregister("count_rows")
     ENGINES.unregister("loop")
+    ONE_SHOT.unregister("independent")
+    ONE_SHOT.unregister("log_laplace_unbiased")
     for name in PLUGINS:
         sys.modules.pop(name, None)
 
@@ -380,9 +447,10 @@ def test_release_method_defaults_and_setting_in_process(in_process, tmp_path):
     # release.method_settings are the chosen method's: any other method (the private evaluation
     # runs them all) reads its own defaults
     method = RELEASE_METHODS.get("thresholded_mean")
-    chosen = ReleaseConfig(method="thresholded_mean", method_settings={"n_share": 0.25})
+    chosen = release_spec(ReleaseConfig(method="thresholded_mean", method_settings={"n_share": 0.25}))
     assert method.own_settings(chosen) == {"min_noisy_n": 5, "n_share": 0.25}
-    assert method.own_settings(ReleaseConfig(method="mos", method_settings={"n_share": 0.25})) == method.settings
+    other = release_spec(ReleaseConfig(method="mos", method_settings={"n_share": 0.25}))
+    assert method.own_settings(other) == method.settings
 
 
 @pytest.mark.parametrize("override, message", [
@@ -451,3 +519,72 @@ def test_a_module_that_cannot_be_imported_is_refused_by_name(tmp_path):
     assert res.returncode == 2
     assert "plugins=['no_such_module_xyz'] is not allowed: module 'no_such_module_xyz' cannot be imported" in res.stderr
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------------ 4. one-shot mechanisms
+
+
+def test_one_shot_synthesizer_end_to_end_with_its_guarantee(in_process, tmp_path):
+    """One module, one registration line: synthesize.method=independent draws every column on its
+    own from its noisy 1-way marginal; its stages' rho is the run's budget and its epsilon the RDP
+    conversion of it, as for the built-in synthesizers."""
+    cli.run(_compose(["experiment=adult_synth", "synthesize.method=independent", "plugins=[my_synthesizer]"]),
+            run_dir=tmp_path / "run")
+    report = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    assert report["method"] == "independent" and len(report["stages"]) == 14  # one 1-way marginal per column
+    rho = sum(s["rho"] for s in report["stages"])
+    assert rho == pytest.approx(report["rho_budget"], rel=1e-9) and report["accountant"] == "rdp (zCDP)"
+    acc = dp_accounting.rdp.RdpAccountant()
+    acc.compose(dp_accounting.ZCDpEvent(rho))
+    assert acc.get_epsilon(1e-6) == pytest.approx(report["epsilon"], rel=1e-9) and report["epsilon"] <= 1.0
+    frame = pd.read_csv(tmp_path / "run" / "synthetic.csv", keep_default_na=False)
+    assert list(frame.columns) == list(report["domain"]) and abs(len(frame) - 48842) < 500
+    male, rich = frame["sex"] == "Male", frame["income"] == ">50K"
+    assert abs(male.mean() - 0.6685) < 0.01 and abs(rich.mean() - 0.2393) < 0.01  # Adult's 1-way shares
+    assert abs(rich[male].mean() - rich[~male].mean()) < 0.02  # drawn independently (Adult: 0.31 against 0.11)
+
+
+def test_one_shot_name_is_checked_against_the_registry_with_the_plugins(in_process, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.run(_compose(["experiment=adult_synth", "synthesize.method=independant", "plugins=[my_synthesizer]"]),
+                run_dir=tmp_path / "run")
+    assert stop.value.code == 2 and not (tmp_path / "run").exists()
+    assert ("synthesize.method='independant' is not allowed: must be one of mst, mwem, independent"
+            in capsys.readouterr().err)
+
+
+def test_one_shot_er_ee_mechanism_published_by_task_lodes(plugin_dir, tmp_path):
+    """lodes.publish=log_laplace_unbiased from the command line: its table at the top of the run
+    folder, its words in the report, and it runs beside every built-in mechanism."""
+    res = _cli(["experiment=lodes_sim", "lodes.establishments=3000", "privacy.epsilon=0.5",
+                "lodes.publish=log_laplace_unbiased", "plugins=[my_er_ee]", f"hydra.run.dir={tmp_path / 'run'}"],
+               plugin_dir, REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    assert report["published"] == "log_laplace_unbiased" and report["run"][-1] == "log_laplace_unbiased"
+    assert report["guarantee"].startswith("(0.1, 0.5)-er_ee in all") and "bias removed" in report["guarantee"]
+    assert report["mechanisms"]["log_laplace_unbiased"]["guarantee"] == "(0.1, 0.5)-er_ee"
+    table = pd.read_csv(tmp_path / "run" / "tables" / "place__sector__ownership.csv")
+    assert (table.ci_low < table.ci_high).all() and len(table) > 100
+    # the published counts are the plugin's: log_laplace's raw release, unbiased, beside the raw
+    # release's interval (3.8% apart at b = ln 1.1 / 0.5; the file keeps 6 significant digits)
+    raw = (table["released"] + 10.0) * mechanisms.log_laplace_bias_factor(0.1, 0.5) - 10.0
+    lo, hi = mechanisms.log_laplace_interval(raw.to_numpy(), 0.1, 0.5)
+    assert np.allclose(table.ci_low, lo, rtol=1e-4, atol=1e-3) and np.allclose(table.ci_high, hi, rtol=1e-4, atol=1e-3)
+    comparison = pd.read_csv(tmp_path / "run" / "private" / "comparison.csv")
+    assert (comparison.mechanism == "log_laplace_unbiased").any()
+    assert (tmp_path / "run" / "private" / "tables" / "log_laplace").is_dir()
+
+
+def test_one_shot_er_ee_plugin_removes_log_laplace_bias(in_process):
+    """What the plugin claims, measured: on 20,000 cells of 20 jobs at (alpha, epsilon) = (0.1,
+    0.5) log_laplace's mean is (n + 10) / (1 - b^2) - 10 = 21.13 (b = ln 1.1 / 0.5); the plugin's is
+    20 (standard error about 0.06)."""
+    load_plugins(["my_er_ee"])
+    cells = pd.DataFrame({"n": np.full(20_000, 20.0), "x_max": 5.0, "n_capped": 20.0})
+    settings = ErEeSettings(alpha=0.1, employer_cap=1000)
+    means = {name: float(np.mean(ONE_SHOT.get(name).release(cells, settings, epsilon=0.5, delta=1e-6,
+                                                            rng=np.random.default_rng(0), max_size=30_000)[0]))
+             for name in ("log_laplace", "log_laplace_unbiased")}
+    assert means["log_laplace"] == pytest.approx(21.13, abs=0.3)
+    assert means["log_laplace_unbiased"] == pytest.approx(20.0, abs=0.3)

@@ -146,6 +146,20 @@ def test_public_rows_give_publishable_predictions(logit_run, new_rows, tmp_path)
     assert "predictions.csv" in (tmp_path / "FILES.txt").read_text().split("PRIVATE:")[0]
 
 
+def test_public_predictions_are_vouched_for_by_the_folders_list(logit_run, new_rows, tmp_path):
+    """Issue 45: predict wrote FILES.txt before its predictions, so publishable predictions
+    (data.public=true) had no digest and `dptrain verify` failed on them as UNLISTED. The folder now
+    writes its list last: the predictions are digested and the folder verifies; private ones (under
+    private/) are not digested."""
+    from dptrain.runfolder import verify
+
+    _predict_inprocess([f"run={logit_run}", f"data.path={new_rows}", "data.public=true"], tmp_path / "pub")
+    rows, ok = verify.verify_run(tmp_path / "pub")
+    assert ok and ("predictions.csv", "ok") in [(r[0], r[1]) for r in rows], rows
+    _predict_inprocess([f"run={logit_run}", f"data.path={new_rows}"], tmp_path / "priv")
+    assert "predictions.csv" not in verify.read_manifest_digests(tmp_path / "priv")
+
+
 def test_parquet_and_semicolon_files_score_like_the_api(logit_run, new_rows, tmp_path):
     rows = pd.read_csv(new_rows)
     rows.to_parquet(tmp_path / "new.parquet")
@@ -159,12 +173,12 @@ def test_parquet_and_semicolon_files_score_like_the_api(logit_run, new_rows, tmp
 
 
 def test_refusals_come_before_any_row_is_read(logit_run, new_rows, tmp_path, capsys, monkeypatch):
-    import dptrain.data.table as table
+    import dptrain.tasks.predict as predict
 
     def no_rows(*args, **kwargs):
         raise AssertionError("a row was read")
 
-    monkeypatch.setattr(table, "read_table", no_rows)
+    monkeypatch.setattr(predict, "read_table", no_rows)
     lacking = tmp_path / "lacking.csv"
     pd.read_csv(new_rows).drop(columns=["age", "workclass"]).to_csv(lacking, index=False)
     cases = [

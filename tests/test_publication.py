@@ -20,7 +20,8 @@ from hydra import compose, initialize_config_module
 
 import dptrain.tasks.cli as cli
 from dptrain.runfolder import verify
-from dptrain.runfolder.tracking import write_json, write_manifest
+from dptrain.runfolder.folder import write_manifest
+from dptrain.runfolder.tracking import write_json
 from dptrain.tasks.tune import CandidateLaw
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -34,6 +34,7 @@ from dptrain.privacy.randomness import (
 from dptrain.runfolder.tracking import Tracker
 from dptrain.settings.train import validate_against_size
 from dptrain.tasks import cli
+from dptrain.tasks.plan import training_plan
 from dptrain.tasks.registry import validate
 from dptrain.training.fit import LaunchConfig, fit, mechanism_for
 
@@ -131,7 +132,8 @@ def _without_row(data, i: int):
 
 
 def _train(cfg, data, delta, tmp_path, randomness, dataset_size):
-    res = fit(cfg, data, mechanism=mechanism_for(cfg, dataset_size=dataset_size, delta=delta),
+    plan = training_plan(cfg)
+    res = fit(plan, data, mechanism=mechanism_for(plan, dataset_size=dataset_size, delta=delta),
               tracker=Tracker(tmp_path, tensorboard=False), launch=LaunchConfig(randomness=randomness))
     return torch.cat([p.detach().flatten() for p in res.model.parameters()])
 
@@ -177,7 +179,8 @@ def _one_step_update(cfg_over: list[str], tmp_path, randomness) -> tuple[torch.T
     steps_epochs = res_cfg.trainer.batch_size / data.n_train  # one step
     res_cfg.trainer.epochs = steps_epochs
     init = []
-    res = fit(res_cfg, data, mechanism=mechanism_for(res_cfg, dataset_size=data.n_train, delta=delta),
+    plan = training_plan(res_cfg)
+    res = fit(plan, data, mechanism=mechanism_for(plan, dataset_size=data.n_train, delta=delta),
               tracker=Tracker(tmp_path, tensorboard=False), launch=LaunchConfig(randomness=randomness),
               on_engine=lambda e: init.append(torch.cat([p.detach().flatten().clone() for p in e.model.parameters()])))
     assert res.privacy["steps"] == 1

@@ -28,7 +28,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from dptrain.core.validation import ConfigError
-from dptrain.data import DataError, load_dataset
+from dptrain.data import DataError, data_source, load_dataset
 from dptrain.data import shards as shards_mod
 from dptrain.data.shards import (
     assign_pieces,
@@ -175,7 +175,7 @@ def test_shard_encoding_and_split_equal_the_whole_tables(tmp_path, world):
     whole = load_dataset(data_cfg(tmp_path / "set.whole.parquet"), seed=7)  # one file, read whole
     folder = load_dataset(data_cfg(tmp_path / "set"), seed=7)  # the folder, read whole
     pset = open_parquet_set(tmp_path / "set")
-    parts = Threads(world).run(lambda d: load_shard(data_cfg(tmp_path / "set"), pset, seed=7, dist=d))
+    parts = Threads(world).run(lambda d: load_shard(data_source(data_cfg(tmp_path / "set")), pset, seed=7, dist=d))
     for r, part in enumerate(parts):
         assert part.shard == (r, world)
         assert part.n_train == whole.n_train and part.n_test == whole.n_test  # the job's counts
@@ -205,7 +205,7 @@ def test_checks_over_every_row_use_every_shard(tmp_path):
         pq.write_table(pa.Table.from_pandas(df, preserve_index=False), root / name)
     cfg = data_cfg(root, nonfinite="drop")
     whole = load_dataset(cfg, seed=0)
-    parts = Threads(2).run(lambda d: load_shard(cfg, open_parquet_set(root), seed=0, dist=d))
+    parts = Threads(2).run(lambda d: load_shard(data_source(cfg), open_parquet_set(root), seed=0, dist=d))
     assert not any(isinstance(p, Exception) for p in parts), parts
     assert {float(p.y_train.max()) for p in parts} == {0.0, 1.0}
     assert parts[0].n_train == whole.n_train == sum(int(p.x_train.shape[0]) for p in parts)
@@ -222,28 +222,40 @@ def test_a_refused_shard_is_refused_on_every_rank_with_the_whole_tables_error(tm
     strict = data_cfg(root, nonfinite="error")  # the user's choice of a refusal that depends on the rows
     with pytest.raises(DataError) as whole:
         load_dataset(strict, seed=0)
-    errors = Threads(2).run(lambda d: load_shard(strict, open_parquet_set(root), seed=0, dist=d))
+    errors = Threads(2).run(lambda d: load_shard(data_source(strict), open_parquet_set(root), seed=0, dist=d))
     assert all(isinstance(e, DataError) for e in errors), errors
     assert str(errors[0]) == str(errors[1]) == str(whole.value)
     assert "data.numeric.x0" in str(whole.value) and "SECRETVALUE" not in str(whole.value)
     # with data.nonfinite=drop (the default) the row is left out on its shard, and counted over every shard
-    parts = Threads(2).run(lambda d: load_shard(data_cfg(root), open_parquet_set(root), seed=0, dist=d))
+    parts = Threads(2).run(lambda d: load_shard(data_source(data_cfg(root)), open_parquet_set(root), seed=0, dist=d))
     assert {p.diagnostics["rows"]["left_out_by"]["numeric"]["x0"]["not_a_number"] for p in parts} == {1}
     # no row anywhere with the positive label: every shard loads (issue 44: a refusal would tell it)
     for name, df in (("a.parquet", good), ("b.parquet", _frame(200, 2))):
         df = df.assign(y="no")
         pq.write_table(pa.Table.from_pandas(df, preserve_index=False), root / name)
-    parts = Threads(2).run(lambda d: load_shard(data_cfg(root), open_parquet_set(root), seed=0, dist=d))
+    parts = Threads(2).run(lambda d: load_shard(data_source(data_cfg(root)), open_parquet_set(root), seed=0, dist=d))
     assert all(not isinstance(p, Exception) and float(p.y_train.max()) == 0.0 for p in parts), parts
     # a declared column missing from one file: from the metadata, naming that file
     pq.write_table(pa.Table.from_pandas(good.drop(columns=["cat"]), preserve_index=False), root / "b.parquet")
     with pytest.raises(DataError, match="data.categorical.cat: column 'cat' is not in .*the folder's file 'b.parquet'"):
         load_dataset(data_cfg(root), seed=0)
-    errors = Threads(2).run(lambda d: load_shard(data_cfg(root), open_parquet_set(root), seed=0, dist=d))
+    errors = Threads(2).run(lambda d: load_shard(data_source(data_cfg(root)), open_parquet_set(root), seed=0, dist=d))
     assert all(isinstance(e, DataError) and "'b.parquet'" in str(e) for e in errors), errors
 
 
 # ------------------------------------------------------------------------------ (d) refusals
+
+
+def _sharding(conf, world):
+    """dptrain.data.shards.sharding_plan with a run's data source, trainer.baseline and estimator."""
+    return sharding_plan(data_source(conf.data), world=world, baseline=conf.trainer.baseline,
+                         estimator=conf.estimator.name)
+
+
+def _training_data(conf, dist):
+    """dptrain.data.shards.load_training_data as task=train calls it."""
+    return load_training_data(data_source(conf.data), seed=conf.seed, dist=dist, baseline=conf.trainer.baseline,
+                              estimator=conf.estimator.name)
 
 
 def _conf(overrides: list[str]):
@@ -260,32 +272,32 @@ def test_what_cannot_be_sharded_is_refused_before_any_row_is_read(tmp_path, monk
 
     monkeypatch.setattr(shards_mod, "read_rows", no_read)
     conf = _conf([*base, "trainer.baseline=true"])  # the baseline asked for
-    errors = Threads(2).run(lambda d: load_training_data(conf, dist=d))
+    errors = Threads(2).run(lambda d: _training_data(conf, d))
     assert all(isinstance(e, ConfigError) and re.search(r"trainer.baseline=True is not allowed.*trainer.baseline="
                                                         "false", str(e)) for e in errors), errors
     ok = _conf([*base, "trainer.baseline=false"])
     # processes that see different data sets at data.path (machines without a shared path) are refused
     write_set(tmp_path / "other", {"a.parquet": [100, 100]})
     other = _conf([*base, "trainer.baseline=false", f"data.path={tmp_path / 'other'}"])
-    errors = Threads(2).run(lambda d: load_training_data(ok if d.rank == 0 else other, dist=d))
+    errors = Threads(2).run(lambda d: _training_data(ok if d.rank == 0 else other, d))
     assert all(isinstance(e, DataError) and "the processes see different Parquet files" in str(e)
                for e in errors), errors
-    assert sharding_plan(ok, world=2) is not None
+    assert _sharding(ok, world=2) is not None
     with pytest.raises(ConfigError, match=r"with 11 processes.*has 10 row group\(s\).*at least 11 row groups"):
-        sharding_plan(ok, world=11)
+        _sharding(ok, world=11)
     one = tmp_path / "one.parquet"
     pq.write_table(pa.Table.from_pandas(_frame(100), preserve_index=False), one)
     single = [*base, "trainer.baseline=false", f"data.path={one}"]
-    assert sharding_plan(_conf(single), world=2) is None  # one row group, auto: the whole table, as before
+    assert _sharding(_conf(single), world=2) is None  # one row group, auto: the whole table, as before
     with pytest.raises(ConfigError, match=r"with 2 processes.*data.sharding=row_groups.*has 1 row group"):
-        sharding_plan(_conf([*single, "data.sharding=row_groups"]), world=2)
-    assert sharding_plan(_conf([*base, "data.sharding=off"]), world=2) is None
+        _sharding(_conf([*single, "data.sharding=row_groups"]), world=2)
+    assert _sharding(_conf([*base, "data.sharding=off"]), world=2) is None
     with pytest.raises(ConfigError, match=r"data.sharding='row_groups' is not allowed: needs trainer.distributed"):
-        sharding_plan(_conf([*base, "trainer.distributed=false", "data.sharding=row_groups"]), world=None)
+        _sharding(_conf([*base, "trainer.distributed=false", "data.sharding=row_groups"]), world=None)
     csv = tmp_path / "t.csv"
     _frame(50).to_csv(csv, index=False)
     with pytest.raises(ConfigError, match=r"data.sharding='row_groups' is not allowed: reads Parquet row groups"):
-        sharding_plan(_conf([*base, f"data.path={csv}", "data.sharding=row_groups"]), world=2)
+        _sharding(_conf([*base, f"data.path={csv}", "data.sharding=row_groups"]), world=2)
     with pytest.raises(ConfigError, match=r"data.sharding='bogus' is not allowed"):
         from dptrain.tasks.registry import validate
 

@@ -16,7 +16,7 @@ import pytest
 
 from dptrain.data import load_dataset, schema_from_config
 from dptrain.data.blocks import occurrences
-from dptrain.data.table import split_scores
+from dptrain.data.split import split_scores
 
 
 def survey(n: int, seed: int) -> pd.DataFrame:

@@ -75,13 +75,13 @@ def test_a_refused_command_line_imports_no_heavy_library_and_still_exits_2(tmp_p
 def test_predict_offers_the_names_it_always_offered():
     """dptrain.tasks.predict (a task module: nothing but the command line imports it) offers the names
     it always offered, the same objects as their homes'."""
-    import dptrain.data.table
+    import dptrain.data.files
     import dptrain.runfolder.tracking
     import dptrain.tasks.predict as predict
 
     assert predict.MODEL_FILENAME == dptrain.runfolder.tracking.MODEL_FILENAME
     assert predict.model_path_in is dptrain.runfolder.tracking.model_path_in
-    assert predict.DataError is dptrain.data.table.DataError
+    assert predict.DataError is dptrain.data.files.DataError
     assert callable(predict.load_model)
     with pytest.raises(AttributeError):
         predict.no_such_name  # noqa: B018

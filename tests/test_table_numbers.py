@@ -89,7 +89,7 @@ def _ols(df: pd.DataFrame, run: Path) -> tuple[pd.Series, pd.Series]:
     from omegaconf import OmegaConf
 
     from dptrain.data import schema_from_config
-    from dptrain.data.table import split_scores
+    from dptrain.data.split import split_scores
 
     cfg = OmegaConf.load(run / ".hydra" / "resolved_config.yaml")
     schema = schema_from_config(cfg.data)
@@ -193,7 +193,7 @@ def test_finding5_a_non_private_run_is_the_exact_glm_with_aliased_terms_marked(t
     from omegaconf import OmegaConf
 
     from dptrain.data import schema_from_config
-    from dptrain.data.table import split_scores
+    from dptrain.data.split import split_scores
 
     cfg = OmegaConf.load(tmp_path / "run0" / ".hydra" / "resolved_config.yaml")
     tr = df[split_scores(df, schema_from_config(cfg.data), seed=0) >= 0.25]

@@ -11,6 +11,7 @@ from dptrain.data import load_dataset
 from dptrain.privacy.accounting import rdp_epsilon
 from dptrain.runfolder.tracking import Tracker
 from dptrain.settings.train import validate_against_size
+from dptrain.tasks.plan import training_plan
 from dptrain.tasks.registry import validate
 from dptrain.training.fit import LaunchConfig, fit, mechanism_for
 
@@ -26,7 +27,8 @@ def _setup(overrides):
 
 
 def _fit(cfg, data, delta, tmp_path, *, randomness=None, on_engine=None):
-    return fit(cfg, data, mechanism=mechanism_for(cfg, dataset_size=data.n_train, delta=delta),
+    plan = training_plan(cfg)
+    return fit(plan, data, mechanism=mechanism_for(plan, dataset_size=data.n_train, delta=delta),
                tracker=Tracker(tmp_path, tensorboard=False), launch=LaunchConfig(randomness=randomness),
                on_engine=on_engine)
 

@@ -1,6 +1,6 @@
 """Data loading: the shipped UCI Adult file, the user's table, or a seeded synthetic set.
 
-Every source goes through the same PUBLIC-schema encoding (:mod:`dptrain.data.table`): numeric
+Every source goes through the same PUBLIC-schema encoding (:mod:`dptrain.data.encoding`): numeric
 columns clipped to declared bounds and scaled to [0, 1], categorical columns one-hot over the
 declared list plus an ``<other>`` slot, a binary target (or a multiclass one over the declared
 ``data.classes``, or a continuous one scaled by the declared ``data.target_bounds``); nothing is
@@ -14,8 +14,11 @@ split): Adult's comes from the shipped file ``adult/schema.yaml`` (``data.schema
 
 Public API::
 
-    Dataset, DataError, load_dataset(cfg, *, seed), read_table(path, *, fmt="auto"),
-    declaration(cfg), schema_from_config(cfg), write_data_diagnostics(run_dir, data)
+    DataSource, data_source(settings), Dataset, DataError, load_dataset(source, *, seed),
+    read_table(path, *, fmt="auto"), declaration(settings), schema_from_config(settings),
+    write_data_diagnostics(run_dir, data)
+
+:func:`data_source` is the one reading of a run's data settings; every loader takes its value.
 """
 
 from __future__ import annotations
@@ -30,34 +33,25 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from dptrain.core.validation import ConfigError
+from dptrain.core.validation import ConfigError, field_of
 from dptrain.data import synthetic
 from dptrain.data.cache import cache_key, check_writable
 from dptrain.data.cache import load as load_cached
 from dptrain.data.cache import store as store_cached
-from dptrain.data.parquet import read_folder
-from dptrain.data.table import (
-    OTHER,
-    DataError,
-    Dataset,
-    Schema,
-    _seed,
-    build_dataset,
-    check_file,
-    check_rows,
-    dataset_from_rows,
-    detect_format,
-    diagnostics,
-    encode_checked,
-    encode_features,
-    numeric_spec,
-    read_table,
-    release_arrow_memory,
-)
-from dptrain.data.table import schema_from_config as _schema_from_declaration
+from dptrain.data.dataset import Dataset, build_dataset, check_rows, dataset_from_rows, diagnostics, encode_checked
+from dptrain.data.encoding import encode_features
+from dptrain.data.files import DataError, locate
+from dptrain.data.reading import read_table, release_arrow_memory
+from dptrain.data.schema import OTHER, Schema, numeric_spec
+from dptrain.data.schema import schema_from_config as _schema_from_declaration
+from dptrain.data.source import DataSource
+from dptrain.data.split import check_seed
 from dptrain.runfolder.tracking import private_dir, write_json
 
 __all__ = [
+    "DataSource",
+    "data_source",
+    "public_schema",
     "ADULT_FILE",
     "ADULT_SOURCE",
     "DIAGNOSTICS_FILE",
@@ -130,15 +124,15 @@ def load_adult_frame(path: str | Path | None = None, *, columns: Sequence[str] |
     return read_table(p, fmt="csv", columns=columns)
 
 
-def _synthetic_schema(cfg: Any) -> tuple[int, int, dict[str, Any]]:
-    n_rows, n_features = _get(cfg, "n_rows"), _get(cfg, "n_features")
+def _synthetic_schema(settings: Any) -> tuple[int, int, dict[str, Any]]:
+    n_rows, n_features = field_of(settings, "n_rows"), field_of(settings, "n_features")
     for setting, v, lo in (("data.n_rows", n_rows, 2), ("data.n_features", n_features, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"{setting}={v!r} is not allowed: must be an integer >= {lo}")
-    if _get(cfg, "categorical"):
+    if field_of(settings, "categorical"):
         raise ConfigError("data.categorical is not allowed for data=synthetic: "
                           "the generator has numeric columns x0..x{n-1} only")
-    declared = dict(_get(cfg, "numeric") or {})
+    declared = dict(field_of(settings, "numeric") or {})
     cols = synthetic.feature_columns(n_features)
     for name in declared:
         if not re.fullmatch(r"x\d+", str(name)):
@@ -146,14 +140,6 @@ def _synthetic_schema(cfg: Any) -> tuple[int, int, dict[str, Any]]:
                               f"the generated columns are x0..x{n_features - 1}")
     numeric = {c: declared.get(c, {"lower": synthetic.LOWER, "upper": synthetic.UPPER}) for c in cols}
     return n_rows, n_features, numeric
-
-
-def _get(obj: Any, name: str, default: Any = None) -> Any:
-    if isinstance(obj, dict):
-        return obj.get(name, default)
-    if hasattr(obj, "keys") and hasattr(obj, "get"):  # DictConfig
-        return obj.get(name, default)
-    return getattr(obj, name, default)
 
 
 DECLARATION_KEYS = ("target", "positive", "negative", "classes", "target_bounds", "numeric", "categorical",
@@ -169,18 +155,18 @@ def shipped_schema(key: Any) -> dict[str, Any]:
     return yaml.safe_load(SCHEMAS[key].read_text(encoding="utf-8"))
 
 
-def _shipped_declaration(cfg: Any, key: Any) -> dict[str, Any]:
+def _shipped_declaration(settings: Any, key: Any) -> dict[str, Any]:
     """A shipped schema, with the run's own choice of target: ``data.target`` another column of
     the file, declared as ``data.classes`` (multiclass), ``data.target_bounds`` (continuous) or
     ``data.positive`` (binary). That column is then removed from the features (a target is
     never a feature); the shipped target column is not read."""
     for own in ("numeric", "categorical"):
-        if _get(cfg, own):
+        if field_of(settings, own):
             raise ConfigError(f"data.{own} is not allowed with data.schema={key!r} (the shipped schema "
                               "declares the columns); use data=table to declare your own")
     out = {"nonfinite": "drop", "test_fraction": 0.25, "positive": None, "negative": None, "split_column": None,
            "split_key": None, "classes": None, "target_bounds": None, **shipped_schema(key)}
-    exclude = [str(c).strip() for c in (_get(cfg, "exclude") or [])]
+    exclude = [str(c).strip() for c in (field_of(settings, "exclude") or [])]
     columns = [*out["numeric"], *out["categorical"]]
     for c in exclude:
         if c not in columns:
@@ -188,10 +174,11 @@ def _shipped_declaration(cfg: Any, key: Any) -> dict[str, Any]:
                               f"schema {key!r}; allowed: a list of {', '.join(columns)}")
     out["numeric"] = {c: v for c, v in out["numeric"].items() if c not in exclude}
     out["categorical"] = {c: v for c, v in out["categorical"].items() if c not in exclude}
-    target, positive, negative = _get(cfg, "target"), _get(cfg, "positive"), _get(cfg, "negative")
-    bounds = _get(cfg, "target_bounds")
-    bounds = None if bounds is None or (_get(bounds, "lower") is None and _get(bounds, "upper") is None) else bounds
-    kind_given = _get(cfg, "classes") is not None or bounds is not None
+    target, positive, negative = (field_of(settings, k) for k in ("target", "positive", "negative"))
+    bounds = field_of(settings, "target_bounds")
+    if bounds is not None and field_of(bounds, "lower") is None and field_of(bounds, "upper") is None:
+        bounds = None
+    kind_given = field_of(settings, "classes") is not None or bounds is not None
     if target not in (None, "") and str(target).strip() != out["target"]:
         target = str(target).strip()
         if positive is None and not kind_given:  # no silent guess of what the column means
@@ -208,91 +195,108 @@ def _shipped_declaration(cfg: Any, key: Any) -> dict[str, Any]:
         out["positive"] = positive if positive is not None else shipped
         keep = out["negative"] if out["positive"] == shipped else None
         out["negative"] = negative if negative is not None else keep
-    out.update(classes=_get(cfg, "classes"), target_bounds=bounds)
+    out.update(classes=field_of(settings, "classes"), target_bounds=bounds)
     return out
 
 
-def declaration(cfg: Any) -> dict[str, Any]:
+def declaration(settings: Any) -> dict[str, Any]:
     """The explicit PUBLIC schema declaration of any data config (a source's dataclass, the
     general ``DataConfig``, a DictConfig or a mapping): target, positive, classes,
     target_bounds, numeric, categorical, split_column, nonfinite, test_fraction, split_key. ``data.schema``
     names a shipped schema (Adult's), whose target a run may replace (:func:`_shipped_declaration`);
     synthetic data declares its target ``y`` and each generated column's range."""
-    key = _get(cfg, "schema")
+    key = field_of(settings, "schema")
     if key is not None:
-        return _shipped_declaration(cfg, key)
-    out = {k: _get(cfg, k) for k in DECLARATION_KEYS}
+        return _shipped_declaration(settings, key)
+    out = {k: field_of(settings, k) for k in DECLARATION_KEYS}
     out["nonfinite"] = out["nonfinite"] or "drop"
     out["test_fraction"] = 0.25 if out["test_fraction"] is None else out["test_fraction"]
-    if _get(cfg, "name") == "synthetic":
-        _, _, numeric = _synthetic_schema(cfg)
+    if field_of(settings, "name") == "synthetic":
+        _, _, numeric = _synthetic_schema(settings)
         out.update(target=out["target"] or "y", numeric=numeric, categorical={})
     return out
 
 
-def schema_from_config(cfg: Any, *, numeric: Any = None, require_negative: bool = True) -> Schema:
+def schema_from_config(settings: Any, *, numeric: Any = None, require_negative: bool = True) -> Schema:
     """The checked public schema of a data config (any source; :func:`declaration`).
     ``numeric`` replaces the declared numeric columns. Raises ConfigError."""
-    return _schema_from_declaration(declaration(cfg), numeric=numeric, require_negative=require_negative)
+    return _schema_from_declaration(declaration(settings), numeric=numeric, require_negative=require_negative)
 
 
-def load_dataset(cfg: Any, *, seed: int) -> Dataset:
-    """Load and encode the data described by ``cfg`` (a DataConfig, or the ``data`` node of the
-    composed Hydra config). ``seed`` keys the per-row hash split (when there is no
-    ``split_column``: each row's side depends on its own content and the seed only, so no row
-    moves another; :func:`dptrain.data.table.split_scores`) and seeds the synthetic generator.
+def data_source(settings: Any) -> DataSource:
+    """THE reading of a run's data section (a source's settings dataclass, the general
+    ``DataConfig``, a DictConfig or a mapping) into the typed :class:`DataSource` the loaders take:
+    the checked public schema (:func:`declaration`; a synthetic source's generated columns
+    declared) and how to read the rows. No row is read. Raises ConfigError."""
+    name = field_of(settings, "name")
+    if name not in ("adult", "table", "synthetic"):
+        raise ConfigError(f"data.name={name!r} is not allowed: must be one of adult, table, synthetic")
+    path = field_of(settings, "path") if name == "table" else None
+    if name == "table" and not path:
+        raise ConfigError(f"data.path={path!r} is not allowed: "
+                          "data=table needs the path of a CSV, Parquet or .dta file")
+    n_rows = n_features = None
+    if name == "synthetic":
+        n_rows, n_features, numeric = _synthetic_schema(settings)
+        schema = schema_from_config(settings, numeric=numeric)
+    else:
+        schema = schema_from_config(settings)
+    if name == "adult" and field_of(settings, "path"):
+        log.warning("data.path is ignored for data.name=adult (the shipped file is used)")
+    return DataSource(name=name, schema=schema, path=None if path is None else str(path),
+                      format=field_of(settings, "format") or "auto", delimiter=field_of(settings, "delimiter") or ",",
+                      cache=field_of(settings, "cache") or None, sharding=field_of(settings, "sharding") or "auto",
+                      n_rows=n_rows, n_features=n_features)
+
+
+def public_schema(settings: Any) -> Schema:
+    """The public schema of a data section (:func:`data_source`; no row is read)."""
+    return settings.schema if isinstance(settings, DataSource) else data_source(settings).schema
+
+
+def load_dataset(data: DataSource | Any, *, seed: int) -> Dataset:
+    """Load and encode the rows of ``data`` (a :class:`DataSource`; a Python caller may give the
+    data settings, read once by :func:`data_source`). ``seed`` keys the per-row hash split (when
+    there is no ``split_column``: each row's side depends on its own content and the seed only, so
+    no row moves another; :func:`dptrain.data.split.split_scores`) and seeds the synthetic generator.
 
     * ``adult``: the shipped file (SHA-256 checked), split by ``split_column`` (``split``);
-    * ``table``: ``cfg.path`` in ``cfg.format`` (a folder: its Parquet files, in path order;
+    * ``table``: the path in its format (a folder: its Parquet files, in path order;
       a distributed run's shard of it: :func:`dptrain.data.shards.load_training_data`);
     * ``synthetic``: :func:`dptrain.data.synthetic.make_synthetic` (``n_rows``, ``n_features``).
 
     Raises ConfigError (bad schema / settings) or DataError (the data does not fit)."""
-    name = _get(cfg, "name")
-    if name == "adult":
-        schema = schema_from_config(cfg)
-        if _get(cfg, "path"):
-            log.warning("data.path is ignored for data.name=adult (the shipped file is used)")
+    source = data if isinstance(data, DataSource) else data_source(data)
+    schema = source.schema
+    if source.name == "adult":
         df = load_adult_frame(columns=schema.read_columns)
         return build_dataset(df, schema, seed=seed, source=ADULT_SOURCE, origin="the shipped Adult file")
-    if name == "table":
-        return _load_table(cfg, seed=seed)
-    if name == "synthetic":
-        n_rows, n_features, _ = _synthetic_schema(cfg)
-        schema = schema_from_config(cfg)
-        df = synthetic.make_synthetic(n_rows, n_features, seed=_seed(seed), target=schema.target)
-        source = (
-            f"synthetic logistic-model data (dptrain.data.synthetic), seed={seed}, n_rows={n_rows}, "
-            f"n_features={n_features}; generated, no licence"
-        )
-        return build_dataset(df, schema, seed=seed, source=source, origin="the synthetic data")
-    raise ConfigError(f"data.name={name!r} is not allowed: must be one of adult, table, synthetic")
+    if source.name == "table":
+        return _load_table(source, seed=seed)
+    df = synthetic.make_synthetic(source.n_rows, source.n_features, seed=check_seed(seed), target=schema.target)
+    described = (
+        f"synthetic logistic-model data (dptrain.data.synthetic), seed={seed}, n_rows={source.n_rows}, "
+        f"n_features={source.n_features}; generated, no licence"
+    )
+    return build_dataset(df, schema, seed=seed, source=described, origin="the synthetic data")
 
 
-def _load_table(cfg: Any, *, seed: int) -> Dataset:
+def _load_table(source: DataSource, *, seed: int) -> Dataset:
     """data=table: the file (or Parquet folder) read and encoded, or its encoded rows from
     ``data.cache`` (:mod:`dptrain.data.cache`: keyed by the file's bytes, the declaration and the
     seed; written after the first encoding). The same checks run either way."""
-    path = _get(cfg, "path")
-    if not path:
-        raise ConfigError(f"data.path={path!r} is not allowed: "
-                          "data=table needs the path of a CSV, Parquet or .dta file")
-    schema = schema_from_config(cfg)
-    fmt, delimiter = _get(cfg, "format", "auto") or "auto", _get(cfg, "delimiter", ",") or ","
-    folder = Path(path).is_dir()  # a partitioned Parquet data set, read whole (dptrain.data.parquet)
-    origin = f"data.path={str(path)!r}"
-    cache, key, rows = _get(cfg, "cache"), None, None
+    path, schema = source.path, source.schema
+    fmt, delimiter, cache = source.format, source.delimiter, source.cache
+    table = locate(path, fmt)  # a file, or a partitioned Parquet data set (a folder), read whole
+    key, rows = None, None
     if cache:
-        if not folder:
-            check_file(path)
         check_writable(cache)
-        key = cache_key(path, schema, seed=_seed(seed), fmt=fmt, delimiter=delimiter)
+        key = cache_key(path, schema, seed=check_seed(seed), fmt=fmt, delimiter=delimiter)
         rows = load_cached(cache, key)
     if rows is None:
-        df = read_folder(path, schema, fmt) if folder else read_table(path, fmt=fmt, columns=schema.read_columns,
-                                                                         delimiter=delimiter,
-                                                                         text_columns=schema.text_columns)
-        rows = encode_checked(df, schema, seed=seed, origin=origin, holder=True)
+        df = read_table(table, columns=schema.read_columns, delimiter=delimiter, text_columns=schema.text_columns,
+                        required=schema.declared_columns)
+        rows = encode_checked(df, schema, seed=seed, origin=table.origin, holder=True)
         del df  # the raw columns: only the encoded rows are kept
         release_arrow_memory()
         if cache:
@@ -300,11 +304,11 @@ def _load_table(cfg: Any, *, seed: int) -> Dataset:
             log.info("data: encoded rows written to data.cache (later runs with this file, schema and seed read "
                      "them from there)")
     else:
-        check_rows(rows.facts, schema, origin, holder=True)
+        check_rows(rows.facts, schema, table.origin, holder=True)
         log.info("data: encoded rows read from data.cache (the same file, schema and seed)")
-    kind = "parquet" if folder else detect_format(path, fmt)
-    source = f"user table {str(path)!r} ({kind}); attribution/licence: as given by the data owner"
-    return dataset_from_rows(rows, schema, source=source, diagnostics=diagnostics(rows.facts))
+    kind = "parquet" if table.kind == "folder" else table.kind
+    described = f"user table {str(path)!r} ({kind}); attribution/licence: as given by the data owner"
+    return dataset_from_rows(rows, schema, source=described, diagnostics=diagnostics(rows.facts))
 
 
 def write_data_diagnostics(run_dir: str | Path, data: Dataset) -> dict[str, str]:

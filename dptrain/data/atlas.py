@@ -160,17 +160,17 @@ class AtlasConfig:
     rare outcome: rate ``rare_rate`` at z = 0, logit slope ``rare_z_effect`` in z."""
 
     n_states: int = 20
-    size_median: float = 25.0
-    size_sigma: float = 1.5
-    size_z_corr: float = -0.3
-    min_size: int = 1
-    max_size: int = 5000
-    intercept: float = 0.30
-    z_effect: float = 0.08
-    cell_sd: float = 0.03
-    noise_sd: float = 0.18
-    rare_rate: float = 0.03
-    rare_z_effect: float = 0.6
+    size_median: float = 25.0  # rows of a cell at w = 0
+    size_sigma: float = 1.5  # of log rows
+    size_z_corr: float = -0.3  # in (-1, 1): larger cells have lower z
+    min_size: int = 1  # rows (0: a cell may have none)
+    max_size: int = 5000  # rows
+    intercept: float = 0.30  # y (a rank in [0, 1]) at x = 0 and z = 0
+    z_effect: float = 0.08  # y per sd of z
+    cell_sd: float = 0.03  # y
+    noise_sd: float = 0.18  # y, one row's noise around its cell's line
+    rare_rate: float = 0.03  # a probability, at z = 0
+    rare_z_effect: float = 0.6  # logit per sd of z
 
 
 def _atlas_sizes(rng: np.random.Generator, z: np.ndarray, cfg: AtlasConfig) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Row blocks for the encoding pass of large tables (:mod:`dptrain.data.table`): the rows are
+"""Row blocks for the encoding pass of large tables (:mod:`dptrain.data.encoding`): the rows are
 visited in blocks of :data:`BLOCK_ROWS`, so that each value is touched a small, fixed number of
 times and every float64 or uint64 temporary is one block long (it stays in the CPU cache), and the
 split's keyed SplitMix64 hash is computed in place, block by block.
@@ -130,7 +130,7 @@ def hash_scores(n: int, words: Sequence[Callable[[int, int], np.ndarray]], keys:
     """u in [0, 1) per row: h = keys.start; for each column j, h = mix(h ^ keyed_j(word_j));
     then keyed_end(h), whose top 53 bits scaled by 2^-53 are u. ``words[j](start, stop)`` returns
     column j's uint64 words for the block, as a fresh array (it is overwritten). Used by the hash
-    split (:func:`dptrain.data.table.split_scores`) and task=tune's validation rows
+    split (:func:`dptrain.data.split.split_scores`) and task=tune's validation rows
     (:func:`dptrain.inference.subsample.row_uniform`).
 
     With ``keys.occurrence``, identical rows are told apart by their occurrence number among the

@@ -41,7 +41,8 @@ from typing import Any
 import numpy as np
 
 from dptrain.core.errors import DPTrainError
-from dptrain.data.table import EncodedRows, Schema
+from dptrain.data.encoding import EncodedRows
+from dptrain.data.schema import Schema
 
 #: bump when the encoding or the entry's layout changes (old entries are then never read)
 CACHE_VERSION = 3  # 2: sha256.json and private modes; 3: the declared rules' counts in facts.json

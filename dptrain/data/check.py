@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dptrain.data.encoding import encode_rows, numbers_of, numeric_settings
+from dptrain.data.labels import cell_label, nfc
 from dptrain.data.rules import NUMBER_SHAPES, number_shapes, shape_setting
-from dptrain.data.schema import OTHER, Schema, _label, _nfc
-from dptrain.data.table import _numbers, _numeric_settings, encode_rows
+from dptrain.data.schema import OTHER, Schema
 
 __all__ = ["ID_NAME", "check_table", "format_check", "id_columns", "numeric_problems", "numeric_lines"]
 
@@ -59,7 +60,7 @@ def _variant(label: str, declared: Sequence[str]) -> tuple[str, str] | None:
 def _labels(col: pd.Series) -> pd.Series:
     """Each cell's label as a run compares it (stripped, NFC; None when missing or empty)."""
     codes, uniques = pd.factorize(col, use_na_sentinel=True)
-    as_str = [_nfc(_label(u)) for u in uniques]
+    as_str = [nfc(cell_label(u)) for u in uniques]
     as_str = [None if s == "" else s for s in as_str] + [None]
     return pd.Series(np.asarray(as_str, dtype=object)[codes])
 
@@ -70,7 +71,7 @@ def _label_column(col: pd.Series, declared: Sequence[str], mapping: dict[str, st
     labels = _labels(col).map(lambda s: mapping.get(s, s) if s is not None else None)
     counts = labels.value_counts(dropna=True)
     missing = int(labels.isna().sum())
-    number = {str(_label(float(d))) if _is_number(d) else d: d for d in declared}
+    number = {str(cell_label(float(d))) if _is_number(d) else d: d for d in declared}
     undeclared = []
     for value, n in counts.items():
         if value in declared or number.get(value) is not None:
@@ -100,7 +101,7 @@ def _target(df: pd.DataFrame, schema: Schema) -> dict[str, Any]:
         found = _label_column(col, [schema.positive], schema.labels_map(schema.target))
         return {"kind": "binary", "negative_missing": True, **found}
     if labels is None:
-        v, text = _numbers(col, dataclasses.replace(schema, thousands=None, decimal="."))
+        v, text = numbers_of(col, dataclasses.replace(schema, thousands=None, decimal="."))
         v = np.asarray(v, dtype=np.float64)
         missing = np.isnan(v) & (True if text is None else ~text)
         return {"kind": "0/1", "declared": {"0": int((v == 0).sum()), "1": int((v == 1).sum())},
@@ -112,7 +113,7 @@ def _target(df: pd.DataFrame, schema: Schema) -> dict[str, Any]:
 def numeric_problems(col: pd.Series, schema: Schema, lower: float, upper: float) -> dict[str, Any]:
     """Missing, infinite and non-numeric entries (by shape, with the setting that reads them) and
     the values outside [lower, upper] of a numeric column, read with the declared separators."""
-    v, text = _numbers(col, schema)
+    v, text = numbers_of(col, schema)
     v = np.asarray(v, dtype=np.float64)
     out = {"missing": int((np.isnan(v) & (True if text is None else ~text)).sum()),
            "infinite": int(np.isinf(v).sum()), "not_a_number": 0, "shapes": {},
@@ -152,7 +153,7 @@ def check_table(df: pd.DataFrame, schema: Schema, *, seed: int = 0) -> dict[str,
     """Every problem of ``df`` against ``schema`` (module docstring), as one JSON-ready report
     with the settings that handle them (``settings``: command-line overrides to add)."""
     numeric = {spec.name: numeric_problems(df[spec.name], schema, spec.lower, spec.upper)
-               for setting, spec in _numeric_settings(schema) if setting.startswith("data.numeric")}
+               for setting, spec in numeric_settings(schema) if setting.startswith("data.numeric")}
     categorical = {col: _label_column(df[col], cats, schema.labels_map(col)) for col, cats in schema.categorical}
     report = {"rows": int(len(df)), "columns": [str(c) for c in df.attrs.get("file_columns", df.columns)],
               "target": {"column": schema.target, **_target(df, schema)}, "numeric": numeric,

@@ -95,13 +95,13 @@ class JobsConfig:
     ownership factors (normalised to average 1), from a Pareto tail of index ``tail_index``
     truncated to [tail_min, max_size]."""
 
-    place_skew: float = 1.0
-    body_mu: float = 0.9
-    body_sigma: float = 0.95
-    tail_share: float = 0.165
-    tail_min: int = 20
-    tail_index: float = 1.12
-    max_size: int = 30_000
+    place_skew: float = 1.0  # the Zipf exponent
+    body_mu: float = 0.9  # of log workers
+    body_sigma: float = 0.95  # of log workers
+    tail_share: float = 0.165  # a probability, at average sector and ownership factors
+    tail_min: int = 20  # workers
+    tail_index: float = 1.12  # Pareto index (a heavy tail: the mean is finite, the variance not)
+    max_size: int = 30_000  # workers: the public largest establishment
 
 
 def _mixed_radix_key(codes: list[np.ndarray], dims: tuple[int, ...]) -> np.ndarray:

@@ -1,29 +1,21 @@
 """Partitioned Parquet data sets from their metadata: the files of a folder, their columns and
-row groups (:class:`ParquetSet`), and reading the declared columns of a whole folder or of chosen
-row groups. A run in one process reads a folder whole (:func:`read_folder`, called by
-:func:`dptrain.data.load_dataset`); a distributed run reads only its own row groups
-(:mod:`dptrain.data.shards`). Row counts from the metadata are the data's size: used to balance
-shards, never logged or written.
+row groups (:class:`ParquetSet`), and reading the declared columns of a file's chosen row groups.
+A run in one process reads a folder whole (the one reader, :func:`dptrain.data.reading.read_table`);
+a distributed run reads only its own row groups (:mod:`dptrain.data.shards`). Row counts from the
+metadata are the data's size: used to balance shards, never logged or written.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from dptrain.core.validation import bad
-from dptrain.data.table import (
-    DataError,
-    Schema,
-    _check_duplicates,
-    missing_column_error,
-    missing_columns,
-)
-
-PARQUET_SUFFIXES = (".parquet", ".pq")
+from dptrain.data.files import PARQUET_SUFFIXES, DataError, TableFile, check_duplicates, check_header, locate
+from dptrain.data.schema import Schema
 
 
 @dataclass(frozen=True)
@@ -81,23 +73,19 @@ def parquet_files(folder: Path) -> list[Path]:
     return [folder / rel for rel in sorted(found)]
 
 
-def open_parquet_set(path: str | Path, fmt: str = "auto") -> ParquetSet:
-    """The files, column names and row groups of a Parquet file or folder, from the metadata
-    only. Raises DataError (no such path, a folder without Parquet files, an unreadable footer,
-    duplicate column names) or ConfigError (``data.format`` not parquet for a folder)."""
+def open_parquet_set(path: str | Path | TableFile, fmt: str = "auto") -> ParquetSet:
+    """The files, column names and row groups of a Parquet file or folder (located by
+    :func:`dptrain.data.files.locate`), from the metadata only. Raises DataError (no such path, a
+    folder without Parquet files, an unreadable footer, duplicate column names) or ConfigError
+    (``data.format`` not parquet for a folder)."""
     import pyarrow.parquet as pq
 
-    p = Path(path)
-    if not p.exists():
-        raise DataError(f"data.path={str(path)!r}: no such file; allowed: an existing CSV, Parquet or .dta file, or "
-                        "a folder of Parquet files")
-    if p.is_dir():
-        if fmt not in ("auto", "parquet"):
-            raise bad("data.format", fmt, f"a folder (data.path={str(path)!r}) is read as a Parquet data set; "
-                      "allowed: auto or parquet")
+    table = path if isinstance(path, TableFile) else locate(path, fmt)
+    p = table.path
+    if table.kind == "folder":
         files = parquet_files(p)
         if not files:
-            raise DataError(f"data.path={str(path)!r}: is a folder without .parquet or .pq files; allowed: a CSV, "
+            raise DataError(f"{table.origin}: is a folder without .parquet or .pq files; allowed: a CSV, "
                             "Parquet or .dta file, or a folder of Parquet files (a partitioned data set)")
     else:
         files = [p]
@@ -111,19 +99,18 @@ def open_parquet_set(path: str | Path, fmt: str = "auto") -> ParquetSet:
         except Exception as exc:  # noqa: BLE001 - the text may quote the file's bytes: not shown
             raise DataError(f"{origin}: could not be read as parquet ({type(exc).__name__}); allowed: a valid "
                             "Parquet file (data.format=parquet was used)") from None
-        _check_duplicates(f, list(file_names))
+        check_duplicates(f, list(file_names))
         names.append(file_names)
         pieces += [Piece(i, g, n) for g, n in enumerate(rows) if n > 0]
     return ParquetSet(p, tuple(files), tuple(names), tuple(pieces))
 
 
-
-def read_rows(pset: ParquetSet, file: int, row_groups: list[int] | None, schema: Schema) -> pd.DataFrame:
-    """The columns :attr:`Schema.read_columns` names (all of them when the hash split is keyed on
-    the whole row) of ``row_groups`` (None: all) of one file, names stripped."""
+def read_rows(pset: ParquetSet, file: int, row_groups: list[int] | None,
+              wanted: Collection[str] | None) -> pd.DataFrame:
+    """The ``wanted`` columns (None: all of them, e.g. when the hash split is keyed on the whole
+    row: :attr:`Schema.read_columns`) of ``row_groups`` (None: all) of one file, names stripped."""
     import pyarrow.parquet as pq
 
-    wanted = None if schema.read_columns is None else set(schema.read_columns)  # None: the whole row keys the split
     cols = [n for n in pset.names[file] if wanted is None or n.strip() in wanted]
     try:
         pf = pq.ParquetFile(pset.files[file])
@@ -141,17 +128,5 @@ def check_columns(pset: ParquetSet, schema: Schema) -> None:
     """Every file holds every declared column (from the metadata): else the whole-table read's
     missing-column error, naming the first file that lacks one."""
     for i, names in enumerate(pset.names):
-        missing = missing_columns(schema, {n.strip() for n in names})
-        if missing:
-            raise missing_column_error(missing, [n.strip() for n in names], pset.origin(i))
-
-
-def read_folder(path: str | Path, schema: Schema, fmt: str = "auto") -> pd.DataFrame:
-    """A whole folder of Parquet files as one table (the declared columns only, files in path
-    order): a run in one process, or every process with ``data.sharding=off``."""
-    pset = open_parquet_set(path, fmt)
-    check_columns(pset, schema)
-    frames = [read_rows(pset, i, None, schema) for i in range(len(pset.files))]
-    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    df.attrs["file_columns"] = frames[0].attrs["file_columns"]
-    return df
+        stripped = [n.strip() for n in names]
+        check_header(schema.declared_columns, set(stripped), pset.origin(i), file_columns=stripped)

@@ -8,51 +8,30 @@ ConfigError naming the setting; reads no row."""
 from __future__ import annotations
 
 import math
-import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
-from dptrain.core.validation import ConfigError
-from dptrain.models.objectives import DataSpec
+from dptrain.core.dataspec import DataSpec
+from dptrain.core.validation import ConfigError, field_of
+from dptrain.data.labels import cell_label, nfc
 
 OTHER = "<other>"  # name of the extra one-hot slot: feature "col=<other>"
 THOUSANDS = (",", ".", " ", "'")
 DECIMALS = (".", ",")
 
-def _label(v: Any) -> str | None:
-    """A cell as the stripped string it is compared with (1.0 -> "1"); None for missing."""
-    if v is None or v is pd.NA or v is pd.NaT:
-        return None
-    if isinstance(v, (bool, np.bool_)):
-        return str(bool(v))
-    if isinstance(v, (float, np.floating)):
-        f = float(v)
-        if math.isnan(f):
-            return None
-        return str(int(f)) if f.is_integer() else repr(f)
-    if isinstance(v, (int, np.integer)):
-        return str(int(v))
-    if isinstance(v, bytes):
-        v = v.decode("utf-8", errors="replace")
-    return str(v).strip()
-
-
-def _get(obj: Any, name: str, default: Any = None) -> Any:
-    if isinstance(obj, Mapping):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
-
 
 @dataclass(frozen=True)
 class NumericSpec:
-    name: str
-    lower: float
+    """A numeric column's PUBLIC encoding (``data.numeric.<name>``): values clipped into [lower,
+    upper], ``log1p`` of value and bounds with ``transform="log1p"``, then scaled to [0, 1]."""
+
+    name: str  # the column
+    lower: float  # PUBLIC bounds, in the column's units (never from the rows)
     upper: float
-    transform: str = "none"
+    transform: str = "none"  # none | log1p
 
 
 @dataclass(frozen=True)
@@ -103,7 +82,7 @@ class Schema:
                                                               else "binary")
 
     def data_spec(self, *, extra_features: int = 0) -> Any:
-        """The :class:`dptrain.models.objectives.DataSpec` of this schema (no row is read)."""
+        """The :class:`dptrain.core.dataspec.DataSpec` of this schema (no row is read)."""
         return DataSpec(n_features=len(self.feature_names) + extra_features, target_kind=self.target_kind,
                         class_names=tuple(self.classes or ()), target_bounds=self.target_bounds)
 
@@ -123,6 +102,20 @@ class Schema:
         if self.split_column is None and self.split_key is None:
             return None
         return list(dict.fromkeys(self.columns + list(self.split_key or ())))
+
+    @property
+    def declared_features(self) -> list[tuple[str, str]]:
+        """(setting, column) of the numeric, then the categorical feature columns."""
+        return [(f"data.numeric.{s.name}", s.name) for s in self.numeric] + [
+            (f"data.categorical.{c}", c) for c, _ in self.categorical]
+
+    @property
+    def declared_columns(self) -> list[tuple[str, str]]:
+        """(setting, column) of every column the declaration names, in schema order: the target,
+        the numeric and categorical features, the split column and the split's key columns."""
+        return ([("data.target", self.target)] + self.declared_features
+                + ([("data.split_column", self.split_column)] if self.split_column else [])
+                + [("data.split_key", c) for c in self.split_key or ()])
 
     @property
     def feature_names(self) -> tuple[str, ...]:
@@ -146,16 +139,16 @@ def numeric_spec(name: str, spec: Any, *, setting: str | None = None) -> Numeric
         raise ConfigError(f"{setting}={spec!r} is not allowed: give {{lower: ..., upper: ...}} (optionally "
                           "transform: log1p)")
     for bound in ("lower", "upper"):  # no default range: a silent [0, 1] clips every age to 1
-        if _get(spec, bound) is None:
+        if field_of(spec, bound) is None:
             raise ConfigError(f"{setting}.{bound} is missing: declare both PUBLIC bounds, e.g. "
                               f"'++{setting}={{lower: 0, upper: 100}}'; allowed: finite numbers with lower < upper "
                               "(from documentation or domain knowledge, never from the rows)")
-    lo = _number(f"{setting}.lower", _get(spec, "lower"))
-    hi = _number(f"{setting}.upper", _get(spec, "upper"))
+    lo = _number(f"{setting}.lower", field_of(spec, "lower"))
+    hi = _number(f"{setting}.upper", field_of(spec, "upper"))
     for bound, value in (("lower", lo), ("upper", hi)):
         if not math.isfinite(value):
             raise ConfigError(f"{setting}.{bound}={value!r} is not allowed: must be a finite number (a public bound)")
-    transform = _get(spec, "transform", "none") or "none"
+    transform = field_of(spec, "transform", "none") or "none"
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
         raise ConfigError(f"{setting}='[{lo}, {hi}]' is not allowed: bounds must be finite with lower < upper")
     if transform not in ("none", "log1p"):
@@ -165,20 +158,21 @@ def numeric_spec(name: str, spec: Any, *, setting: str | None = None) -> Numeric
     return NumericSpec(name, lo, hi, transform)
 
 
-def schema_from_config(cfg: Any, *, numeric: Mapping[str, Any] | None = None,
+def schema_from_config(decl: Mapping[str, Any], *, numeric: Mapping[str, Any] | None = None,
                        require_negative: bool = True) -> Schema:
-    """Check the data config's schema part and return it normalised. Raises ConfigError.
+    """Check a schema declaration (the mapping :func:`dptrain.data.declaration` reads from a run's
+    data settings, or a Python caller's) and return it normalised. Raises ConfigError.
     ``require_negative=False`` accepts a binary target declared by its positive label alone (a
     model file written before data.negative existed: its schema encodes features only)."""
-    target = _get(cfg, "target")
+    target = field_of(decl, "target")
     if not isinstance(target, str) or not target.strip():
         raise ConfigError(f"data.target={target!r} is not allowed: name the label column of the table")
     target = target.strip()
-    positive, negative = _binary_labels(cfg)
+    positive, negative = _binary_labels(decl)
     nums = [numeric_spec(str(k).strip(), v)
-            for k, v in (numeric if numeric is not None else (_get(cfg, "numeric") or {})).items()]
+            for k, v in (numeric if numeric is not None else (field_of(decl, "numeric") or {})).items()]
     cats = [(str(col).strip(), _label_list(f"data.categorical.{str(col).strip()}", lst))
-            for col, lst in (_get(cfg, "categorical") or {}).items()]
+            for col, lst in (field_of(decl, "categorical") or {}).items()]
     if not nums and not cats:
         raise ConfigError("data.numeric/data.categorical='{}' is not allowed: declare at least one feature column")
     seen: dict[str, str] = {}
@@ -190,30 +184,30 @@ def schema_from_config(cfg: Any, *, numeric: Mapping[str, Any] | None = None,
             raise ConfigError(f"{setting} is not allowed: column {col!r} is the target (data.target); "
                               "a label cannot be a feature")
         seen[col] = setting
-    split = _get(cfg, "split_column")
+    split = field_of(decl, "split_column")
     split = str(split).strip() if split is not None and str(split).strip() else None
     if split is not None and (split in seen or split == target):
         raise ConfigError(f"data.split_column={split!r} is not allowed: it is also the target or a feature column")
-    frac = _get(cfg, "test_fraction", 0.25)
+    frac = field_of(decl, "test_fraction", 0.25)
     if split is None and not (isinstance(frac, (int, float)) and 0 < frac < 1):
         raise ConfigError(f"data.test_fraction={frac!r} is not allowed: must be in (0, 1)")
-    classes, bounds = _target_declaration(cfg, positive)
+    classes, bounds = _target_declaration(decl, positive)
     if positive is not None and negative is None and require_negative:
         raise ConfigError(f"data.positive={positive!r} is not allowed alone: declare the negative label too, "
                           "data.negative=LABEL (e.g. data.negative=no); rows whose target is neither label (a variant "
                           "such as 'Yes', a missing value) are left out and counted, never read as negatives, and "
                           "data.label_map merges variants ('++data.label_map={COLUMN: {Yes: yes}}')")
-    key = _split_key(cfg, split)
+    key = _split_key(decl, split)
     labels = tuple(classes) if classes is not None else ((negative, positive) if negative is not None else None)
-    (nonfinite, unlisted), (thousands, decimal) = _rules(cfg), _number_format(cfg)
+    (nonfinite, unlisted), (thousands, decimal) = _rules(decl), number_format(decl)
     return Schema(target, positive, tuple(nums), tuple(cats), split, nonfinite, float(frac), classes, bounds, key,
-                  negative=negative, label_map=_label_map(cfg, target, labels, cats), unlisted=unlisted,
+                  negative=negative, label_map=_label_map(decl, target, labels, cats), unlisted=unlisted,
                   thousands=thousands, decimal=decimal)
 
 
-def _split_key(cfg: Any, split: str | None) -> tuple[str, ...] | None:
+def _split_key(decl: Mapping[str, Any], split: str | None) -> tuple[str, ...] | None:
     """data.split_key checked: a non-empty list of column names, not with data.split_column."""
-    key = _get(cfg, "split_key")
+    key = field_of(decl, "split_key")
     if key is None:
         return None
     if isinstance(key, (str, bytes)) or not hasattr(key, "__iter__") or not list(key) or not all(
@@ -226,22 +220,23 @@ def _split_key(cfg: Any, split: str | None) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(str(c).strip() for c in key))
 
 
-def _rules(cfg: Any) -> tuple[str, str]:
+def _rules(decl: Mapping[str, Any]) -> tuple[str, str]:
     """(data.nonfinite, data.unlisted), checked."""
-    nonfinite = _get(cfg, "nonfinite", "drop") or "drop"
+    nonfinite = field_of(decl, "nonfinite", "drop") or "drop"
     if nonfinite not in ("drop", "error"):
         raise ConfigError(f"data.nonfinite={nonfinite!r} is not allowed: must be one of drop, error")
-    unlisted = _get(cfg, "unlisted", "other") or "other"
+    unlisted = field_of(decl, "unlisted", "other") or "other"
     if unlisted not in ("other", "drop"):
         raise ConfigError(f"data.unlisted={unlisted!r} is not allowed: must be one of other (the column's {OTHER} "
                           "slot), drop (the row is left out)")
     return nonfinite, unlisted
 
 
-def _number_format(cfg: Any) -> tuple[str | None, str]:
-    """(data.thousands, data.decimal), checked: a separator among :data:`THOUSANDS` (or None) and
-    a decimal mark among :data:`DECIMALS`, not the same character."""
-    thousands, decimal = _get(cfg, "thousands"), _get(cfg, "decimal", ".")
+def number_format(decl: Any) -> tuple[str | None, str]:
+    """(data.thousands, data.decimal) of a declaration or of a release's data settings, checked: a
+    separator among :data:`THOUSANDS` (or None) and a decimal mark among :data:`DECIMALS`, not the
+    same character."""
+    thousands, decimal = field_of(decl, "thousands"), field_of(decl, "decimal", ".")
     thousands = None if thousands in (None, "") else thousands
     decimal = "." if decimal in (None, "") else decimal
     if thousands is not None and thousands not in THOUSANDS:
@@ -255,11 +250,6 @@ def _number_format(cfg: Any) -> tuple[str | None, str]:
     return thousands, decimal
 
 
-def _nfc(label: str | None) -> str | None:
-    """A label in Unicode's composed form (NFC): 'Süd' typed or stored either way is one label."""
-    return None if label is None else unicodedata.normalize("NFC", label)
-
-
 def _declared_label(setting: str, value: Any) -> str | None:
     """One declared label as the stripped NFC string it is compared with (None for null). A
     boolean is refused: YAML reads an unquoted yes / no / on / off as true / false."""
@@ -271,14 +261,14 @@ def _declared_label(setting: str, value: Any) -> str | None:
                           "'False' for a column of booleans)")
     if not isinstance(value, (str, int, float)):
         raise ConfigError(f"{setting}={value!r} is not allowed: a label must be a string or a number")
-    return _nfc(_label(value))
+    return nfc(cell_label(value))
 
 
-def _binary_labels(cfg: Any) -> tuple[str | None, str | None]:
+def _binary_labels(decl: Mapping[str, Any]) -> tuple[str | None, str | None]:
     """(data.positive, data.negative), checked: no negative without a positive, distinct (that
     a positive needs its negative is checked after the target's kind)."""
-    positive = _declared_label("data.positive", _get(cfg, "positive"))
-    negative = _declared_label("data.negative", _get(cfg, "negative"))
+    positive = _declared_label("data.positive", field_of(decl, "positive"))
+    negative = _declared_label("data.negative", field_of(decl, "negative"))
     if negative is not None and positive is None:
         raise ConfigError(f"data.negative={negative!r} is not allowed without data.positive: declare both labels of "
                           "a binary target (or neither, for a target of 0/1)")
@@ -288,11 +278,11 @@ def _binary_labels(cfg: Any) -> tuple[str | None, str | None]:
     return positive, negative
 
 
-def _label_map(cfg: Any, target: str, target_labels: tuple[str, ...] | None,
+def _label_map(decl: Mapping[str, Any], target: str, target_labels: tuple[str, ...] | None,
                cats: list[tuple[str, tuple[str, ...]]]) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
     """data.label_map checked: for the target (with declared labels) or a categorical column, each
     file label mapped to one of that column's declared labels. Raises ConfigError."""
-    raw = _get(cfg, "label_map") or {}
+    raw = field_of(decl, "label_map") or {}
     if not isinstance(raw, Mapping):
         raise ConfigError(f"data.label_map={raw!r} is not allowed: must map columns to {{file label: declared "
                           "label}}, e.g. {answer: {'Yes': yes}}")
@@ -339,11 +329,12 @@ def _label_list(setting: str, lst: Any, *, what: str = "category", null_hint: st
     return items
 
 
-def _target_declaration(cfg: Any, positive: str | None) -> tuple[tuple[str, ...] | None, tuple[float, float] | None]:
+def _target_declaration(decl: Mapping[str, Any],
+                        positive: str | None) -> tuple[tuple[str, ...] | None, tuple[float, float] | None]:
     """(classes, target bounds) of a multiclass / continuous target, or (None, None) for a binary
     one. At most one of data.positive, data.classes, data.target_bounds. Raises ConfigError."""
-    classes, bounds = _get(cfg, "classes"), _get(cfg, "target_bounds")
-    if bounds is not None and _get(bounds, "lower") is None and _get(bounds, "upper") is None:
+    classes, bounds = field_of(decl, "classes"), field_of(decl, "target_bounds")
+    if bounds is not None and field_of(bounds, "lower") is None and field_of(bounds, "upper") is None:
         bounds = None  # {lower: null, upper: null}, the settings' default: no continuous target
     given = [n for n, v in (("data.positive", positive), ("data.classes", classes),
                             ("data.target_bounds", bounds)) if v is not None]

@@ -10,7 +10,7 @@ lowest rank). The shards are disjoint whole row groups, cover every row exactly 
 balanced by rows; every process gets at least one piece (there are at least as many pieces as
 processes, or the run is refused before any row is read).
 
-Each process encodes its rows with the PUBLIC schema (:func:`dptrain.data.table.encode_rows`):
+Each process encodes its rows with the PUBLIC schema (:func:`dptrain.data.encoding.encode_rows`):
 bounds, category lists, the declared rules and the per-row keyed hash split depend on the row
 alone, so a shard's encoding and split are exactly the whole table's for those rows. The check
 that needs every row (at least one training row) runs on facts combined over the processes
@@ -35,7 +35,6 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -44,26 +43,14 @@ import torch
 
 from dptrain.core.errors import DPTrainError
 from dptrain.core.validation import ConfigError, bad
-from dptrain.data import load_dataset, schema_from_config
-from dptrain.data.parquet import (
-    ParquetSet,
-    Piece,
-    check_columns,
-    open_parquet_set,
-    read_rows,
-)
+from dptrain.data import load_dataset
+from dptrain.data.dataset import Dataset, check_rows, dataset_from_rows, diagnostics
+from dptrain.data.encoding import EncodedRows, encode_rows
+from dptrain.data.files import DataError, locate
+from dptrain.data.parquet import ParquetSet, Piece, check_columns, open_parquet_set, read_rows
 from dptrain.data.rules import add_counts
-from dptrain.data.table import (
-    DataError,
-    Dataset,
-    EncodedRows,
-    Schema,
-    check_rows,
-    dataset_from_rows,
-    detect_format,
-    diagnostics,
-    encode_rows,
-)
+from dptrain.data.schema import Schema
+from dptrain.data.source import DataSource
 
 log = logging.getLogger("dptrain.data")
 
@@ -97,38 +84,32 @@ def shard_pieces(pset: ParquetSet, rank: int, world: int) -> list[Piece]:
 # ------------------------------------------------------------------------------ the plan
 
 
-def _setting(obj: Any, name: str, default: Any = None) -> Any:
-    if isinstance(obj, dict):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
-
-
-def sharding_plan(conf: Any, *, world: int | None) -> ParquetSet | None:
+def sharding_plan(source: DataSource, *, world: int | None, baseline: bool = False,
+                  estimator: str = "dpsgd") -> ParquetSet | None:
     """The Parquet set this distributed run of ``world`` processes reads sharded, or None when
     every process reads the whole table (not distributed: ``world`` None; not data=table; not
-    Parquet; not partitioned with ``data.sharding=auto``; ``data.sharding=off``). Reads metadata
-    only. Raises ConfigError for what a sharded read cannot do, before any row is read."""
-    d = conf.data
-    mode = _setting(d, "sharding", "auto") or "auto"
+    Parquet; not partitioned with ``data.sharding=auto``; ``data.sharding=off``). ``baseline``
+    (trainer.baseline) and ``estimator`` (estimator.name) are refused on a sharded read. Reads
+    metadata only. Raises ConfigError for what a sharded read cannot do, before any row is read."""
+    mode = source.sharding
     if mode not in SHARDING:
         raise bad("data.sharding", mode, f"must be one of {', '.join(SHARDING)}")
-    if _setting(d, "name") != "table" or mode == "off":
+    if source.name != "table" or mode == "off":
         return None
     if world is None:
         if mode == "row_groups":
             raise bad("data.sharding", mode, "needs trainer.distributed=true (a sharded read splits the data set "
                       "across torchrun processes); allowed without it: auto or off")
         return None
-    path, fmt = _setting(d, "path"), _setting(d, "format", "auto") or "auto"
-    if not Path(path).exists():
-        return None  # the whole-table read names the problem (no such file), as without sharding
-    if not Path(path).is_dir() and detect_format(path, fmt) != "parquet":
+    path = source.path
+    table = locate(path, source.format)
+    if table.kind not in ("folder", "parquet"):
         if mode == "row_groups":
             raise bad("data.sharding", mode, f"reads Parquet row groups, and data.path={str(path)!r} is not Parquet; "
                       "allowed: a .parquet file or a folder of Parquet files, or data.sharding=auto|off (every "
                       "process reads the whole table)")
         return None
-    pset = open_parquet_set(path, fmt)
+    pset = open_parquet_set(table)
     k = len(pset.pieces)
     if mode == "auto" and k < 2:
         return None  # not partitioned: every process reads the whole table, as before
@@ -140,15 +121,14 @@ def sharding_plan(conf: Any, *, world: int | None) -> ParquetSet | None:
             "row_group_size, e.g. pyarrow.parquet.write_table(..., row_group_size=...), or as a folder of Parquet "
             f"files), at most {k} processes (torchrun --nproc_per_node), or data.sharding=off (every process "
             "reads the whole table)")
-    if conf.trainer.baseline:
+    if baseline:
         raise bad("trainer.baseline", True, "on a sharded read (trainer.distributed=true on a partitioned Parquet "
                   "data set): the non-private sklearn baseline needs every training row in one process; allowed: "
                   "trainer.baseline=false, or data.sharding=off (every process reads the whole table)")
-    if _setting(conf.data, "cache", None):
-        raise bad("data.cache", conf.data.cache, "on a sharded read (trainer.distributed=true on a partitioned Parquet "
+    if source.cache:
+        raise bad("data.cache", source.cache, "on a sharded read (trainer.distributed=true on a partitioned Parquet "
                   "data set) each process encodes only its own row groups, so there is no whole table to cache; "
                   "allowed: data.cache=null, or data.sharding=off (every process reads the whole table, or its cache)")
-    estimator = _setting(_setting(conf, "estimator"), "name", "dpsgd")
     if estimator != "dpsgd":
         raise bad("estimator", estimator, "on a sharded read: only estimator=dpsgd trains across processes")
     return pset
@@ -162,7 +142,7 @@ def _encode_shard(pset: ParquetSet, pieces: list[Piece], schema: Schema, seed: i
     parts = []
     for file in sorted({p.file for p in pieces}):
         mine = [p for p in pieces if p.file == file]
-        df = read_rows(pset, file, [p.row_group for p in mine], schema)
+        df = read_rows(pset, file, [p.row_group for p in mine], schema.read_columns)
         # each row's piece (file, row group): identical rows are numbered within their piece, so the
         # split never depends on which process reads which piece (assign_pieces uses row counts)
         groups = np.repeat([(p.file << 32) | p.row_group for p in mine], [p.rows for p in mine])
@@ -181,7 +161,7 @@ def _encode_shard(pset: ParquetSet, pieces: list[Piece], schema: Schema, seed: i
 
 
 def combine_facts(parts: Sequence[dict[str, Any]], schema: Schema) -> dict[str, Any]:
-    """The facts of the union of disjoint parts' rows (:func:`dptrain.data.table.encode_rows`):
+    """The facts of the union of disjoint parts' rows (:func:`dptrain.data.encoding.encode_rows`):
     the counts summed, the sides' flags or-ed."""
     rows = parts[0]["rows"]
     for f in parts[1:]:
@@ -208,12 +188,12 @@ def _raise_first_error(everyone: Sequence[dict[str, Any]]) -> None:
             raise _ERRORS[kind](message)
 
 
-def load_shard(data_cfg: Any, pset: ParquetSet, *, seed: int, dist: Any) -> Dataset:
+def load_shard(source: DataSource, pset: ParquetSet, *, seed: int, dist: Any) -> Dataset:
     """This process' shard of ``pset`` (:func:`shard_pieces`) as a :class:`Dataset` whose
     ``shard`` is (rank, world) and whose ``global_n_train`` / ``global_n_test`` are the job's
     counts. ``dist``: a :class:`dptrain.training.distributed.DistContext` (rank, world_size,
     all_gather_objects). Every process raises the same error when any shard is refused."""
-    schema = schema_from_config(data_cfg)
+    schema = source.schema
     check_columns(pset, schema)  # metadata only: the same on every process
     rank, world = dist.rank, dist.world_size
     pieces = shard_pieces(pset, rank, world)
@@ -240,27 +220,28 @@ def load_shard(data_cfg: Any, pset: ParquetSet, *, seed: int, dist: Any) -> Data
                              global_n_test=sum(o["test"] for o in everyone))
 
 
-def load_training_data(conf: Any, *, dist: Any = None) -> Dataset:
+def load_training_data(source: DataSource, *, seed: int, dist: Any = None, baseline: bool = False,
+                       estimator: str = "dpsgd") -> Dataset:
     """task=train's data: with ``dist`` (trainer.distributed=true) and a partitioned Parquet data
-    set, this process' shard (:func:`sharding_plan` refuses first what cannot be sharded); else
-    :func:`dptrain.data.load_dataset`, every row."""
+    set, this process' shard (:func:`sharding_plan` refuses first what cannot be sharded, with
+    ``baseline`` and ``estimator``); else :func:`dptrain.data.load_dataset`, every row."""
     if dist is None:
-        sharding_plan(conf, world=None)  # refuses data.sharding=row_groups
-        return load_dataset(conf.data, seed=conf.seed)
+        sharding_plan(source, world=None)  # refuses data.sharding=row_groups
+        return load_dataset(source, seed=seed)
     try:  # the processes agree on the plan (a path that differs between machines must not mix reads)
-        pset = sharding_plan(conf, world=dist.world_size)
+        pset = sharding_plan(source, world=dist.world_size, baseline=baseline, estimator=estimator)
         mine = {"plan": None if pset is None else pset.digest()}
     except DPTrainError as exc:
         pset, mine = None, _outcome(exc)
     everyone = dist.all_gather_objects(mine)
     _raise_first_error(everyone)
     if len({o["plan"] for o in everyone}) > 1:
-        raise DataError(f"data.path={str(conf.data.path)!r}: the processes see different Parquet files, columns or row "
+        raise DataError(f"data.path={str(source.path)!r}: the processes see different Parquet files, columns or row "
                         "groups there (a path that is not the same data set on every machine?); allowed: the same "
                         "data set at data.path for every process")
     if pset is None:
-        return load_dataset(conf.data, seed=conf.seed)
-    return load_shard(conf.data, pset, seed=conf.seed, dist=dist)
+        return load_dataset(source, seed=seed)
+    return load_shard(source, pset, seed=seed, dist=dist)
 
 
 # ------------------------------------------------------------------------------ after training

@@ -5,7 +5,7 @@ is about ``signal / sqrt(3)`` whatever d), ``y ~ Bernoulli(sigmoid(x . w))``. Ev
 from ``numpy.random.default_rng([seed, 1])``: deterministic given the seed. The columns are
 ``x0 .. x{d-1}`` and the label column; :func:`dptrain.data.load_dataset` encodes them through the
 same public-schema path as a real table (the generator's range [-1, 1] is the public schema)
-and the same per-row hash split (:func:`dptrain.data.table.split_scores`), so the test part is
+and the same per-row hash split (:func:`dptrain.data.split.split_scores`), so the test part is
 about ``test_fraction`` of the rows, not exactly. The rows are generated, not anyone's data
 (``data.test_public: true`` in conf/data/synthetic.yaml).
 """

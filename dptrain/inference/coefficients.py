@@ -1,7 +1,7 @@
 """Coefficient tables on the ORIGINAL scale of the data, from one fitted linear model.
 
 A linear model (one ``nn.Linear(d, K)``) sees the features encoded with the PUBLIC schema
-(:mod:`dptrain.data.table`): numeric column ``x`` as ``z = (t(x) - t(lower)) / (t(upper) -
+(:mod:`dptrain.data.encoding`): numeric column ``x`` as ``z = (t(x) - t(lower)) / (t(upper) -
 t(lower))`` (``t`` the identity, or ``log1p`` with ``transform: log1p``), categorical columns
 one-hot over the declared levels plus an ``<other>`` slot, no reference level. The table maps
 the fitted (bias, weights) to an identified parametrisation a statistician reads:
@@ -29,17 +29,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from torch import nn
 
 from dptrain.core.errors import DPTrainError
-from dptrain.data import _synthetic_schema, schema_from_config
 from dptrain.models.objectives import OBJECTIVES
+from dptrain.training.plan import TrainingPlan
 
 __all__ = ["KINDS", "CoefficientEncoder", "coefficient_map", "coefficient_offset", "coefficients",
-           "encoder_from_schema", "linear_layer", "model_coefficients", "table_terms", "term_labels"]
+           "encoder_for", "encoder_from_schema", "linear_layer", "model_coefficients", "table_terms", "term_labels"]
 
 #: what the model's outputs mean: one logit (binary), K class scores (multinomial), a mean (linear)
 KINDS = ("binary", "multinomial", "linear")
@@ -66,7 +65,7 @@ class CoefficientEncoder:
 
 def encoder_from_schema(schema: object, *, kind: str = "binary", target_scale: Sequence[float] | None = None,
                         classes: Sequence[str] | None = None) -> CoefficientEncoder:
-    """The :class:`CoefficientEncoder` of a :class:`dptrain.data.table.Schema`; a linear
+    """The :class:`CoefficientEncoder` of a :class:`dptrain.data.schema.Schema`; a linear
     regression's target scale and a multinomial's classes default to the schema's declared
     ``target_bounds`` and ``classes``."""
     if kind not in KINDS:
@@ -193,13 +192,10 @@ def model_coefficients(model: nn.Module, enc: CoefficientEncoder) -> np.ndarray:
     return coefficients(w, b, enc)
 
 
-def encoder_for_config(conf: Any) -> Any:
-    """The coefficient map's public facts from the run's data config and objective (no row read)."""
-    data = conf.data
-    name = data.get("name") if isinstance(data, dict) else getattr(data, "name", None)
-    numeric = _synthetic_schema(data)[2] if name == "synthetic" else None
-    schema = schema_from_config(data, numeric=numeric)
-    return encoder_from_schema(schema, kind=objective_kind(conf.objective.name) or "binary")
+def encoder_for(plan: TrainingPlan) -> CoefficientEncoder:
+    """The coefficient map's public facts of a training plan (its public schema and objective; no
+    row read)."""
+    return encoder_from_schema(plan.schema, kind=objective_kind(plan.objective_name) or "binary")
 
 
 def objective_kind(objective_name: str) -> str | None:

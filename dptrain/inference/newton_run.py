@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dptrain.inference.coefficients import encoder_for_config, linear_layer, model_coefficients, table_terms
+from dptrain.inference.coefficients import encoder_for, linear_layer, model_coefficients, table_terms
 from dptrain.inference.exact import exact_fit
 from dptrain.inference.intervals import Interval, coefficient_frame
 from dptrain.inference.newton import (
@@ -38,7 +38,7 @@ from dptrain.inference.newton import (
     reduced_to_terms,
     term_intervals,
 )
-from dptrain.models.objectives import build_objective
+from dptrain.privacy.budget import INTERVALS
 from dptrain.privacy.events import gaussian_event
 from dptrain.privacy.newton import (
     noise_sds,
@@ -48,9 +48,10 @@ from dptrain.privacy.newton import (
 )
 from dptrain.privacy.randomness import Randomness
 from dptrain.training.fit import bound_to_rows, mechanism_for
+from dptrain.training.plan import TrainingPlan
 
-__all__ = ["EXACT_METHOD", "IntervalPlan", "NEWTON_METHOD", "exact_refit", "newton_refit", "plan_release",
-           "refine_plan", "term_table"]
+__all__ = ["EXACT_METHOD", "IntervalPlan", "NEWTON_METHOD", "exact_refit", "newton_refit",
+           "plan_release", "refine_plan", "term_table"]
 
 log = logging.getLogger("dptrain.inference.run")
 
@@ -84,17 +85,9 @@ class IntervalPlan:
     terms: int = 0
 
 
-def dpsgd_settings(conf: Any, share: float) -> Any:
-    """``conf`` with DP-SGD's part of the target: (1 - share) of privacy.target_epsilon."""
-    p = conf.privacy
-    if share == 0 or not p.enabled or p.target_epsilon is None:
-        return conf
-    return replace(conf, privacy=replace(p, target_epsilon=p.target_epsilon * (1.0 - share)))
-
-
-def _claimable(conf: Any, n: int, sigma: float, outcome: tuple[float, float] | None = None) -> tuple[int, int]:
+def _claimable(plan: TrainingPlan, n: int, sigma: float, outcome: tuple[float, float] | None = None) -> tuple[int, int]:
     """(non-intercept terms the release could claim, non-intercept terms) on the reference design."""
-    enc = encoder_for_config(conf)
+    enc = encoder_for(plan)
     kind = enc.kind
     classes = len(enc.classes) if enc.classes is not None else 2
     claims = predicted_claims(enc, n, kind, noise_sds(sigma, kind, radius2(enc)), classes=classes, outcome=outcome)
@@ -103,75 +96,76 @@ def _claimable(conf: Any, n: int, sigma: float, outcome: tuple[float, float] | N
     return int(np.sum(claims.claimed & slopes)), int(slopes.sum())
 
 
-def plan_release(conf: Any, n: int, delta: float, reason: str | None) -> tuple[IntervalPlan, Any]:
-    """(the plan, DP-SGD's mechanism) before training: ``reason`` (not None) is why no release is
-    possible at all (:func:`dptrain.inference.run.newton_reason`); else the release is planned when
-    the reference design predicts a claim for at least one term besides the intercept."""
-    share = conf.estimator.interval_share
+def plan_release(plan: TrainingPlan, n: int, delta: float,
+                 reason: str | None) -> tuple[IntervalPlan, TrainingPlan, Any]:
+    """(the release's plan, the training plan, DP-SGD's mechanism) before training: ``reason`` (not
+    None) is why no release is possible at all (:func:`dptrain.inference.run.newton_reason`); else
+    the release is planned when the reference design predicts a claim for at least one term besides
+    the intercept. Without a release the training plan's budget gives the release's share back to
+    DP-SGD (:meth:`Budget.without`)."""
+    whole = replace(plan, budget=plan.budget.without(INTERVALS))
     if reason is not None:
-        return IntervalPlan(False, reason), mechanism_for(conf, dataset_size=n, delta=delta, quiet=True)
-    mechanism = mechanism_for(dpsgd_settings(conf, share), dataset_size=n, delta=delta, quiet=True)
+        return IntervalPlan(False, reason), whole, mechanism_for(whole, dataset_size=n, delta=delta, quiet=True)
+    mechanism = mechanism_for(plan, dataset_size=n, delta=delta, quiet=True)
     if not mechanism.private:
-        return IntervalPlan(False, "the run adds no noise (no finite epsilon to share)"), mechanism
-    p = conf.privacy
+        return IntervalPlan(False, "the run adds no noise (no finite epsilon to share)"), whole, mechanism
+    b = plan.budget
     sigma = planned_noise_multiplier(mechanism.history_between(0, mechanism.planned_steps), delta=delta,
-                                     accountant_name=p.accountant, rtol=p.calibration_rtol, share=share,
-                                     target=p.target_epsilon)
-    claimable, terms = _claimable(conf, n, sigma)
+                                     accountant_name=b.accountant, rtol=b.rtol, share=b.share(INTERVALS),
+                                     target=b.target)
+    claimable, terms = _claimable(plan, n, sigma)
     if claimable == 0:
         why = (f"no interval could be claimed at this epsilon, even on the most informative table of this size "
                f"and design: N = {n}, {terms} terms besides the intercept")
-        full = mechanism_for(conf, dataset_size=n, delta=delta, quiet=True) if share > 0 else mechanism
-        return IntervalPlan(False, why, sigma, 0, terms), full
+        return IntervalPlan(False, why, sigma, 0, terms), whole, mechanism_for(whole, dataset_size=n, delta=delta,
+                                                                               quiet=True)
     return IntervalPlan(True, f"planned: up to {claimable} of {terms} terms besides the intercept", sigma,
-                        claimable, terms), mechanism
+                        claimable, terms), plan, mechanism
 
 
-def refine_plan(conf: Any, plan: IntervalPlan, result: Any) -> IntervalPlan:
-    """After training: the plan again with the outcome read off the released dp/ training loss
-    (the mean of the last tenth of its values, plus two of its noise sds: an optimistic reading),
-    and the release skipped when it could claim nothing; a resume of a finished run repeats no
-    release."""
-    if not plan.release:
-        return plan
+def refine_plan(plan: TrainingPlan, release: IntervalPlan, result: Any) -> IntervalPlan:
+    """After training: the release's plan again with the outcome read off the released dp/ training
+    loss (the mean of the last tenth of its values, plus two of its noise sds: an optimistic
+    reading), and the release skipped when it could claim nothing; a resume of a finished run
+    repeats no release."""
+    if not release.release:
+        return release
     done = result.privacy.get("resumed_from_step", 0) >= max(result.privacy.get("steps", 0), 1)
     if done:
-        return replace(plan, release=False, reason="trainer.resume of a run that had finished its steps: the "
+        return replace(release, release=False, reason="trainer.resume of a run that had finished its steps: the "
                        "interval release is not repeated; allowed: a new run folder for intervals")
     if not result.curve or result.mechanism is None:
-        return plan
+        return release
     values = np.asarray(result.curve, dtype=np.float64)
     tail = values[-max(1, len(values) // 10):]
     loss = float(tail.mean()) + 2.0 * result.mechanism.curve_noise_std / math.sqrt(len(tail))
-    outcome = outcome_from_loss(encoder_for_config(conf).kind, loss)
+    outcome = outcome_from_loss(encoder_for(plan).kind, loss)
     if outcome is None:
-        return plan
-    claimable, terms = _claimable(conf, result.mechanism.dataset_size, plan.noise_multiplier, outcome)
+        return release
+    claimable, terms = _claimable(plan, result.mechanism.dataset_size, release.noise_multiplier, outcome)
     if claimable:
-        return replace(plan, claimable=claimable)
-    return replace(plan, release=False, claimable=0, reason=(
+        return replace(release, claimable=claimable)
+    return replace(release, release=False, claimable=0, reason=(
         f"the released training loss ({loss:.3g}, dp/train_loss) leaves too little curvature for a claimable "
         f"interval on any of the {terms} terms besides the intercept; the release's share is not spent"))
 
 
-def newton_noise(conf: Any, result: Any) -> float:
+def newton_noise(plan: TrainingPlan, result: Any) -> float:
     """The Newton release's noise multiplier: the smallest whose Gaussian event, composed with the
-    run's DP-SGD history, keeps the run's epsilon within privacy.target_epsilon (DP-SGD was
-    calibrated to (1 - share) of it) or, with a given noise multiplier, within DP-SGD's epsilon /
-    (1 - share)."""
-    p = conf.privacy
-    return release_noise_multiplier(result.accountant, delta=result.mechanism.delta, accountant_name=p.accountant,
-                                    rtol=p.calibration_rtol, share=conf.estimator.interval_share,
-                                    target=p.target_epsilon)
+    run's DP-SGD history, keeps the run's epsilon within the budget's target (DP-SGD was calibrated
+    to its part) or, with a given noise multiplier, within DP-SGD's epsilon / (1 - share)."""
+    b = plan.budget
+    return release_noise_multiplier(result.accountant, delta=result.mechanism.delta, accountant_name=b.accountant,
+                                    rtol=b.rtol, share=b.share(INTERVALS), target=b.target)
 
 
-def _set_model(conf: Any, data: Any, result: Any, theta: np.ndarray) -> None:
+def _set_model(plan: TrainingPlan, data: Any, result: Any, theta: np.ndarray) -> None:
     """The model becomes the reduced parameters ``theta`` (a function of the releases, or the
     exact fit); its test metrics are recomputed."""
-    enc = encoder_for_config(conf)
+    enc = encoder_for(plan)
     layer = linear_layer(result.model)
     bias, weight = layer_weights(theta, enc, layer.out_features)
-    objective = build_objective(conf.objective)
+    objective = plan.objective
     objective.check_data(data.spec)  # the target's public scale, for the metrics in original units
     with torch.no_grad():
         layer.bias.copy_(torch.as_tensor(bias, dtype=layer.bias.dtype).reshape(layer.bias.shape))
@@ -180,40 +174,40 @@ def _set_model(conf: Any, data: Any, result: Any, theta: np.ndarray) -> None:
     result.metrics.update({f"test/{k}": v for k, v in test.items()})
 
 
-def newton_refit(conf: Any, data: Any, result: Any, *, launch: Any) -> Any:
+def newton_refit(plan: TrainingPlan, data: Any, result: Any, *, launch: Any) -> Any:
     """Two private Newton steps from DP-SGD's model (:mod:`dptrain.inference.newton`): the noise
     multiplier that makes the whole run's epsilon the target (or DP-SGD's epsilon / (1 - share)),
     the release, the run's table (:func:`term_table`) and, when the second Hessian is determined
     (every claim needs it), the two-step estimate as the model."""
-    enc = encoder_for_config(conf)
+    enc = encoder_for(plan)
     kind = enc.kind
     layer = linear_layer(result.model)
     x, y = data.x_train.numpy(), data.y_train.numpy()
     start = model_parameters(layer.weight.detach().double().numpy(), layer.bias.detach().double().numpy(), enc)
-    sigma = newton_noise(conf, result)
+    sigma = newton_noise(plan, result)
     randomness = bound_to_rows(launch.randomness if launch.randomness is not None else Randomness.fresh(), data)
     fit_ = private_newton(start, lambda th: design_statistics(x, y, th, enc, kind), kind=kind,
                           radius_sq=radius2(enc), noise_multiplier=sigma, rng=randomness.numpy("newton-interval"))
     result.accountant.record(gaussian_event(sigma))
-    if conf.privacy.target_epsilon is not None:
-        result.privacy["target_epsilon"] = conf.privacy.target_epsilon
+    if plan.budget.target is not None:
+        result.privacy["target_epsilon"] = plan.budget.target
     dpsgd_terms = model_coefficients(result.model, enc)
     run_ok = fit_.hessian_noise <= 0.6 and bool(np.any(fit_.informative))
     if run_ok:  # the model becomes the two-step estimate (a function of the releases)
-        _set_model(conf, data, result, fit_.estimate)
+        _set_model(plan, data, result, fit_.estimate)
     result.inference = {"newton": fit_, "noise_multiplier": sigma, "kind": kind, "radius_sq": radius2(enc),
-                        "table": term_table(conf, fit_, dpsgd_terms, estimate_is_newton=run_ok)}
+                        "table": term_table(plan, fit_, dpsgd_terms, estimate_is_newton=run_ok)}
     return result
 
 
-def exact_refit(conf: Any, data: Any, result: Any) -> Any:
+def exact_refit(plan: TrainingPlan, data: Any, result: Any) -> Any:
     """Privacy off: the model and the table become the exact maximum-likelihood (least-squares)
     fit (:mod:`dptrain.inference.exact`)."""
-    enc = encoder_for_config(conf)
+    enc = encoder_for(plan)
     classes = len(enc.classes) if enc.classes is not None else 2
     fit_ = exact_fit(data.x_train.numpy(), data.y_train.numpy(), enc, enc.kind, classes=classes)
-    _set_model(conf, data, result, fit_.estimate)
-    result.inference = {"exact": fit_, "table": exact_table(conf, fit_)}
+    _set_model(plan, data, result, fit_.estimate)
+    result.inference = {"exact": fit_, "table": exact_table(plan, fit_)}
     if not fit_.converged:
         log.info("coefficients: the non-private fit stopped after %d iterations without converging", fit_.iterations)
     return result
@@ -225,10 +219,10 @@ def _term_matrix(enc: Any, p: int) -> tuple[np.ndarray, np.ndarray]:
     return np.kron(np.eye(blocks), a), np.tile(b, blocks)
 
 
-def exact_table(conf: Any, fit_: Any) -> Any:
+def exact_table(plan: TrainingPlan, fit_: Any) -> Any:
     """The exact fit's table: estimates, classical standard errors and intervals; aliased terms NA."""
-    enc = encoder_for_config(conf)
-    level = conf.estimator.level
+    enc = encoder_for(plan)
+    level = plan.estimator.level
     a, b = _term_matrix(enc, len(fit_.estimate))
     used = np.abs(a) > 0
     est = a @ fit_.estimate + b
@@ -247,12 +241,12 @@ def exact_table(conf: Any, fit_: Any) -> Any:
                              method=EXACT_METHOD[enc.kind], claimed=ok, reasons=reasons)
 
 
-def term_table(conf: Any, fit_: Any, dpsgd_terms: np.ndarray, *, estimate_is_newton: bool) -> Any:
+def term_table(plan: TrainingPlan, fit_: Any, dpsgd_terms: np.ndarray, *, estimate_is_newton: bool) -> Any:
     """The run's ONE coefficient table after the release: per term its estimate (the two-step
     estimate where the release identified it and the second Hessian is determined, else DP-SGD's;
     NA where aliased), its interval where claimed, and the reason."""
-    enc = encoder_for_config(conf)
-    level = conf.estimator.level
+    enc = encoder_for(plan)
+    level = plan.estimator.level
     a, _ = _term_matrix(enc, len(fit_.estimate))
     claims = fit_.claims(a)
     est, se, lo, hi, _ = term_intervals(fit_, enc, level=level)

@@ -26,7 +26,7 @@ import torch
 from dptrain.core.registry import Registry
 from dptrain.core.validation import ConfigError, bad, integer, one_of, real
 from dptrain.inference.coefficients import (
-    encoder_for_config,
+    encoder_for,
     linear_layer,
     model_coefficients,
     objective_kind,
@@ -36,7 +36,6 @@ from dptrain.inference.intervals import aggregate_parts, coefficient_frame, form
 from dptrain.inference.newton_run import (
     EXACT_METHOD,
     NEWTON_METHOD,
-    dpsgd_settings,
     exact_refit,
     newton_refit,
     plan_release,
@@ -45,13 +44,14 @@ from dptrain.inference.newton_run import (
 from dptrain.inference.ssp import ssp_config_check
 from dptrain.inference.ssp_run import run_ssp
 from dptrain.inference.subsample import fit_parts, part_mechanism
-from dptrain.models.objectives import build_objective
-from dptrain.privacy.accounting import history_epsilon
+from dptrain.privacy.accounting import RDP, history_epsilon
+from dptrain.privacy.budget import INTERVALS
 from dptrain.privacy.newton import BOUNDS
 from dptrain.privacy.report import delta_total_clause
 from dptrain.settings.inference import MAX_PARTS
 from dptrain.settings.train import MAX_TARGET_EPSILON
-from dptrain.training.fit import TrainResult, build_model, data_spec_from_config, fit, mechanism_for
+from dptrain.training.fit import TrainResult, build_model, fit, mechanism_for
+from dptrain.training.plan import TrainingPlan
 
 __all__ = ["ESTIMATORS", "check_estimator", "check_estimator_size", "coefficient_section", "model_is_linear",
            "run_estimator"]
@@ -65,47 +65,46 @@ SSP_METHOD = ("ssp: noisy sufficient statistics (AdaSSP-style spectral floor), p
               "({b} draws)")
 
 
-def model_is_linear(cfg: Any) -> bool:
+def model_is_linear(plan: TrainingPlan) -> bool:
     """True when the configured model is one Linear layer (built from the public schema)."""
-    model = build_model(cfg, spec=data_spec_from_config(cfg.data), objective=build_objective(cfg.objective))
+    model = build_model(plan)
     return linear_layer(model) is not None
 
 
-def run_estimator(conf: Any, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
-    """Train (or release) with ``conf.estimator``; returns a :class:`dptrain.training.fit.TrainResult`
+def run_estimator(plan: TrainingPlan, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
+    """Train (or release) with ``plan.estimator``; returns a :class:`dptrain.training.fit.TrainResult`
     (``inference`` holds what the coefficient table needs beyond the model)."""
-    return ESTIMATORS.get(conf.estimator.name).run(conf, data, delta=delta, tracker=tracker, launch=launch)
+    return ESTIMATORS.get(plan.estimator.name).run(plan, data, delta=delta, tracker=tracker, launch=launch)
 
 
-def _subsample_aggregate(conf: Any, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
-    k = conf.estimator.parts
-    mech = part_mechanism(conf.privacy, epochs=conf.trainer.epochs, batch_size=conf.trainer.batch_size,
-                          dataset_size=data.n_train, parts=k, delta=delta)
+def _subsample_aggregate(plan: TrainingPlan, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
+    k = plan.estimator.parts
+    mech = part_mechanism(plan, dataset_size=data.n_train, delta=delta)
     log.info("subsample_aggregate: %d parts, each N_part = %d (public: floor(N/K)), B_part = %d, q = %.6g, "
              "steps = %d, sigma = %g", k, mech.dataset_size, mech.expected_batch_size, mech.sample_rate,
              mech.planned_steps, mech.noise_multiplier)
-    parts = fit_parts(conf, data, mechanism=mech, randomness=launch.randomness)
-    enc = encoder_for_config(conf)
+    parts = fit_parts(plan, data, mechanism=mech, randomness=launch.randomness)
+    enc = encoder_for(plan)
     coefs = [model_coefficients(r.model, enc) for r in parts]
     model = copy.deepcopy(parts[0].model)
     with torch.no_grad():  # the published model: the average of the part models (a function of them)
         for p, *qs in zip(model.parameters(), *(r.model.parameters() for r in parts), strict=True):
             p.copy_(torch.stack(qs).mean(0))
-    metrics = _aggregate_metrics(conf, data, parts, model)
+    metrics = _aggregate_metrics(plan, data, parts, model)
     tracker.scalars({k2: v for k2, v in metrics.items() if k2.startswith("test/")}, step=parts[0].privacy["steps"])
     record = {**parts[0].privacy, "engine": f"{parts[0].privacy['engine']} (x{k} parts)"}
     return TrainResult(model=model, metrics=metrics, privacy=record, accountant=parts[0].accountant,
                        mechanism=mech, inference={"part_coefficients": coefs, "parts": k})
 
 
-def _aggregate_metrics(conf: Any, data: Any, parts: list[Any], model: Any) -> dict[str, float]:
+def _aggregate_metrics(plan: TrainingPlan, data: Any, parts: list[Any], model: Any) -> dict[str, float]:
     """Test metrics of the averaged model, the baselines once on all rows, and the parts' steps/times."""
-    objective = build_objective(conf.objective)
+    objective = plan.objective
     with torch.no_grad():
         test = objective.metrics(model(data.x_test), data.y_test)
     metrics = {f"test/{k}": v for k, v in test.items()}
-    metrics.update({f"baseline/{k}": v for k, v in objective.baseline(data, seed=conf.seed,
-                                                                         fit=conf.trainer.baseline).items()})
+    metrics.update({f"baseline/{k}": v for k, v in objective.baseline(data, seed=plan.seed,
+                                                                         fit=plan.loop.baseline).items()})
     first = parts[0].metrics
     metrics.update({k: first[k] for k in ("train/steps", "train/planned_steps", "train/resumed_from_step",
                                           "train/epochs") if k in first})
@@ -115,15 +114,15 @@ def _aggregate_metrics(conf: Any, data: Any, parts: list[Any], model: Any) -> di
     return metrics
 
 
-def coefficient_section(conf: Any, result: Any, report: dict | None = None) -> dict[str, Any] | None:
+def coefficient_section(plan: TrainingPlan, result: Any, report: dict | None = None) -> dict[str, Any] | None:
     """The coefficient table of a run with a linear model (None otherwise): ``frame`` (the rows
     of coefficients.csv), ``text`` (the summary for privacy.txt and the log) and ``estimator``
     (the guarantee text for the report)."""
-    if linear_layer(result.model) is None or objective_kind(conf.objective.name) is None:
+    if linear_layer(result.model) is None or objective_kind(plan.objective_name) is None:
         return None
-    est = conf.estimator
-    frame = ESTIMATORS.get(est.name).table(conf, result, encoder_for_config(conf), report or {})
-    title = f"coefficients on the original scale (estimator={est.name}, objective={conf.objective.name})"
+    est = plan.estimator
+    frame = ESTIMATORS.get(est.name).table(plan, result, encoder_for(plan), report or {})
+    title = f"coefficients on the original scale (estimator={est.name}, objective={plan.objective_name})"
     return {"frame": frame, "text": format_table(frame, title=title, level=est.level)}
 
 
@@ -171,13 +170,13 @@ def validity_check(name: str, *, epsilon: float | None, dataset_size: int, parts
             "why": why}
 
 
-def estimator_report(conf: Any, result: Any, report: dict[str, Any], section: dict[str, Any] | None) -> dict:
+def estimator_report(plan: TrainingPlan, result: Any, report: dict[str, Any], section: dict[str, Any] | None) -> dict:
     """The estimator's part of privacy.json: its name, its guarantee (which (epsilon, delta),
     which accountant, that the intervals are inside that budget), when its intervals are valid."""
-    est, acc = conf.estimator, conf.privacy.accountant
+    est, acc = plan.estimator, plan.budget.accountant
     eps, delta = report.get("epsilon"), report.get("delta")
     out: dict[str, Any] = {"name": est.name, "coefficients": "coefficients.csv" if section else None}
-    out.update(ESTIMATORS.get(est.name).report(conf, result, eps=eps, delta=delta, accountant=acc,
+    out.update(ESTIMATORS.get(est.name).report(plan, result, eps=eps, delta=delta, accountant=acc,
                                                guarantee=report["guarantee"]))
     if out.get("guarantee") != report["guarantee"]:  # the estimator's own sentence: the sampler's delta_total too
         out["guarantee"] += delta_total_clause(eps, delta, report.get("delta_total"))
@@ -189,9 +188,9 @@ def estimator_report(conf: Any, result: Any, report: dict[str, Any], section: di
     return out
 
 
-def check_estimator(cfg: Any) -> None:
+def check_estimator(plan: TrainingPlan) -> None:
     """The estimator settings alone and against the run's objective, model and privacy."""
-    e = cfg.estimator
+    e = plan.estimator
     one_of("estimator.name", e.name, tuple(ESTIMATORS))
     estimator = ESTIMATORS.get(e.name)
     integer("estimator.parts", e.parts, 2, f"must be an integer in [2, {MAX_PARTS}]")
@@ -205,34 +204,34 @@ def check_estimator(cfg: Any) -> None:
         raise bad("estimator.bootstrap", e.bootstrap, "must be an integer in [100, 100000]")
     if not estimator.intervals:
         return
-    if not cfg.privacy.enabled and not estimator.exact_without_privacy:
+    if not plan.private and not estimator.exact_without_privacy:
         raise bad("estimator", e.name, "needs privacy.enabled=true (its interval accounts for the privacy noise); "
                   "allowed without privacy: estimator=dpsgd or ssp (the exact non-private fit)")
-    estimator.check_objective(cfg)
-    if not model_is_linear(cfg):
+    estimator.check_objective(plan)
+    if not model_is_linear(plan):
         raise bad("estimator", e.name, "needs a linear model (model=logit: one Linear layer) whose coefficients "
                   "it estimates; allowed with this model: estimator=dpsgd")
-    _check_training_only(cfg, e.name)
-    estimator.check(cfg)
+    _check_training_only(plan, e.name)
+    estimator.check(plan)
 
 
-def _check_training_only(cfg: Any, name: str) -> None:
+def _check_training_only(plan: TrainingPlan, name: str) -> None:
     """Training settings that subsample_aggregate / ssp do not support, refused by name."""
-    if getattr(cfg, "task", "train") != "train":
+    if plan.task != "train":
         raise bad("estimator", name, "is for task=train only; allowed for this task: estimator=dpsgd")
-    if cfg.trainer.resume is not None:
-        raise bad("trainer.resume", cfg.trainer.resume, f"must be null with estimator={name} (its runs are not "
+    if plan.loop.resume is not None:
+        raise bad("trainer.resume", plan.loop.resume, f"must be null with estimator={name} (its runs are not "
                   "resumable); allowed: estimator=dpsgd to resume")
-    if cfg.trainer.distributed:
+    if plan.loop.distributed:
         raise bad("trainer.distributed", True, f"must be false with estimator={name}")
-    if cfg.privacy.max_epsilon is not None:
-        raise bad("privacy.max_epsilon", cfg.privacy.max_epsilon, f"must be null with estimator={name} (set "
+    if plan.budget.max_epsilon is not None:
+        raise bad("privacy.max_epsilon", plan.budget.max_epsilon, f"must be null with estimator={name} (set "
                   "privacy.target_epsilon instead)")
 
 
-def check_estimator_size(cfg: Any, n: int) -> None:
+def check_estimator_size(plan: TrainingPlan, n: int) -> None:
     """Against the PUBLIC training-set size N (subsample_aggregate: N / K >= min_part_rows)."""
-    ESTIMATORS.get(cfg.estimator.name).check_size(cfg, n)
+    ESTIMATORS.get(plan.estimator.name).check_size(plan, n)
 
 
 # ------------------------------------------------------------------------------ the estimators
@@ -248,37 +247,36 @@ class DPSGD:
     #: without privacy the table is the exact fit (dpsgd, ssp); subsample_aggregate refuses to run
     exact_without_privacy = True
 
-    def run(self, conf: Any, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
-        if not conf.privacy.enabled:
-            result = fit(conf, data, mechanism=mechanism_for(conf, dataset_size=data.n_train, delta=delta),
+    def run(self, plan: TrainingPlan, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
+        if not plan.private:
+            result = fit(plan, data, mechanism=mechanism_for(plan, dataset_size=data.n_train, delta=delta),
                          tracker=tracker, launch=launch)
-            return exact_refit(conf, data, result) if exact_reason(conf) is None else result
-        plan, mechanism = plan_release(conf, data.n_train, delta, newton_reason(conf))
-        share = conf.estimator.interval_share if plan.release else 0.0
-        _log_plan(conf, plan, share)
-        if conf.privacy.target_epsilon is not None:  # the run's target first, the shares as shares of it
-            log.info("%s", mechanism.calibration_line(conf.privacy.target_epsilon, share))
-        total = warn_large_epsilon(conf, mechanism, share=share)
+            return exact_refit(plan, data, result) if exact_reason(plan) is None else result
+        release, plan, mechanism = plan_release(plan, data.n_train, delta, newton_reason(plan))
+        _log_plan(plan, release)
+        if plan.budget.target is not None:  # the run's target first, the shares as shares of it
+            log.info("%s", mechanism.calibration_line(plan.budget))
+        total = warn_large_epsilon(plan, mechanism)
         launch = dataclasses.replace(launch, total_epsilon=total)
-        result = fit(dpsgd_settings(conf, share), data, mechanism=mechanism, tracker=tracker, launch=launch)
-        refined = refine_plan(conf, plan, result)
+        result = fit(plan, data, mechanism=mechanism, tracker=tracker, launch=launch)
+        refined = refine_plan(plan, release, result)
         if not refined.release:
-            if plan.release:
+            if release.release:
                 log.info("coefficient intervals: not released: %s", refined.reason)
             result.inference = {"newton": None, "reason": refined.reason}
             return result
-        return newton_refit(conf, data, result, launch=launch)
+        return newton_refit(plan, data, result, launch=launch)
 
-    def check_objective(self, cfg: Any) -> None:
+    def check_objective(self, plan: TrainingPlan) -> None:
         """Any objective."""
 
-    def check(self, cfg: Any) -> None:
+    def check(self, plan: TrainingPlan) -> None:
         """Nothing beyond the training settings."""
 
-    def check_size(self, cfg: Any, n: int) -> None:
+    def check_size(self, plan: TrainingPlan, n: int) -> None:
         """Any N the training settings allow."""
 
-    def table(self, conf: Any, result: Any, enc: Any, report: dict) -> Any:
+    def table(self, plan: TrainingPlan, result: Any, enc: Any, report: dict) -> Any:
         inference = result.inference or {}
         if "table" in inference:  # the release's or the exact fit's: ONE table for every output
             return inference["table"]
@@ -288,10 +286,10 @@ class DPSGD:
                                  method=NO_INTERVAL, reasons=f"no interval ({reason}): DP-SGD's estimate, its "
                                  "convergence not checked")
 
-    def report(self, conf: Any, result: Any, *, eps: Any, delta: Any, accountant: str, guarantee: str) -> dict:
+    def report(self, plan: TrainingPlan, result: Any, *, eps: Any, delta: Any, accountant: str, guarantee: str) -> dict:
         inference = result.inference or {}
         if "exact" in inference:
-            return {"intervals": EXACT_METHOD[encoder_for_config(conf).kind], "guarantee": guarantee,
+            return {"intervals": EXACT_METHOD[encoder_for(plan).kind], "guarantee": guarantee,
                     "validity_check": _table_check(inference["table"], "non-private classical intervals")}
         newton = inference.get("newton")
         if newton is None:
@@ -299,7 +297,7 @@ class DPSGD:
                     "guarantee": guarantee}
         sigma, kind = inference["noise_multiplier"], inference["kind"]
         table = inference["table"]
-        out = {"intervals": NEWTON_METHOD, "interval_share": conf.estimator.interval_share,
+        out = {"intervals": NEWTON_METHOD, "interval_share": plan.estimator.interval_share,
                "interval_noise_multiplier": sigma, "interval_noise_sd": newton.noise_sd,
                "interval_sensitivity": ("||z||^2 <= 1 + numeric columns + categorical columns = "
                                         f"{inference['radius_sq']:g} (public); |r| <= {BOUNDS[kind][0]:g}, "
@@ -337,18 +335,19 @@ def _table_check(table: Any, what: str) -> dict[str, Any]:
     return {"claimed": bool(n), "terms_claimed": n, "terms": k, "why": why}
 
 
-def _log_plan(conf: Any, plan: Any, share: float) -> None:
+def _log_plan(plan: TrainingPlan, release: Any) -> None:
     """One plain line on the interval release: planned (with DP-SGD's share of the run's epsilon)
     or not, and why."""
-    p = conf.privacy
-    if plan.release:
-        what = (f"DP-SGD gets {1 - share:g} of the run's target epsilon {p.target_epsilon:g}, the release the rest"
-                if p.target_epsilon is not None else f"its epsilon is {share:g} of the run's total")
+    b = plan.budget
+    if release.release:
+        share = b.share(INTERVALS)
+        what = (f"DP-SGD gets {1 - share:g} of the run's target epsilon {b.target:g}, the release the rest"
+                if b.target is not None else f"its epsilon is {share:g} of the run's total")
         log.info("coefficient intervals: released after DP-SGD (estimator.interval_share=%g: %s; %s)",
-                 conf.estimator.interval_share, what, plan.reason)
-    elif conf.estimator.interval_share > 0 and conf.estimator.name == "dpsgd":
-        log.info("coefficient intervals: none (%s)%s", plan.reason,
-                 "; DP-SGD gets the whole epsilon" if plan.noise_multiplier is not None else "")
+                 plan.estimator.interval_share, what, release.reason)
+    elif plan.estimator.interval_share > 0 and plan.estimator.name == "dpsgd":
+        log.info("coefficient intervals: none (%s)%s", release.reason,
+                 "; DP-SGD gets the whole epsilon" if release.noise_multiplier is not None else "")
 
 
 NEWTON_VALIDITY = ("the normal approximation of the two-step estimator: DP-SGD's model close enough to the optimum "
@@ -362,25 +361,26 @@ NEWTON_VALIDITY = ("the normal approximation of the two-step estimator: DP-SGD's
 LARGE_EPSILON = 2.0
 
 
-def warn_large_epsilon(conf: Any, mechanism: Any, *, share: float = 0.0) -> float | None:
+def warn_large_epsilon(plan: TrainingPlan, mechanism: Any) -> float | None:
     """Before training: a noise multiplier fixed by a preset or the command line gives a small
     table a far larger epsilon than the preset's (q = B / N grows as N shrinks): say so, with the
     run's planned epsilon (public: it depends on the settings and N only; with an interval release,
     DP-SGD's and the release's together) and the setting that fixes it. A planned epsilon above
     privacy.target_epsilon's limit (100: it protects nothing) is refused, as that target is: before
-    training, before the slow accounting of a huge epsilon. ``share``: the interval release's share
-    of the run's epsilon (0 without one). Returns the run's whole planned epsilon (by RDP; the
+    training, before the slow accounting of a huge epsilon. The interval release's share of the
+    run's epsilon is the plan budget's. Returns the run's whole planned epsilon (by RDP; the
     target when sigma is calibrated; None without privacy), which the progress bar shows."""
-    if not conf.privacy.enabled or not mechanism.private:
+    if not plan.private or not mechanism.private:
         return None
     if mechanism.noise_multiplier_source != "config":
-        return conf.privacy.target_epsilon
+        return plan.budget.target
     history = mechanism.history_between(0, mechanism.planned_steps)
-    planned = history_epsilon(history, delta=mechanism.delta, accountant="rdp")  # fast; PLD is at most this
-    if planned / (1.0 - share) > MAX_TARGET_EPSILON and conf.privacy.accountant != "rdp":
-        planned = history_epsilon(history, delta=mechanism.delta, accountant=conf.privacy.accountant)
-    whole = planned / (1.0 - share)  # the interval release (a share of the run's epsilon) comes after training
-    parts = f" ({planned:.4g} for DP-SGD, the rest for the coefficient table's intervals)" if share else ""
+    planned = history_epsilon(history, delta=mechanism.delta, accountant=RDP)  # fast; PLD is at most this
+    budget = plan.budget
+    if budget.whole_from(planned) > MAX_TARGET_EPSILON and budget.headline is not RDP:
+        planned = history_epsilon(history, delta=mechanism.delta, accountant=budget.headline)
+    whole = budget.whole_from(planned)  # the interval release (a share of the run's epsilon) comes after training
+    parts = f" ({planned:.4g} for DP-SGD, the rest for the coefficient table's intervals)" if budget.shares else ""
     how = (f"noise multiplier {mechanism.noise_multiplier:g} fixed by the preset or the command line, q = B/N = "
            f"{mechanism.sample_rate:.3g} with N = {mechanism.dataset_size} training rows, "
            f"{mechanism.planned_steps} steps")
@@ -397,25 +397,25 @@ def warn_large_epsilon(conf: Any, mechanism: Any, *, share: float = 0.0) -> floa
     return whole
 
 
-def newton_reason(conf: Any) -> str | None:
+def newton_reason(plan: TrainingPlan) -> str | None:
     """Why a dpsgd run gets no Newton interval at all (None: it may get one)."""
-    e = conf.estimator
+    e = plan.estimator
     if e.name != "dpsgd" or e.interval_share == 0:
         return "estimator.interval_share=0"
-    if conf.privacy.enabled and conf.privacy.max_epsilon is not None:
+    if plan.private and plan.budget.max_epsilon is not None:
         return "privacy.max_epsilon stops DP-SGD at a budget the interval's release would exceed"
-    return exact_reason(conf)
+    return exact_reason(plan)
 
 
-def exact_reason(conf: Any) -> str | None:
+def exact_reason(plan: TrainingPlan) -> str | None:
     """Why a run's table cannot be a fit on its rows after training (None: it can): the objective,
     the model, or a distributed run (each process holds only its shard)."""
-    kind = objective_kind(conf.objective.name)
+    kind = objective_kind(plan.objective_name)
     if kind not in BOUNDS:
-        return f"no coefficient table fit for objective={conf.objective.name} (binary, multinomial, linear only)"
-    if conf.trainer.distributed:
+        return f"no coefficient table fit for objective={plan.objective_name} (binary, multinomial, linear only)"
+    if plan.loop.distributed:
         return "trainer.distributed=true: each process holds only its shard of the rows"
-    if not model_is_linear(conf):
+    if not model_is_linear(plan):
         return "the model is not linear"
     return None
 
@@ -426,11 +426,11 @@ class SubsampleAggregate(DPSGD):
     intervals = True
     exact_without_privacy = False
 
-    def run(self, conf: Any, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
-        return _subsample_aggregate(conf, data, delta=delta, tracker=tracker, launch=launch)
+    def run(self, plan: TrainingPlan, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
+        return _subsample_aggregate(plan, data, delta=delta, tracker=tracker, launch=launch)
 
-    def check_size(self, cfg: Any, n: int) -> None:
-        e = cfg.estimator
+    def check_size(self, plan: TrainingPlan, n: int) -> None:
+        e = plan.estimator
         if n // e.parts < e.min_part_rows:
             most = max(n // e.min_part_rows, 0)
             raise ConfigError(f"estimator.parts={e.parts} is not allowed for N = {n} training rows: each part would "
@@ -438,16 +438,16 @@ class SubsampleAggregate(DPSGD):
                               f"allowed: estimator.parts <= {most} (or more rows)" + (
                                   "" if most >= 2 else "; this table is too small for subsample_aggregate"))
 
-    def table(self, conf: Any, result: Any, enc: Any, report: dict) -> Any:
-        est = conf.estimator
+    def table(self, plan: TrainingPlan, result: Any, enc: Any, report: dict) -> Any:
+        est = plan.estimator
         iv = aggregate_parts(np.stack(result.inference["part_coefficients"]), level=est.level)
         claimed = validity_check(est.name, epsilon=report.get("epsilon"),
                                  dataset_size=result.mechanism.dataset_size * est.parts, parts=est.parts)["claimed"]
         return coefficient_frame(table_terms(enc), iv.estimate, iv, method=SA_METHOD.format(
             k=est.parts, dof=est.parts - 1), claimed=claimed)
 
-    def report(self, conf: Any, result: Any, *, eps: Any, delta: Any, accountant: str, guarantee: str) -> dict:
-        est, m = conf.estimator, result.mechanism
+    def report(self, plan: TrainingPlan, result: Any, *, eps: Any, delta: Any, accountant: str, guarantee: str) -> dict:
+        est, m = plan.estimator, result.mechanism
         return dict(parts=est.parts, level=est.level, part_dataset_size=m.dataset_size,
                     part_expected_batch_size=m.expected_batch_size, partition=(
                         "each row's part drawn uniformly and independently of the other rows from the run's "
@@ -467,35 +467,35 @@ class SSP(DPSGD):
 
     intervals = True
 
-    def run(self, conf: Any, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
-        if not conf.privacy.enabled:  # the exact OLS fit, as estimator=dpsgd gives without privacy
-            return super().run(conf, data, delta=delta, tracker=tracker, launch=launch)
-        return run_ssp(conf, data, delta=delta, tracker=tracker, launch=launch)
+    def run(self, plan: TrainingPlan, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
+        if not plan.private:  # the exact OLS fit, as estimator=dpsgd gives without privacy
+            return super().run(plan, data, delta=delta, tracker=tracker, launch=launch)
+        return run_ssp(plan, data, delta=delta, tracker=tracker, launch=launch)
 
-    def check_objective(self, cfg: Any) -> None:
-        if objective_kind(cfg.objective.name) != "linear":
-            raise bad("estimator", "ssp", f"estimates linear regression only, not objective={cfg.objective.name}; "
-                      f"allowed with objective={cfg.objective.name}: estimator=dpsgd | subsample_aggregate")
+    def check_objective(self, plan: TrainingPlan) -> None:
+        if objective_kind(plan.objective_name) != "linear":
+            raise bad("estimator", "ssp", f"estimates linear regression only, not objective={plan.objective_name}; "
+                      f"allowed with objective={plan.objective_name}: estimator=dpsgd | subsample_aggregate")
 
-    def check(self, cfg: Any) -> None:
-        if cfg.privacy.enabled and cfg.privacy.target_epsilon is None:
+    def check(self, plan: TrainingPlan) -> None:
+        if plan.private and plan.budget.target is None:
             raise bad("privacy.target_epsilon", None, "estimator=ssp calibrates its Gaussian noise to a target: set "
                       "privacy.target_epsilon=E (and privacy.noise_multiplier=null)")
-        ssp_config_check(encoder_for_config(cfg))
+        ssp_config_check(encoder_for(plan))
 
-    def table(self, conf: Any, result: Any, enc: Any, report: dict) -> Any:
+    def table(self, plan: TrainingPlan, result: Any, enc: Any, report: dict) -> Any:
         if "table" in (result.inference or {}):  # without privacy: the exact fit's
             return result.inference["table"]
         iv = result.inference["interval"]
         claimed = validity_check("ssp", epsilon=report.get("epsilon"),
                                  dataset_size=result.mechanism.dataset_size)["claimed"]
         return coefficient_frame(table_terms(enc), iv.estimate, iv, method=SSP_METHOD.format(
-            b=conf.estimator.bootstrap), claimed=claimed)
+            b=plan.estimator.bootstrap), claimed=claimed)
 
-    def report(self, conf: Any, result: Any, *, eps: Any, delta: Any, accountant: str, guarantee: str) -> dict:
+    def report(self, plan: TrainingPlan, result: Any, *, eps: Any, delta: Any, accountant: str, guarantee: str) -> dict:
         if "exact" in (result.inference or {}):
-            return super().report(conf, result, eps=eps, delta=delta, accountant=accountant, guarantee=guarantee)
-        est = conf.estimator
+            return super().report(plan, result, eps=eps, delta=delta, accountant=accountant, guarantee=guarantee)
+        est = plan.estimator
         return dict(level=est.level, bootstrap=est.bootstrap, **{k: v for k, v in result.privacy["ssp"].items()
                                                                   if k != "guarantee"},
                     guarantee=(f"({eps:.4g}, {delta:.3g})-DP, example-level, add/remove-one-record neighbours: one "

@@ -35,6 +35,7 @@ from dptrain.data.blocks import HashKeys, hash_scores
 from dptrain.privacy.dpsgd.mechanism import DPSGDMechanism
 from dptrain.privacy.randomness import Randomness
 from dptrain.training.fit import LaunchConfig, bound_to_rows, fit
+from dptrain.training.plan import TrainingPlan
 
 __all__ = ["random_parts", "part_key", "row_uniform", "part_mechanism", "part_randomness", "fit_parts"]
 
@@ -66,14 +67,14 @@ def random_parts(n_rows: int, *, parts: int, randomness: Randomness) -> np.ndarr
     return randomness.numpy("subsample-parts").integers(0, parts, size=int(n_rows))
 
 
-def part_mechanism(privacy: Any, *, epochs: float, batch_size: int, dataset_size: int, parts: int,
-                   delta: float) -> DPSGDMechanism:
+def part_mechanism(plan: TrainingPlan, *, dataset_size: int, delta: float) -> DPSGDMechanism:
     """The mechanism every part runs, from PUBLIC numbers only (module docstring); without a dp/
     curve (the parts' curves would be logged nowhere)."""
+    parts = plan.estimator.parts
     n_part = dataset_size // parts
-    b_part = max(1, round(batch_size / dataset_size * n_part))
-    return DPSGDMechanism.from_settings(privacy, epochs=epochs, expected_batch_size=b_part, dataset_size=n_part,
-                                        delta=delta)
+    b_part = max(1, round(plan.loop.batch_size / dataset_size * n_part))
+    return DPSGDMechanism.from_budget(plan.budget.dpsgd, max_grad_norm=plan.max_grad_norm, epochs=plan.loop.epochs,
+                                      expected_batch_size=b_part, dataset_size=n_part, delta=delta)
 
 
 def part_randomness(randomness: Any, k: int) -> Any:
@@ -82,22 +83,22 @@ def part_randomness(randomness: Any, k: int) -> Any:
     return randomness.child(f"part {k}")
 
 
-def _part_config(cfg: Any) -> Any:
-    """The part runs' settings: no baseline, no checkpoint, no progress bar, evaluation at the end,
-    no dp/ curve (a part's curve would be logged nowhere; :func:`part_mechanism` plans none, so
-    every part records the same history)."""
-    trainer = dataclasses.replace(cfg.trainer, baseline=False, checkpoint_every=0, progress=False,
-                                  eval_every=10**9, dp_curves=False)
-    return dataclasses.replace(cfg, trainer=trainer)
+def _part_plan(plan: TrainingPlan) -> TrainingPlan:
+    """The part runs' plan: no baseline, no checkpoint, no progress bar, evaluation at the end, no
+    dp/ curve (a part's curve would be logged nowhere; :func:`part_mechanism` plans none, so every
+    part records the same history)."""
+    loop = dataclasses.replace(plan.loop, baseline=False, checkpoint_every=0, progress=False, eval_every=10**9,
+                               dp_curves=False)
+    return dataclasses.replace(plan, loop=loop)
 
 
-def fit_parts(cfg: Any, data: Any, *, mechanism: DPSGDMechanism, randomness: Any = None) -> list[Any]:
+def fit_parts(plan: TrainingPlan, data: Any, *, mechanism: DPSGDMechanism, randomness: Any = None) -> list[Any]:
     """Train one model per part with :func:`dptrain.training.fit.fit` (dptrain's DP-SGD) under the same
     ``mechanism``; returns the K :class:`dptrain.training.fit.TrainResult` (part order)."""
-    k_parts = cfg.estimator.parts
+    k_parts = plan.estimator.parts
     randomness = bound_to_rows(randomness if randomness is not None else Randomness.fresh(), data)
     where = random_parts(len(data.y_train), parts=k_parts, randomness=randomness)
-    part_cfg = _part_config(cfg)
+    part_cfg = _part_plan(plan)
     results = []
     for k in range(k_parts):
         rows = torch.from_numpy(np.flatnonzero(where == k))

@@ -40,13 +40,13 @@ uses it: train, tune, predict), plus, optionally, its config file (docs/extendin
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
+from dptrain.core.dataspec import DataSpec
 from dptrain.core.errors import DPTrainError
 from dptrain.core.registry import Registry
 from dptrain.models import baselines
@@ -61,23 +61,6 @@ _DECLARE = {
     "multiclass": "a multiclass target with its PUBLIC class list (data.classes=[A, B, C])",
     "continuous": "a continuous target with PUBLIC bounds (data.target_bounds={lower: L, upper: U})",
 }
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    """What a data set's rows look like, from its public schema: the number of input features
-    and the kind of target: "binary" (0/1 labels as float32), "multiclass" (int64 indices into
-    ``class_names``, the declared class list) or "continuous" (float32, scaled to [0, 1] by the
-    declared public ``target_bounds`` (lower, upper))."""
-
-    n_features: int
-    target_kind: str = "binary"
-    class_names: tuple[str, ...] = ()
-    target_bounds: tuple[float, float] | None = None
-
-    @property
-    def n_classes(self) -> int:
-        return len(self.class_names) if self.target_kind == "multiclass" else (2 if self.target_kind == "binary" else 0)
 
 
 def _refuse_kind(objective: str, spec: DataSpec, needed: str) -> None:
@@ -104,8 +87,6 @@ class BinaryLogistic(BinaryCrossEntropy):
         """task=tune's per-row validation score in [0, 1]: 1 when the row is classified correctly."""
         return ((outputs.reshape(len(y), -1)[:, 0] > 0).to(y.dtype) == y).double()
 
-    def __init__(self, settings: Any = None) -> None:
-        self.settings = settings
 
     def output_width(self, spec: DataSpec) -> int:
         return 1
@@ -195,8 +176,6 @@ class Multinomial:
         """task=tune's per-row validation score in [0, 1]: 1 when the arg-max class is the label."""
         return (outputs.reshape(len(y), -1).argmax(1) == y).double()
 
-    def __init__(self, settings: Any = None) -> None:
-        self.settings = settings
         self.class_names: tuple[str, ...] = ()
 
     def output_width(self, spec: DataSpec) -> int:
@@ -284,8 +263,6 @@ class LinearRegression:
         [0, 1]-scaled target."""
         return 1.0 - (outputs.reshape(len(y), -1)[:, 0].double() - y.double()).square().clamp(max=1.0)
 
-    def __init__(self, settings: Any = None) -> None:
-        self.settings = settings
         self.target_bounds: tuple[float, float] | None = None
 
     def output_width(self, spec: DataSpec) -> int:
@@ -372,7 +349,7 @@ OBJECTIVES.register("linear", LinearRegression)
 BINARY = BinaryLogistic()
 
 
-def build_objective(settings: Any) -> Any:
-    """The objective named by ``settings.name`` (``objective=NAME``), built with its settings."""
-    name = settings.name if not isinstance(settings, str) else settings
-    return OBJECTIVES.get(name)(settings)
+def build_objective(name: str) -> Any:
+    """The objective registered as ``name`` (``objective=NAME``), a new instance (it keeps what
+    :meth:`check_data` learns of the data's public description)."""
+    return OBJECTIVES.get(name)()

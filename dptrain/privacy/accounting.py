@@ -8,7 +8,7 @@ and ``"pld"`` (privacy loss distributions, Koskela et al. 2020 / Doroshenko et a
 second opinion, ~0.3-0.5 s a call). An accountant is an object with ``name``, ``note`` and
 ``epsilon(history, delta)``, where the history is a tuple of (:class:`Event`, count) pairs.
 
-:class:`PrivacyAccountant` only records history (events, see :mod:`dptrain.privacy.events`);
+:class:`PrivacyLedger` only records history (events, see :mod:`dptrain.privacy.events`);
 epsilon is composed from it on demand. The functions :func:`rdp_epsilon`, :func:`pld_epsilon`,
 :func:`compute_epsilon` and :func:`calibrate_noise_multiplier` are the same computation for one
 run of identical DP-SGD steps.
@@ -23,7 +23,7 @@ import logging
 import math
 import numbers
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -42,9 +42,9 @@ if TYPE_CHECKING:
 # SIGMA_RANGE, and `import dptrain.tasks.cli` (so every command line, a refused one too) stays free of
 # them; with the accounting cache (dptrain.privacy.cache) a repeated run never imports dp-accounting.
 
-__all__ = ["ACCOUNTANTS", "RDP_ORDERS", "AccountingError", "PrivacyAccountant", "rdp_floor", "rdp_to_epsilon",
-           "calibrate_noise_multiplier", "compact", "compute_epsilon", "history_epsilon", "pld_epsilon",
-           "rdp_epsilon"]
+__all__ = ["ACCOUNTANTS", "DEFAULT", "PLD", "RDP", "RDP_ORDERS", "REPORTED", "Accountant", "AccountingError",
+           "PrivacyLedger", "accountant_named", "calibrate_noise_multiplier", "compact", "compute_epsilon",
+           "history_epsilon", "pld_epsilon", "rdp_epsilon", "rdp_floor", "rdp_to_epsilon"]
 
 class _DropExcludedOrderWarnings(logging.Filter):
     """dp-accounting logs one warning per fractional order whose series does not converge (large q,
@@ -119,13 +119,30 @@ def _check_delta(delta: Any) -> float:
     return delta
 
 
+class Accountant(Protocol):
+    """What an accountant is: a ``name`` (its key in ``ACCOUNTANTS``, the ``privacy.accountant``
+    setting), a ``note`` for the report, whether it ``supports`` an event, and the ``epsilon`` of a
+    history of (event, count) pairs at delta. A new accountant is one class and one registration."""
+
+    name: str
+    note: str
+
+    def supports(self, event: Event) -> bool: ...
+
+    def epsilon(self, history: History, delta: float) -> float: ...
+
+
 class RdpAccountant:
     """Renyi DP composed over the history at ``RDP_ORDERS`` (RDP adds up across steps), converted
-    to (epsilon, delta) with the improved conversion (Balle et al. 2020, Thm. 21)."""
+    to (epsilon, delta) with the improved conversion (Balle et al. 2020, Thm. 21). It composes
+    every registered event kind."""
 
     name = "rdp"
     note = ("Renyi DP of the Poisson-subsampled Gaussian (Mironov, Talwar, Zhang 2019), dp-accounting "
             "RdpAccountant, orders up to >= 1024, improved conversion (Balle et al. 2020)")
+
+    def supports(self, event: Event) -> bool:
+        return event.kind in EVENT_KINDS
 
     def epsilon(self, history: History, delta: float) -> float:
         total = sum(count * _rdp_per_step(event) for event, count in history)
@@ -138,16 +155,21 @@ class PldAccountant:
     name = "pld"
     note = "privacy loss distribution, dp-accounting PLDAccountant (tight up to discretisation)"
 
+    def supports(self, event: Event) -> bool:
+        """The kinds whose dp-accounting event has a privacy loss distribution (not zCDP, not the
+        private search: their ``pld`` attribute is False)."""
+        return event.kind in EVENT_KINDS and getattr(EVENT_KINDS.get(event.kind), "pld", True)
+
     def epsilon(self, history: History, delta: float) -> float:
         """The PLD epsilon, read from the accounting cache when this history and delta were
         computed before (:mod:`dptrain.privacy.cache`), else composed here and stored."""
         payload = json.dumps([[[e.kind, list(e.params), int(c)] for e, c in history], float(delta),
                               PLD_DISCRETIZATION])
-        cached = cache.load("pld", payload, length=1)
+        cached = cache.load(self.name, payload, length=1)
         if cached is not None:
             return cached[0]
         eps = max(0.0, float(_pld_composed(history).get_epsilon(delta)))
-        cache.store("pld", payload, [eps])
+        cache.store(self.name, payload, [eps])
         return eps
 
 
@@ -169,17 +191,31 @@ def rdp_to_epsilon(rdp: np.ndarray, delta: float) -> float:
     return float(max(0.0, eps.min()))
 
 
+#: the two accountants that ship (objects: code names them by these, never by a string)
+RDP: Accountant = RdpAccountant()
+PLD: Accountant = PldAccountant()
 ACCOUNTANTS: Registry = Registry("accountant", setting="privacy.accountant")
-ACCOUNTANTS.register("rdp", RdpAccountant())
-ACCOUNTANTS.register("pld", PldAccountant())
+ACCOUNTANTS.register(RDP.name, RDP)
+ACCOUNTANTS.register(PLD.name, PLD)
 #: the accountants every report shows (beside the headline one, if it is another)
-REPORTED = ("rdp", "pld")
+REPORTED: tuple[Accountant, ...] = (RDP, PLD)
+#: the default headline accountant (``privacy.accountant``'s default), and the one that composes
+#: every registered event kind and plans cheaply (cached per event; PLD is at most it)
+DEFAULT: Accountant = RDP
 
 
-def _check_accountant(accountant: Any) -> str:
-    if not isinstance(accountant, str) or accountant not in ACCOUNTANTS:
-        raise _bad("accountant", accountant, f"must be one of {tuple(ACCOUNTANTS.names())}")
-    return accountant
+def accountant_named(accountant: Accountant | str) -> Accountant:
+    """The registered accountant object of ``accountant`` (an object, or its registered name: the
+    ``privacy.accountant`` setting)."""
+    if isinstance(accountant, str) and accountant in ACCOUNTANTS:
+        return ACCOUNTANTS.get(accountant)
+    if not isinstance(accountant, str) and getattr(accountant, "name", None) in ACCOUNTANTS:
+        return accountant
+    raise _bad("accountant", accountant, f"must be one of {tuple(ACCOUNTANTS.names())}")
+
+
+def _check_accountant(accountant: Any) -> Accountant:
+    return accountant_named(accountant)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -222,15 +258,26 @@ def compact(history: History) -> History:
     return tuple(totals.items())
 
 
-def _epsilon(history: History, delta: float, accountant: str) -> float:
-    """Epsilon of a validated history by the named accountant: 0 when no step touched data,
-    infinite when one had no noise."""
+def supports(accountant: Accountant, event: Event) -> bool:
+    """Whether ``accountant`` composes ``event``: its ``supports`` when it has one; an accountant
+    without it (a plugin's ``name`` and ``epsilon`` only) is taken to compose every event."""
+    check = getattr(accountant, "supports", None)
+    return True if check is None else bool(check(event))
+
+
+def _epsilon(history: History, delta: float, accountant: Accountant) -> float:
+    """Epsilon of a validated history by ``accountant``: 0 when no step touched data, infinite
+    when one had no noise; an event the accountant does not support is refused by name."""
     active = tuple((e, c) for e, c in compact(history) if c > 0 and EVENT_KINDS.get(e.kind).spends(e.params))
     if not active:
         return 0.0
     if any(EVENT_KINDS.get(e.kind).unbounded(e.params) for e, _ in active):
         return math.inf
-    return ACCOUNTANTS.get(accountant).epsilon(active, delta)
+    for event, _ in active:
+        if not supports(accountant, event):
+            raise _bad("accountant", accountant.name, f"does not compose the event {event.kind!r}; allowed: "
+                       + ", ".join(n for n in ACCOUNTANTS.names() if supports(ACCOUNTANTS.get(n), event)))
+    return accountant.epsilon(active, delta)
 
 
 def _one_run(sigma: float, q: float, steps: int) -> History:
@@ -261,7 +308,7 @@ def rdp_epsilon(*, sample_rate: float, noise_multiplier: float, steps: int, delt
     Raises:
         AccountingError: On an argument out of range.
     """
-    return _epsilon(_one_run(*_segment(noise_multiplier, sample_rate, steps)), _check_delta(delta), "rdp")
+    return _epsilon(_one_run(*_segment(noise_multiplier, sample_rate, steps)), _check_delta(delta), RDP)
 
 
 def pld_epsilon(*, sample_rate: float, noise_multiplier: float, steps: int, delta: float) -> float:
@@ -274,19 +321,20 @@ def pld_epsilon(*, sample_rate: float, noise_multiplier: float, steps: int, delt
 
     Args, returns and errors as :func:`rdp_epsilon`.
     """
-    return _epsilon(_one_run(*_segment(noise_multiplier, sample_rate, steps)), _check_delta(delta), "pld")
+    return _epsilon(_one_run(*_segment(noise_multiplier, sample_rate, steps)), _check_delta(delta), PLD)
 
 
 def compute_epsilon(
-    *, accountant: str, sample_rate: float, noise_multiplier: float, steps: int, delta: float
+    *, accountant: Accountant | str, sample_rate: float, noise_multiplier: float, steps: int, delta: float
 ) -> float:
     """Epsilon of ``steps`` identical DP-SGD steps by the registered ``accountant``."""
     return _epsilon(_one_run(*_segment(noise_multiplier, sample_rate, steps)), _check_delta(delta),
                     _check_accountant(accountant))
 
 
-def history_epsilon(history: History, *, delta: float, accountant: str = "rdp") -> float:
-    """Epsilon of a history of (event, count) pairs (e.g. a planned run) by ``accountant``."""
+def history_epsilon(history: History, *, delta: float, accountant: Accountant | str = DEFAULT) -> float:
+    """Epsilon of a history of (event, count) pairs (e.g. a planned run) by ``accountant`` (an
+    object, or a registered name)."""
     for event, count in history:
         event_from_list(event.as_list())
         _check_steps(count, "count")
@@ -299,7 +347,7 @@ def calibrate_noise_multiplier(
     sample_rate: float,
     steps: int,
     delta: float,
-    accountant: str = "rdp",
+    accountant: Accountant | str = DEFAULT,
     rtol: float = 1e-3,
 ) -> float:
     """Smallest noise multiplier whose epsilon is <= ``target_epsilon``.
@@ -316,7 +364,7 @@ def calibrate_noise_multiplier(
         sample_rate: Poisson sampling probability q in [0, 1].
         steps: Number of steps T >= 0.
         delta: Target delta in (0, 1).
-        accountant: "rdp" or "pld".
+        accountant: a registered accountant (object or name).
         rtol: Relative tolerance on sigma, in (0, 1).
 
     Returns:
@@ -334,14 +382,14 @@ def calibrate_noise_multiplier(
         raise _bad("rtol", rtol, "must be in (0, 1)")
     if q == 0.0 or steps == 0:
         return 0.0
-    if accountant == "rdp" and target <= rdp_floor(delta):
+    if accountant is RDP and target <= rdp_floor(delta):
         raise _bad("target_epsilon", target_epsilon, _rdp_floor_advice(target, q, steps, delta, rtol))
 
     def eps(sigma: float) -> float:
         return _epsilon(_one_run(sigma, q, steps), delta, accountant)
 
     start, factor = 1.0, 4.0  # other accountants start from the RDP sigma (PLD is tighter: a little less)
-    if accountant != "rdp" and target > rdp_floor(delta):
+    if accountant is not RDP and target > rdp_floor(delta):
         with contextlib.suppress(AccountingError):
             start, factor = calibrate_noise_multiplier(
                 target_epsilon=target, sample_rate=q, steps=steps, delta=delta, rtol=rtol), math.exp(0.2)
@@ -351,7 +399,7 @@ def calibrate_noise_multiplier(
     except Unreachable:
         raise _bad("target_epsilon", target_epsilon,
                    f"unreachable with noise_multiplier <= {_SIGMA_MAX:g} (q={q}, steps={steps}, delta={delta}, "
-                   f"accountant={accountant!r})") from None
+                   f"accountant={accountant.name!r})") from None
 
 
 def rdp_floor(delta: float) -> float:
@@ -368,9 +416,10 @@ def _rdp_floor_advice(target: float, q: float, steps: int, delta: float, rtol: f
             "larger target, or privacy.accountant=pld, which is tight and certifies smaller epsilons")
 
 
-class PrivacyAccountant:
-    """Records history only: (event, count) pairs in order, consecutive identical events merged.
-    Epsilon is composed from the whole history on demand by any registered accountant (from the
+class PrivacyLedger:
+    """The ledger of a run's privacy events (not an accountant: it computes nothing). Records
+    history only: (event, count) pairs in order, consecutive identical events merged. Epsilon is
+    composed from the whole history on demand by any registered accountant (from the
     count of each distinct event, kept as events are recorded: see :func:`compact`)."""
 
     def __init__(self) -> None:
@@ -421,7 +470,7 @@ class PrivacyAccountant:
         ``poisson_gaussian`` events (other kinds are not shown here; see :attr:`events`)."""
         return tuple((e.params[1], e.params[0], c) for e, c in self._events if e.kind == "poisson_gaussian")
 
-    def get_epsilon(self, *, delta: float, accountant: str = "rdp") -> float:
+    def get_epsilon(self, *, delta: float, accountant: Accountant | str = DEFAULT) -> float:
         """Epsilon of the composition of all recorded events at ``delta``."""
         return _epsilon(self.totals, _check_delta(delta), _check_accountant(accountant))
 
@@ -432,7 +481,7 @@ class PrivacyAccountant:
     def load_state_dict(self, state: dict) -> None:
         """Restores the full history from :meth:`state_dict` output (validated, re-merged); the
         earlier format ``{"history": [[sigma, q, steps], ...]}`` is read too."""
-        restored = PrivacyAccountant()
+        restored = PrivacyLedger()
         if isinstance(state, dict) and "events" in state:
             for item in state["events"]:
                 if not isinstance(item, (list, tuple)) or len(item) != 3:
@@ -452,7 +501,7 @@ class PrivacyAccountant:
         self._events, self._totals = restored._events, restored._totals
 
     def max_steps_within(self, *, max_epsilon: float, event: Event | None = None, delta: float,
-                         accountant: str = "rdp", limit: int,
+                         accountant: Accountant | str = DEFAULT, limit: int,
                          events_for: Callable[[int], History] | None = None) -> int:
         """The largest k in [0, limit] such that this history plus k more steps has epsilon
         <= max_epsilon (a privacy budget). The k steps are ``event`` k times or, with

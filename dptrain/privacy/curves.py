@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dptrain.core.validation import bad
-from dptrain.privacy.accounting import SIGMA_RANGE, history_epsilon
+from dptrain.privacy.accounting import RDP, SIGMA_RANGE, history_epsilon
 from dptrain.privacy.calibration import Unreachable, smallest_noise
 from dptrain.privacy.events import Event, poisson_gaussian
 
@@ -131,7 +131,7 @@ def curve_noise_multiplier(*, sigma: float, sample_rate: float, steps: int, log_
     share is a design choice, cheap to evaluate; :func:`fill_target` fits a target by another
     accountant.)"""
     grads = history_epsilon(((poisson_gaussian(sample_rate=sample_rate, noise_multiplier=sigma), steps),),
-                            delta=delta, accountant="rdp")
+                            delta=delta, accountant=RDP)
     k = releases_between(0, steps, log_every)
     if not (0 < grads < math.inf) or k == 0:
         return SIGMA_RANGE[1]
@@ -139,7 +139,7 @@ def curve_noise_multiplier(*, sigma: float, sample_rate: float, steps: int, log_
     def eps(sigma_c: float) -> float:
         history = history_between(sigma=sigma, sigma_c=sigma_c, sample_rate=sample_rate, start=0, end=steps,
                                   log_every=log_every)
-        return history_epsilon(history, delta=delta, accountant="rdp")
+        return history_epsilon(history, delta=delta, accountant=RDP)
 
     guess = sigma * math.sqrt((1.0 - share) * k / (share * steps))  # the small-q approximation
     return _calibrated(eps, grads / (1.0 - share), guess=guess, factor=2.0, rtol=max(rtol, CURVE_RTOL))
@@ -175,11 +175,11 @@ def bounded_loss_sum(losses: torch.Tensor, bound: float) -> float:
     return float(clean.clamp_(0.0, b).sum())
 
 
-def resolve_loss_bound(trainer: Any, objective: Any, spec: Any) -> tuple[float, str]:
-    """(L, where it comes from): ``trainer.curve_loss_bound`` or the objective's
+def resolve_loss_bound(given: float | None, objective: Any, spec: Any) -> tuple[float, str]:
+    """(L, where it comes from): the given ``trainer.curve_loss_bound`` or the objective's
     ``curve_loss_bound(spec)``."""
-    if trainer.curve_loss_bound is not None:
-        return float(trainer.curve_loss_bound), "config (trainer.curve_loss_bound)"
+    if given is not None:
+        return float(given), "config (trainer.curve_loss_bound)"
     default = getattr(objective, "curve_loss_bound", None)
     if default is None:
         raise bad("trainer.curve_loss_bound", None, f"objective={objective.name} declares no default loss bound for "

@@ -2,9 +2,11 @@
 
 An :class:`Event` is a kind and its parameters (plain floats, so a checkpoint stores it as data
 and a new mechanism does not change the checkpoint format). Each kind is registered in
-``EVENT_KINDS`` with the dp-accounting ``DpEvent`` it stands for, which both accountants
-(RDP and PLD) compose. DP-SGD's step is ``poisson_gaussian``: Poisson sampling with rate q of a
-Gaussian mechanism with noise multiplier sigma, add/remove neighbours.
+``EVENT_KINDS`` with the dp-accounting ``DpEvent`` it stands for, which the accountants (RDP and
+PLD) compose where they can (``zcdp`` and ``private_search``: RDP only; ``epsilon_delta``, the
+one-shot releases' pure and approximate DP: neither, it composes by basic composition). DP-SGD's
+step is ``poisson_gaussian``: Poisson sampling with rate q of a Gaussian mechanism with noise
+multiplier sigma, add/remove neighbours.
 
 A new mechanism is a new kind: a class with ``params``, ``dp_event(params)``, ``spends(params)``
 and ``unbounded(params)``, registered with ``EVENT_KINDS.register("name", ...)``.
@@ -109,6 +111,7 @@ class ZCDP:
     (rho = epsilon^2 / 2). Params (rho,). RDP accounting only (dp-accounting has no PLD of it)."""
 
     params = ("rho",)
+    pld = False  # no privacy loss distribution: accountants that need one do not support it
 
     @staticmethod
     def dp_event(params: tuple[float, ...]) -> dp_accounting.DpEvent:
@@ -133,6 +136,39 @@ def zcdp_event(rho: float) -> Event:
     return Event("zcdp", (float(rho),))
 
 
+class EpsilonDelta:
+    """A mechanism that is (epsilon, delta)-DP by its own proof, under the relation its mechanism
+    states: the discrete Laplace on counts of L1 sensitivity 1 (delta 0), the stability-based
+    histogram, an employer-employee mechanism's (alpha, epsilon[, delta])-ER-EE. Params (epsilon,
+    delta). Such events compose by basic composition (the epsilons add up, and the deltas); the
+    RDP and PLD accountants do not take them (dp-accounting has no PLD or RDP of an arbitrary
+    (epsilon, delta) mechanism)."""
+
+    params = ("epsilon", "delta")
+
+    @staticmethod
+    def dp_event(params: tuple[float, ...]) -> dp_accounting.DpEvent:
+        import dp_accounting  # here, not at the top: importing dptrain.privacy stays cheap
+
+        return dp_accounting.EpsilonDeltaDpEvent(params[0], params[1])
+
+    @staticmethod
+    def spends(params: tuple[float, ...]) -> bool:
+        return params[0] > 0.0 or params[1] > 0.0
+
+    @staticmethod
+    def unbounded(params: tuple[float, ...]) -> bool:
+        return not math.isfinite(params[0])
+
+
+EVENT_KINDS.register("epsilon_delta", EpsilonDelta)
+
+
+def epsilon_delta_event(epsilon: float, delta: float = 0.0) -> Event:
+    """The event of an (epsilon, delta)-DP mechanism (:class:`EpsilonDelta`)."""
+    return Event("epsilon_delta", (float(epsilon), float(delta)))
+
+
 class PrivateSearch:
     """A private hyperparameter search (Papernot and Steinke 2022): a random number K of candidate
     trainings, each ``steps`` Poisson-subsampled Gaussian steps plus one Gaussian noisy score, the
@@ -141,6 +177,7 @@ class PrivateSearch:
     score_noise, mean, shape). RDP accounting only (dp-accounting has no PLD of it)."""
 
     params = ("sample_rate", "noise_multiplier", "steps", "score_noise", "mean", "shape")
+    pld = False  # no privacy loss distribution: accountants that need one do not support it
 
     @staticmethod
     def dp_event(params: tuple[float, ...]) -> dp_accounting.DpEvent:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dptrain.core.errors import DPTrainError
-from dptrain.privacy.accounting import SIGMA_RANGE, PrivacyAccountant, history_epsilon
+from dptrain.privacy.accounting import SIGMA_RANGE, PrivacyLedger, history_epsilon
 from dptrain.privacy.calibration import smallest_noise
 from dptrain.privacy.events import gaussian_event
 from dptrain.privacy.newton_terms import MAX_HESSIAN_NOISE, TermClaims, hessian_ratio, psd, select_terms, term_claims
@@ -302,7 +302,7 @@ def private_newton(theta: np.ndarray, sums_at: Callable[[np.ndarray], tuple[np.n
                      full["noise"], full["bread"], full["sampling"], aliased, kind)
 
 
-def release_noise_multiplier(accountant: PrivacyAccountant, *, delta: float, accountant_name: str, rtol: float,
+def release_noise_multiplier(accountant: PrivacyLedger, *, delta: float, accountant_name: str, rtol: float,
                              share: float, target: float | None = None) -> float:
     """The release's noise multiplier after DP-SGD (the history ``accountant`` holds):
     :func:`planned_noise_multiplier` of that history."""

@@ -47,53 +47,6 @@ NOT_COVERED = [
 ]
 
 
-def files_section(*, test_public: bool, coefficients: bool = False, checkpoint: bool = True,
-                  covered: bool = True) -> dict[str, dict[str, str]]:
-    """Which files of a training run folder may be published and which must stay with the data
-    (``coefficients``: the run wrote coefficients.csv; ``checkpoint``: it wrote private/checkpoint.pt,
-    which the subsample_aggregate and ssp estimators do not). ``covered`` False (privacy off, or no
-    noise): the files at the top are described as what they are, computed from private rows with
-    no guarantee (FILES.txt then lists them as NOT publishable: dptrain.runfolder.tracking)."""
-    settings = "the configuration (the command line; holds no secret and no private value)"
-    if not covered:
-        return {"publishable": {**_uncovered(coefficients), "FILES.txt": "this list", ".hydra/": settings},
-                "private": _private_files(test_public=test_public, checkpoint=checkpoint)}
-    publishable = {
-        "privacy.json, privacy.txt": "this report (no private value; N is public)",
-        "model.pt": "final weights + the public feature encoder (covered by the guarantee)",
-        "metrics.json": "publishable metrics only: steps, epochs, epsilon"
-        + (", and test/* (the test rows are declared public)" if test_public else
-           " (test metrics are private here: data.test_public=false)"),
-        **({"coefficients.csv": "the coefficient table on the original scale (estimates; standard errors, "
-            "intervals and whether the run claims them): a function of the released model(s) or noisy "
-            "statistics only (covered by the guarantee)"} if coefficients else {}),
-        "FILES.txt": "this list",
-        ".hydra/": settings,
-    }
-    return {"publishable": publishable, "private": _private_files(test_public=test_public, checkpoint=checkpoint)}
-
-
-def _uncovered(coefficients: bool) -> dict[str, str]:
-    """The files at the top of a training run without a guarantee, described as what they are."""
-    return {"privacy.json, privacy.txt": "this report: it says there is no guarantee, and holds the model's "
-            "coefficient table and settings",
-            "model.pt": "final weights + the public feature encoder, trained WITHOUT a privacy guarantee",
-            "metrics.json": "steps, epochs (test/* when the test rows are public) of a model without a guarantee",
-            **({"coefficients.csv": "the coefficient table of a model without a guarantee"} if coefficients else {})}
-
-
-def _private_files(*, test_public: bool, checkpoint: bool) -> dict[str, str]:
-    return {
-        **({"private/checkpoint.pt": "resumable state (model, optimizer, accountant; generator states only "
-            "when privacy.noise_seed_file is set)"} if checkpoint else {}),
-        "private/metrics.json": "every metric, incl. those on private rows (baseline, timings"
-        + ("" if test_public else ", test/*") + ")",
-        "private/tb/": "TensorBoard curves: diagnostics on training rows and test curves (its dp/* curves alone "
-        "are covered by the guarantee)",
-        "private/dptrain.log": "the log",
-    }
-
-
 def tier(epsilon: float) -> str:
     """docs/privacy.md: epsilon <= 1 strong, <= 10 reasonable, > 10 weak protection."""
     if epsilon <= 1:
@@ -113,7 +66,7 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _run_fields(mechanism: dict[str, Any], *, data_source: str, seed: int, test_public: bool) -> dict[str, Any]:
+def _run_fields(mechanism: dict[str, Any], *, data_source: str, seed: int) -> dict[str, Any]:
     """The report's fields that every run has, private or not."""
     return {
         "data": data_source,
@@ -129,8 +82,6 @@ def _run_fields(mechanism: dict[str, Any], *, data_source: str, seed: int, test_
         "stop_reason": mechanism.get("stop_reason", "completed the planned steps"),
         **{k: mechanism.get(k) for k in ("max_epsilon", "resumed_from", "distributed")},
         "resumed_from_step": mechanism.get("resumed_from_step", 0),
-        "files": files_section(test_public=test_public, covered=bool(mechanism["enabled"])
-                               and mechanism["noise_multiplier"] > 0),
         "versions": _versions(),
     }
 
@@ -191,11 +142,11 @@ def delta_total_clause(eps: float, delta: float, delta_total: float | None) -> s
 
 def build_report(
     *, mechanism: dict[str, Any], epsilons: dict[str, float] | None, accountant: str, seed: int,
-    data_source: str, test_public: bool = False,
+    data_source: str,
 ) -> dict[str, Any]:
     """Assemble the privacy report. ``epsilons`` maps accountant name -> epsilon (None when
     privacy is off). A run without noise (sigma = 0) is reported as NOT private."""
-    base = _run_fields(mechanism, data_source=data_source, seed=seed, test_public=test_public)
+    base = _run_fields(mechanism, data_source=data_source, seed=seed)
     if not mechanism["enabled"]:
         return {"private": False, "guarantee": "none: privacy was switched off (privacy.enabled=false); this model "
                 "is NOT differentially private and may reveal any training record", **base}

@@ -41,7 +41,6 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -50,7 +49,7 @@ import pandas as pd
 from dptrain.core.validation import bad
 from dptrain.privacy.randomness import Randomness, data_digest
 from dptrain.release import _ls_math
-from dptrain.release.cell_domain import CellDomain, from_table, select_cells
+from dptrain.release.cell_domain import CellDomain, CellSource, check_listing, from_table, select_cells
 from dptrain.release.cells import (
     Cells,
     Domain,
@@ -72,7 +71,6 @@ from dptrain.release.sensitivity import (
     local_sensitivity,
     se_local_sensitivity,
 )
-from dptrain.settings.release import ReleaseConfig, check_cell_source
 
 log = logging.getLogger(__name__)
 
@@ -222,9 +220,9 @@ class CellEstimates:
     # ------------------------------------------------------------------ what every release checks
     def check_listed(self) -> None:
         """Refuse cells OBSERVED in the rows (not a public declaration, not a private selection)
-        with the command line's message (:func:`dptrain.settings.release.check_cell_source`)."""
+        with the command line's message (:func:`dptrain.release.cell_domain.check_listing`)."""
         if self.listed is None:
-            check_cell_source(ReleaseConfig(cells=list(self.cells.keys.columns)), _TABLE_DATA)
+            check_listing(_api_source(keys=False, selection=None))
             raise ReleaseError("the cells were not listed by a declaration or a private selection")  # unreachable
 
     def stream(self, name: str, *, seed: int | Randomness | None) -> tuple[np.random.Generator, str]:
@@ -241,8 +239,13 @@ class CellEstimates:
         return out
 
 
-#: the data source of an API call, for the command line's checks: rows in memory, like data=table
-_TABLE_DATA = SimpleNamespace(name="table")
+def _api_source(*, keys: bool, selection: PrivateSelectionConfig | None) -> CellSource:
+    """An API call's cells as the command line's check sees them: rows in memory (like data=table),
+    a ``cell_keys`` table (a declared keys file) or a private selection."""
+    return CellSource(has_values=False, keys_file="cell_keys" if keys else None,
+                      selection="declared" if selection is None else "private",
+                      selection_epsilon=None if selection is None else selection.epsilon,
+                      selection_delta=None if selection is None else selection.delta, simulated=False)
 
 
 def cells_digest(cells: Cells) -> str:
@@ -296,16 +299,11 @@ def fit_cells(df: pd.DataFrame, *, x: str, y: str, cells: list[str], domain: Dom
     stability-based selection of ``release.cell_selection=private``
     (:func:`dptrain.release.cell_domain.select_cells`, (epsilon, delta)-DP under add/remove
     neighbours, composed into every release's totals). With neither, the command line's refusal
-    is raised (:func:`dptrain.settings.release.check_cell_source`): cells observed in the rows
+    is raised (:func:`dptrain.release.cell_domain.check_listing`): cells observed in the rows
     would reveal who is in them."""
     if selection is not None and not isinstance(selection, PrivateSelectionConfig):
         raise bad("selection", selection, "must be None or a dptrain.release.api.PrivateSelectionConfig")
-    private = selection is not None
-    conf = ReleaseConfig(cells=list(cells), cell_keys_file=None if cell_keys is None else "cell_keys",
-                         cell_selection="private" if private else "declared",
-                         **({"selection_epsilon": selection.epsilon, "selection_delta": selection.delta}
-                            if private else {}))
-    check_cell_source(conf, _TABLE_DATA)
+    check_listing(_api_source(keys=cell_keys is not None, selection=selection))
     if cell_keys is not None:
         listed = from_table(pd.DataFrame(cell_keys), list(cells), origin="declared",
                             description="declared by the caller (cell_keys)", setting="cell_keys")

@@ -35,28 +35,53 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dptrain.core.validation import ConfigError, bad, finite_positive, is_real
+from dptrain.data.labels import cell_label
 from dptrain.release.cells import ReleaseError
 from dptrain.release.noise import add_noise
 
 MAX_DECLARED_CELLS = 50_000_000
 
 
-def cell_label(v: Any) -> str | None:
-    """A cell value as the stripped string it is compared with (1.0 -> "1"); None for missing."""
-    if v is None or v is pd.NA or v is pd.NaT:
-        return None
-    if isinstance(v, (bool, np.bool_)):
-        return str(bool(v))
-    if isinstance(v, (float, np.floating)):
-        f = float(v)
-        if math.isnan(f):
-            return None
-        return str(int(f)) if f.is_integer() else repr(f)
-    if isinstance(v, (int, np.integer)):
-        return str(int(v))
-    if isinstance(v, bytes):
-        v = v.decode("utf-8", errors="replace")
-    return str(v).strip()
+@dataclass(frozen=True)
+class CellSource:
+    """Where a release's cells are to come from, as declared before any row is read: declared
+    values (``release.cell_values``), a declared keys file (``release.cell_keys_file``: its path,
+    or None), a private selection at (``selection_epsilon``, ``selection_delta``) when
+    ``selection`` is "private", or, for simulated data, the simulator's public design."""
+
+    has_values: bool
+    keys_file: Any
+    selection: str
+    selection_epsilon: Any
+    selection_delta: Any
+    simulated: bool
+
+
+def check_listing(source: CellSource) -> None:
+    """Refuse, before any row is read, a release whose cells would come from the rows present
+    (whether a cell is listed would tell whether anyone is in it), a double declaration, and a
+    private selection beside a declaration or with a bad budget. One message for the command line
+    and the Python API (:func:`dptrain.release.api.fit_cells`). Raises ConfigError."""
+    if source.has_values and source.keys_file is not None:
+        raise bad("release.cell_keys_file", source.keys_file,
+                  "declare the cells once: release.cell_values OR release.cell_keys_file, not both")
+    if source.selection == "private":
+        if source.has_values or source.keys_file is not None:
+            raise bad("release.cell_selection", "private", "select cells privately only when none are declared; "
+                      "with release.cell_values / release.cell_keys_file set release.cell_selection=declared")
+        finite_positive("release.selection_epsilon", source.selection_epsilon)
+        if not (is_real(source.selection_delta) and 0 < source.selection_delta < 1):
+            raise bad("release.selection_delta", source.selection_delta, "must be in (0, 1), e.g. 1e-6")
+    elif not (source.has_values or source.keys_file is not None or source.simulated):
+        raise ConfigError(
+            "release.cell_values=null and release.cell_keys_file=null: the release is refused (no row was read). "
+            "The list of cells must not come from the rows present: a cell that appears only when someone is in "
+            "it would reveal them. Allowed: declare the public cells, release.cell_values={COLUMN: [v1, v2, ...]} "
+            "for each release.cells column (the cells are the cross product), or release.cell_keys_file=PATH "
+            "(a CSV/Parquet with one column per release.cells column, one row per cell); or set "
+            "release.cell_selection=private (cells selected with (release.selection_epsilon, "
+            "release.selection_delta)-DP, composed into the release's totals)")
 
 
 def _label_column(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:

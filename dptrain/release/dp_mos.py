@@ -42,7 +42,6 @@ import numpy as np
 import pandas as pd
 
 from dptrain.release.mos import _group_codes
-from dptrain.settings.release import stage_epsilons
 
 from .cells import STATISTICS, Cells, ReleaseError, ols
 from .cells import statistic as cell_statistic
@@ -57,6 +56,21 @@ REASON_SMALL = "noisy N below the eligibility threshold"
 REASON_TEST = "failed the private stability test (above chi or unstable)"
 REASON_NO_CHI = "no eligible cell: chi not chosen"
 CANDIDATES_PER_DOUBLING = 8
+STAGES: tuple[str, ...] = ("n", "se", "chi", "test", "theta")
+
+
+def stage_epsilons(epsilon: float, split: dict) -> dict[str, float]:
+    """epsilon times each stage's share; refuses a split that is not exactly the five stages."""
+    if not isinstance(split, dict) or set(map(str, split)) != set(STAGES):
+        raise ReleaseError(f"release.dp_mos_split={split!r} is not allowed: a mapping with exactly the keys "
+                           f"{list(STAGES)} (shares of release.epsilon, each > 0)")
+    out = {}
+    for k in STAGES:
+        v = split[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+            raise ReleaseError(f"release.dp_mos_split.{k}={v!r} is not allowed: a finite number > 0")
+        out[k] = float(epsilon) * float(v)
+    return out
 
 
 @dataclass(frozen=True)

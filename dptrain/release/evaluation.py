@@ -53,7 +53,7 @@ def aligned_truth(truth: pd.DataFrame | None, listed: Any) -> pd.DataFrame | Non
 def tail_shares(run: ReleaseRun, common: dict, epsilon: float, index: int) -> dict[str, float]:
     """Mean of top- and bottom-quintile classification shares at one epsilon, for every evaluated
     method drawn in the tail figure (the fast ones)."""
-    r = run.conf.release
+    r = run.spec
     out = {}
     for name in evaluation_methods(r):
         if not RELEASE_METHODS.get(name).tail_figure:
@@ -67,7 +67,7 @@ def tail_shares(run: ReleaseRun, common: dict, epsilon: float, index: int) -> di
 
 def _relations(run: ReleaseRun, results: dict[str, MethodResult]) -> str:
     """Each compared method's neighbour relation and the epsilon it ran at."""
-    r = run.conf.release
+    r = run.spec
     parts = []
     for name in results:
         method = RELEASE_METHODS.get(name)
@@ -78,7 +78,7 @@ def _relations(run: ReleaseRun, results: dict[str, MethodResult]) -> str:
 
 
 def comparison_markdown(table: pd.DataFrame, run: ReleaseRun, results: dict[str, MethodResult]) -> str:
-    r = run.conf.release
+    r = run.spec
     cols = ["method", "band", "n_cells", "share_released", "rmse_truth", "rmse_ols", "p68_ols",
             "rmse_ratio_se", "tail_top", "tail_bottom", "noise_var_share", "slope_released", "slope_truth",
             "coverage95", "interval_share", "ci_width"]
@@ -105,7 +105,7 @@ def comparison_markdown(table: pd.DataFrame, run: ReleaseRun, results: dict[str,
 
 def _common(run: ReleaseRun) -> dict:
     """The exact references every method is judged against (OLS from the run's one fit)."""
-    r, est = run.conf.release, run.est
+    r, est = run.spec, run.est
     t = aligned_truth(run.truth, est.listed)
     return {"ols_theta": est.theta(r.statistic), "ols_se": est.se(r.statistic), "n": est.cells.n,
             "truth": truth_of(t, r.y, r.statistic),
@@ -116,7 +116,7 @@ def write_evaluation(eval_dir: Path, run: ReleaseRun,
                      results: dict[str, MethodResult]) -> tuple[dict[Path, str], float]:
     """comparison.csv, comparison.md and the figures; returns ({file: description}, the released
     method's RMSE against the reference)."""
-    r = run.conf.release
+    r = run.spec
     results = {name: results[name] for name in sorted(results, key=lambda n: n != REFERENCE)}
     frames = {name: res.frame.reset_index(drop=True) for name, res in results.items()}
     eval_dir.mkdir(parents=True, exist_ok=True)

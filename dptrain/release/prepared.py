@@ -6,27 +6,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from dptrain.privacy.randomness import Randomness
 from dptrain.release import report
 from dptrain.release.api import CellEstimates
+from dptrain.release.spec import ReleaseSpec
 
 
 @dataclass(frozen=True)
 class ReleaseRun:
     """One release run once its cells are listed and estimated (before any method runs)."""
 
-    conf: Any  # the run's ReleaseRunConfig (dptrain.settings)
+    spec: ReleaseSpec  # what the methods, release.json and the evaluation read
     run_dir: Path
     randomness: Randomness
     truth: pd.DataFrame | None  # the simulator's per-cell truth (simulated data only)
     source: str  # the data source in words
     est: CellEstimates
+    simulated: bool = False  # simulated data (data=atlas): the truth is known, the source is no user's table
     diagnostics: dict | None = None  # PRIVATE counts about the rows -> private/data_diagnostics.json
 
     def facts(self) -> report.RunFacts:
-        return report.RunFacts(config=self.conf.release, source=self.source, listed=self.est.listed,
+        return report.RunFacts(config=self.spec, source=self.source, listed=self.est.listed,
                                randomness=self.randomness.describe())

@@ -19,7 +19,7 @@ import pandas as pd
 from dptrain.core.neighbours import Neighbours, replace_one_from_add_remove
 from dptrain.release.cell_domain import CellDomain
 from dptrain.release.mos import NOT_DP
-from dptrain.settings.release import ReleaseConfig
+from dptrain.release.spec import ReleaseSpec
 
 REPLACE_ONE_NOTE = (
     "epsilon_add_remove_comparison is the comparison convention used to set methods side by side (a replace-one "
@@ -32,7 +32,7 @@ class RunFacts:
     """What every release.json says about the run: its release settings, the data source (in
     words), the listed cells and the randomness (described, never a seed)."""
 
-    config: ReleaseConfig
+    config: ReleaseSpec
     source: str
     listed: CellDomain
     randomness: str

@@ -43,7 +43,7 @@ def write_figures(out_dir: Path, *, run: ReleaseRun, reference: MethodResult, fr
                   common: dict, tail_fn: Callable[[float], dict[str, float]]) -> list[Path]:
     """fig1_local_sensitivity.png and fig2_ls_vs_n.png (the ``reference`` MOS release's LS and chi),
     error_vs_n.png, downstream_slopes.png (when a cell covariate is known), tail_vs_epsilon.png."""
-    r = run.conf.release
+    r = run.spec
     cells = run.est.cells
     sens = mos_sensitivities(run.est, r)[0]
     out = []

@@ -249,31 +249,29 @@ def _ols_arrays(x: np.ndarray, y: np.ndarray, min_n: int) -> tuple[float, ...] |
     return float(n), float(x.mean()), S, b, float(r @ r)
 
 
-def ols_statistic_fn(statistic: str, domain: Domain) -> StatFn:
-    """stat_fn for the brute force: theta of a refit (NaN when n < 2 or no spread in x)."""
+def _refit_fn(statistic: str, domain: Domain, min_n: int,
+              value: Callable[[np.ndarray, tuple[float, float, float, float, float], float], float]) -> StatFn:
+    """stat_fn for the brute force: ``value(y, fit, c)`` of a refit (n, xbar, Sxx, b, rss), c = x0 -
+    xbar (0 for the slope); NaN when n < ``min_n`` or x has no spread."""
     _check(statistic, "add")
 
     def fn(x: np.ndarray, y: np.ndarray) -> float:
-        f = _ols_arrays(x, y, 2)
+        f = _ols_arrays(x, y, min_n)
         if f is None:
             return np.nan
-        if statistic == "slope":
-            return f[3]
-        return float(y.mean()) + f[3] * (domain.x0(statistic) - f[1])
+        return value(y, f, 0.0 if statistic == "slope" else domain.x0(statistic) - f[1])
 
     return fn
+
+
+def ols_statistic_fn(statistic: str, domain: Domain) -> StatFn:
+    """stat_fn for the brute force: theta of a refit (NaN when n < 2 or no spread in x)."""
+    if statistic == "slope":
+        return _refit_fn(statistic, domain, 2, lambda y, f, c: f[3])
+    return _refit_fn(statistic, domain, 2, lambda y, f, c: float(y.mean()) + f[3] * c)
 
 
 def ols_se_fn(statistic: str, domain: Domain) -> StatFn:
     """stat_fn for the brute force: the SE of theta of a refit (NaN when n < 3 or no spread)."""
-    _check(statistic, "add")
-
-    def fn(x: np.ndarray, y: np.ndarray) -> float:
-        f = _ols_arrays(x, y, 3)
-        if f is None:
-            return np.nan
-        n, xbar, S, _, rss = f
-        c = 0.0 if statistic == "slope" else domain.x0(statistic) - xbar
-        return float(M.se_value(rss, n, S, c, statistic == "slope"))
-
-    return fn
+    return _refit_fn(statistic, domain, 3, lambda y, f, c: float(M.se_value(f[4], f[0], f[2], c,
+                                                                                 statistic == "slope")))

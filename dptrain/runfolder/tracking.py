@@ -1,5 +1,6 @@
-"""Run outputs: TensorBoard scalars, atomically written JSON / text artifacts, and the run
-folder's split between files that may be published and files that must stay with the data.
+"""Run outputs: TensorBoard scalars, atomically written JSON / text artifacts, the one time
+stamp. Where each file of a run folder goes, and its file list, is the writer's
+(:class:`dptrain.runfolder.folder.RunFolder`).
 
 Run folder layout (contract, see docs/privacy.md "Who sees what"):
   ``<run>/``          publishable files only (the privacy report, the model, covered metrics,
@@ -27,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from dptrain.runfolder import ownership, runlock, verify
+from dptrain.runfolder import verify
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -50,7 +51,6 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 PRIVATE_DIR = verify.PRIVATE_DIR
 MANIFEST = verify.MANIFEST
-log = logging.getLogger("dptrain")
 
 
 def private_dir(run_dir: Path) -> Path:
@@ -88,88 +88,9 @@ class ConsoleFilter:
 
 def finite_epsilon(value: Any) -> bool:
     """Whether ``value`` is a finite epsilon (a number, not inf, NaN or None): the condition for a
-    run to list anything computed from private rows as publishable (:func:`write_manifest`)."""
+    run to list anything computed from private rows as publishable
+    (:meth:`dptrain.runfolder.folder.RunFolder.finish`)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-#: publishable entries computed from public information only (still publishable without a guarantee)
-PUBLIC_ENTRIES = (".hydra/", MANIFEST)
-HYDRA_RECORD_NOTE = ("Hydra's record of the launch: this machine's paths and the run folder's name, which holds "
-                     "the run's start time")
-
-
-def write_manifest(run_dir: Path, *, publishable: dict[str, str], private: dict[str, str], guarantee: str,
-                   finite_guarantee: bool, report: str | None = None, kept: dict[str, str] | None = None) -> None:
-    """``FILES.txt``: which files of the run folder may be published and which must stay with
-    the data, one line each with the reason, then the SHA-256 of every file this run wrote outside
-    private/ (:mod:`dptrain.runfolder.verify`). ``publishable`` / ``private`` map a path relative to
-    the run folder to a one-line description. ``report`` (e.g. "privacy.json"): the report that
-    vouches for the other files; their digests are added to it (key ``sha256``), and what
-    ``dptrain publish`` exports (key ``export``), before its own digest is taken.
-
-    Only files this run wrote are vouched: those that were in the folder when it took its lock and
-    that it left untouched are not (:mod:`dptrain.runfolder.ownership`). ``finite_guarantee``
-    False (privacy off, no noise, a method without a guarantee): nothing computed from private
-    rows is listed as publishable (only :data:`PUBLIC_ENTRIES`) and nothing is exported. ``kept``:
-    files outside private/ that are not published (described, digested, never exported)."""
-    run_dir = Path(run_dir)
-    if ownership.move_hydra_record(run_dir):
-        private = {**private, ownership.HYDRA_RECORD_PRIVATE: HYDRA_RECORD_NOTE}
-    left = set(ownership.untouched(run_dir, runlock.start_snapshot(run_dir)))
-    wrote = [f for f in verify.publishable_area(run_dir) if f != MANIFEST and f not in left]
-    shown = {k: v for k, v in publishable.items() if finite_guarantee or k in PUBLIC_ENTRIES}
-    withheld = {**{k: v for k, v in publishable.items() if k not in shown}, **(kept or {})}
-    exported = set(verify.expand_publishable(run_dir, list(shown))) & set(wrote)
-    undescribed = sorted(set(wrote) - set(verify.expand_publishable(run_dir, [*publishable, *(kept or {})])))
-    if report is not None and (run_dir / report).is_file():
-        covered = verify.digests(run_dir, [f for f in wrote if f != report])
-        body = json.loads((run_dir / report).read_text(encoding="utf-8"))
-        files = sorted({*exported, report, MANIFEST}) if finite_guarantee else []
-        write_json(run_dir / report, {**body, "sha256": covered, "export": {
-            "finite_guarantee": bool(finite_guarantee), "files": files, "rule": EXPORT_RULE}})
-    _warn_unvouched(run_dir, sorted(left), undescribed)
-    lines = [
-        "Files of this run folder", "", f"Guarantee: {guarantee}", "",
-        "PUBLISHABLE (covered by the guarantee above, or computed from public information only; a run with a report: "
-        "export them with "
-        "`dptrain publish RUN DEST`, never the folder itself):" if finite_guarantee else
-        "PUBLISHABLE: nothing computed from private rows (no finite-epsilon guarantee covers this run; `dptrain "
-        "publish` refuses it):",
-        *[f"  {name:28s} {why}" for name, why in shown.items()],
-        *_section("NOT PUBLISHABLE (kept for the data holder: their digests below check their integrity only; "
-                  "without a finite-epsilon guarantee, everything computed from private rows):", withheld),
-        *_section("NOT PUBLISHABLE (written by this run, not described by it: check before publishing):",
-                  {f: "" for f in undescribed}),
-        *_section("NOT VOUCHED (in this folder before the run started, not written by it: remove them; `dptrain "
-                  "verify` fails while they are here):", {f: "" for f in sorted(left)}),
-        *verify.manifest_lines(verify.digests(run_dir, wrote)),
-        "",
-        f"PRIVATE: keep with the data, never publish (everything under {PRIVATE_DIR}/):",
-        *[f"  {name:28s} {why}" for name, why in private.items()],
-        "",
-        "Anything not listed (e.g. files added later) is private until you have checked it; `dptrain verify` fails "
-        f"on any file outside {PRIVATE_DIR}/ that is not listed above.",
-    ]
-    atomic_write_text(run_dir / MANIFEST, "\n".join(lines) + "\n")
-
-
-#: the report's ``export.rule``
-EXPORT_RULE = ("dptrain publish RUN DEST exports exactly these files (verified against their digests first), with "
-               "one fixed time, fixed modes and no owner; empty when no finite-epsilon guarantee covers the run")
-
-
-def _section(title: str, entries: dict[str, str]) -> list[str]:
-    return ["", title, *[f"  {name:28s} {why}".rstrip() for name, why in entries.items()]] if entries else []
-
-
-def _warn_unvouched(run_dir: Path, left: list[str], undescribed: list[str]) -> None:
-    if left:
-        log.warning("run folder %s: %d file(s) outside %s/ were there before this run and are not vouched for "
-                    "(dptrain verify fails while they are there): %s", run_dir, len(left), PRIVATE_DIR,
-                    ", ".join(left[:5]))
-    if undescribed:
-        log.warning("run folder %s: this run wrote %d file(s) outside %s/ that its file list does not describe "
-                    "(not exported): %s", run_dir, len(undescribed), PRIVATE_DIR, ", ".join(undescribed[:5]))
 
 
 def stamp_times(folder: Path, when_ns: int) -> None:

@@ -4,6 +4,7 @@ noise seed file's check."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from dptrain.core.validation import (
@@ -11,6 +12,7 @@ from dptrain.core.validation import (
     flag,
     integer,
     real,
+    setting,
 )
 from dptrain.settings.data import as_source, check_source
 
@@ -36,6 +38,37 @@ OVERWRITE_HELP = ("launch into a run folder that already holds files of another 
                   "a training run of the same settings)")
 
 
+@dataclass
+class RunBase:
+    """The top-level settings every run has (all nine tasks' schemas subclass it): each task's schema
+    gives ``task`` its name (and ``seed`` its meaning, where it has one) and adds its own sections.
+    The defaults live here and in the sections' dataclasses only: conf/task/*.yaml restates none."""
+
+    task: str = setting("train", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
+    seed: int = setting(0, help="seeds simulated data; NEVER the noise", allowed="an integer >= 0")
+    plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)
+    overwrite: bool = setting(False, help=OVERWRITE_HELP, allowed="true | false")
+
+
+@dataclass
+class ReleaseBudget:
+    """A one-shot release's budget: zCDP, reported as (epsilon, delta) by the RDP accountant (the
+    tasks that release once: tabulate, synthesize, topdown, lodes). A task's own budget subclasses
+    it where its epsilon or delta means more."""
+
+    epsilon: float = setting(1.0, help="the whole release's epsilon", allowed="a number in (0, 100]")
+    delta: float = setting(1e-6, help="the release's delta", allowed="a number in (0, 1e-3]")
+
+
+@dataclass
+class TableReleaseBase(RunBase):
+    """A one-shot release of a table's rows (task=tabulate, task=synthesize): its declared columns
+    are the domain."""
+
+    data: Any = setting(None, help="the data source, a config group: data=adult | table | synthetic (its declared "
+                        "columns are the domain)", allowed="adult | table | synthetic")
+
+
 DATA_HELP = "the data source, a config group: data=adult | table | synthetic (| atlas for task=release)"
 
 
@@ -45,8 +78,8 @@ def check_common(cfg: Any) -> None:
     integer("seed", cfg.seed, 0)
     if not isinstance(cfg.plugins, (list, tuple)) or not all(isinstance(m, str) for m in cfg.plugins):
         raise bad("plugins", cfg.plugins, "must be a list of module names, e.g. [mypackage.my_objective]")
-    flag("overwrite", getattr(cfg, "overwrite", False))
-    if cfg.task != "predict" and isinstance(getattr(cfg, "data", None), Mapping):
+    flag("overwrite", cfg.overwrite)
+    if cfg.task != "predict" and isinstance(vars(cfg).get("data"), Mapping):  # topdown and lodes have no data
         cfg.data = as_source(cfg.data)
 
 
@@ -62,6 +95,5 @@ def check_table_source(data: Any, what: str) -> None:
     """The data of a one-shot release read from rows (``what``, e.g. "a tabulation"): adult, table or
     synthetic, and data=table with a path."""
     check_source(data, ("adult", "table", "synthetic"), what)
-    if data.name == "table" and not getattr(data, "path", None):
-        raise bad("data.path", getattr(data, "path", None), "data=table needs the path of a CSV, Parquet or "
-                  ".dta file")
+    if data.name == "table" and not data.path:
+        raise bad("data.path", data.path, "data=table needs the path of a CSV, Parquet or .dta file")

@@ -17,7 +17,7 @@ from dptrain.core.validation import (
     setting,
 )
 from dptrain.data import schema_from_config
-from dptrain.data.table import delimiter_char
+from dptrain.data.reading import delimiter_char
 
 TEST_PUBLIC_HELP = ("true only when the test rows are PUBLIC data (a published benchmark split, generated data): "
                     "then test metrics are publishable (metrics.json); otherwise they stay in private/")
@@ -303,25 +303,34 @@ def check_data(d: Any) -> None:
     if d.name == "atlas":
         raise bad("data", d.name, "simulated Atlas cells are for task=release (experiment=mos_atlas)")
     check_source(d, TRAIN_DATA, "training")
-    path = getattr(d, "path", None)
-    if path is not None and not isinstance(path, (str, os.PathLike)):
-        raise bad("data.path", path, "must be the path of a CSV, Parquet or .dta file (or null)")
-    if d.name == "table" and not path:
-        raise bad("data.path", path, "data=table needs the path of a CSV, Parquet or .dta file")
-    one_of("data.format", getattr(d, "format", "auto"), ("auto", "csv", "parquet", "dta"))
-    check_delimiter(getattr(d, "delimiter", ","))
-    one_of("data.nonfinite", getattr(d, "nonfinite", "drop"), ("drop", "error"))
-    real("data.test_fraction", getattr(d, "test_fraction", 0.25), "must be a number in (0, 1)", lo=0, hi=1,
-         lo_open=True, hi_open=True)
     flag("data.test_public", d.test_public)
-    one_of("data.sharding", getattr(d, "sharding", "auto"), ("auto", "row_groups", "off"))
-    cache = getattr(d, "cache", None)
-    if cache is not None and (not isinstance(cache, (str, os.PathLike)) or not str(cache).strip()):
-        raise bad("data.cache", cache, "a folder path for the encoded rows, or null")
-    if not isinstance(getattr(d, "numeric", {}), Mapping) or not isinstance(getattr(d, "categorical", {}), Mapping):
-        raise bad("data.numeric/data.categorical", (d.numeric, d.categorical),
+    if isinstance(d, (TableDataConfig, DataConfig)):  # a file's settings (DataConfig: a Python caller's, every key)
+        check_file_settings(d, table=d.name == "table")
+    if not isinstance(d, AdultDataConfig):
+        real("data.test_fraction", d.test_fraction, "must be a number in (0, 1)", lo=0, hi=1, lo_open=True,
+             hi_open=True)
+    numeric = {} if isinstance(d, AdultDataConfig) else d.numeric
+    categorical = d.categorical if isinstance(d, (TableDataConfig, DataConfig)) else {}
+    if not isinstance(numeric, Mapping) or not isinstance(categorical, Mapping):
+        raise bad("data.numeric/data.categorical", (numeric, categorical),
                   "must map column names to {lower: ..., upper: ...} / to lists of category labels")
     schema_from_config(d)
+
+
+def check_file_settings(d: TableDataConfig | DataConfig, *, table: bool = True) -> None:
+    """How a table file is read (data=table): its path, format, separators, rules, sharding, cache."""
+    path = d.path
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise bad("data.path", path, "must be the path of a CSV, Parquet or .dta file (or null)")
+    if table and not path:
+        raise bad("data.path", path, "data=table needs the path of a CSV, Parquet or .dta file")
+    one_of("data.format", d.format, ("auto", "csv", "parquet", "dta"))
+    check_delimiter(d.delimiter)
+    one_of("data.nonfinite", d.nonfinite, ("drop", "error"))
+    one_of("data.sharding", d.sharding, ("auto", "row_groups", "off"))
+    cache = d.cache
+    if cache is not None and (not isinstance(cache, (str, os.PathLike)) or not str(cache).strip()):
+        raise bad("data.cache", cache, "a folder path for the encoded rows, or null")
 
 
 def check_delimiter(delimiter: Any) -> None:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from dptrain.core.validation import bad, integer, one_of, real, setting
-from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, TASKS_ALLOWED, check_budget, check_common
-
-#: the mechanisms a run releases a table with (one of them is published: lodes.publish)
-MECHANISMS = ("log_laplace", "smooth_gamma", "smooth_laplace", "laplace_worker", "employer_laplace")
+from dptrain.release.oneshot import mechanism_for, names
+from dptrain.release.oneshot.er_ee import ErEeSettings
+from dptrain.settings.common import (
+    TASKS_ALLOWED,
+    ReleaseBudget,
+    RunBase,
+    check_budget,
+    check_common,
+)
 
 
 @dataclass
@@ -32,26 +36,22 @@ class LodesConfig:
                                     allowed="a number in (0, 100]")
     publish: str = setting("log_laplace", help="the mechanism whose table is written at the top of the run folder; "
                            "the others go under private/ (publishing two tables composes their guarantees)",
-                           allowed=" | ".join(MECHANISMS))
+                           allowed=" | ".join(names("er_ee")) + " (or a plugin's)")
 
 
 @dataclass
-class LodesPrivacyConfig:
-    """The budget of each mechanism's table."""
+class LodesPrivacyConfig(ReleaseBudget):
+    """The budget of each mechanism's table (delta: smooth_laplace's)."""
 
     epsilon: float = setting(4.0, help="each table's epsilon", allowed="a number in (0, 100]")
-    delta: float = setting(1e-6, help="smooth_laplace's delta", allowed="a number in (0, 1e-3]")
 
 
 @dataclass
-class LodesRunConfig:
+class LodesRunConfig(RunBase):
     """task=lodes: jobs by place x NAICS sector x ownership on the simulated jobs data."""
 
-    task: str = setting("lodes", help="what the run does (a config group)",
-                        allowed=TASKS_ALLOWED)
+    task: str = setting("lodes", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
     seed: int = setting(0, help="seeds the jobs simulator (PUBLIC); NEVER the noise", allowed="an integer >= 0")
-    plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)
-    overwrite: bool = setting(False, help=OVERWRITE_HELP, allowed="true | false")
     privacy: LodesPrivacyConfig = setting(help="the budget", factory=LodesPrivacyConfig)
     lodes: LodesConfig = setting(help="the data and the mechanisms", factory=LodesConfig)
 
@@ -63,17 +63,22 @@ def validate_lodes(cfg: LodesRunConfig) -> None:
     integer("lodes.establishments", c.establishments, 100)
     real("lodes.alpha", c.alpha, "must be a number in (0, 1]", lo=0, hi=1, lo_open=True)
     integer("lodes.employer_cap", c.employer_cap, 1)
-    one_of("lodes.publish", c.publish, MECHANISMS)
+    mechanism = mechanism_for("lodes.publish", c.publish, "er_ee")
     check_budget(p)
     one_of("lodes.marginals", c.marginals, ("finest", "all"))
     if not isinstance(c.median, bool):
         raise bad("lodes.median", c.median, "true | false")
     real("lodes.median_epsilon", c.median_epsilon, "must be a number in (0, 100]", lo=0, hi=100, lo_open=True)
     eps, delta = per_table(p.epsilon, p.delta, c.marginals)
-    if c.publish not in feasible(c.alpha, eps, delta):
-        raise bad("lodes.publish", c.publish, f"{c.publish} needs its beta above ln(1 + alpha) at each table's "
-                  f"epsilon {eps:.4g} (smooth_gamma: epsilon / 10; smooth_laplace: epsilon / (2 ln(2 / delta))): a "
-                  "smaller lodes.alpha, a larger privacy.epsilon, lodes.marginals=finest or another mechanism")
+    reason = mechanism.unavailable(er_ee_settings(c), epsilon=eps, delta=delta)
+    if reason is not None:
+        raise bad("lodes.publish", c.publish, f"{c.publish} {reason} at each table's epsilon {eps:.4g}: a smaller "
+                  "lodes.alpha, a larger privacy.epsilon, lodes.marginals=finest or another mechanism")
+
+
+def er_ee_settings(c: LodesConfig) -> ErEeSettings:
+    """The checked ``lodes.*`` section as what the employer-employee mechanisms read."""
+    return ErEeSettings(alpha=c.alpha, employer_cap=c.employer_cap)
 
 
 #: the marginals of place x sector x ownership (lodes.marginals=all), coarsest first
@@ -90,15 +95,3 @@ def per_table(epsilon: float, delta: float, which: str) -> tuple[float, float]:
     m = len(marginal_sets(which))
     return epsilon / m, delta / m
 
-
-def feasible(alpha: float, epsilon: float, delta: float) -> tuple[str, ...]:
-    """The mechanisms defined at (alpha, epsilon, delta): the smooth ones need their beta above
-    ln(1 + alpha) (else the smooth sensitivity is infinite)."""
-    out = []
-    for name in MECHANISMS:
-        if name == "smooth_gamma" and epsilon / 10.0 <= math.log1p(alpha):
-            continue
-        if name == "smooth_laplace" and epsilon / (2.0 * math.log(2.0 / delta)) <= math.log1p(alpha):
-            continue
-        out.append(name)
-    return tuple(out)

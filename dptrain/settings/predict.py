@@ -12,7 +12,7 @@ from dptrain.core.validation import (
     setting,
 )
 from dptrain.runfolder.tracking import MODEL_FILENAME, model_path_in
-from dptrain.settings.common import TASKS_ALLOWED, check_common
+from dptrain.settings.common import TASKS_ALLOWED, RunBase, check_common
 from dptrain.settings.data import check_delimiter
 
 
@@ -36,16 +36,12 @@ class PredictDataConfig:
 
 
 @dataclass
-class PredictRunConfig:
+class PredictRunConfig(RunBase):
     """task=predict: the trained run folder (``run``, holding model.pt) and the new rows."""
 
     task: str = setting("predict", help="what the run does (a config group)",
                         allowed=TASKS_ALLOWED)
     seed: int = setting(0, help="unused by predict (scoring draws no randomness)", allowed="an integer >= 0")
-    plugins: list[str] = setting(help="modules imported first: the module of a custom model or objective",
-                                 allowed="a list of importable module names", factory=list)
-    overwrite: bool = setting(False, help="launch into a run folder that already holds files of another run after "
-                              "emptying it (every file of the old run is removed first)", allowed="true | false")
     run: str | None = setting(None, help="the training run whose model.pt scores the rows (required)",
                               allowed="a training run folder, or the path of its model.pt")
     trust_model_target: bool = setting(False, help="build a model whose model._target_ is not a dptrain.models "

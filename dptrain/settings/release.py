@@ -11,6 +11,7 @@ import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from dptrain.core.errors import ReleaseError
@@ -26,7 +27,16 @@ from dptrain.core.validation import finite_positive as _finite_positive
 from dptrain.core.validation import integer as _integer
 from dptrain.core.validation import is_real as _is_real
 from dptrain.core.validation import one_of as _one_of
-from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, TASKS_ALLOWED, check_common, check_noise_seed_file
+from dptrain.data.schema import number_format
+from dptrain.release.cell_domain import CellSource, check_listing
+from dptrain.release.dp_mos import stage_epsilons
+from dptrain.release.spec import ReleaseSpec
+from dptrain.settings.common import (
+    TASKS_ALLOWED,
+    RunBase,
+    check_common,
+    check_noise_seed_file,
+)
 from dptrain.settings.data import check_delimiter, check_source
 
 DOMAIN_HELP = ("PUBLIC bounds of (x, y), declared from documentation or domain knowledge (never from the rows). "
@@ -244,28 +254,11 @@ def check_dp_mos_settings(r: ReleaseConfig) -> None:
 def check_cell_source(r: ReleaseConfig, d: Any) -> None:
     """Where the cells come from, before any row is read: a public declaration (release.cell_values
     or release.cell_keys_file; for data=atlas the simulator's own public design), or
-    release.cell_selection=private. Cells taken from the rows present are refused: whether a cell
-    is listed would tell whether anyone is in it."""
-    has_values, has_file = r.cell_values is not None, r.cell_keys_file is not None
-    if has_values and has_file:
-        raise _bad("release.cell_keys_file", r.cell_keys_file,
-                   "declare the cells once: release.cell_values OR release.cell_keys_file, not both")
-    if r.cell_selection == "private":
-        if has_values or has_file:
-            raise _bad("release.cell_selection", "private", "select cells privately only when none are declared; "
-                       "with release.cell_values / release.cell_keys_file set release.cell_selection=declared")
-        _finite_positive("release.selection_epsilon", r.selection_epsilon)
-        if not (_is_real(r.selection_delta) and 0 < r.selection_delta < 1):
-            raise _bad("release.selection_delta", r.selection_delta, "must be in (0, 1), e.g. 1e-6")
-    elif not (has_values or has_file or d.name == "atlas"):
-        raise ConfigError(
-            "release.cell_values=null and release.cell_keys_file=null: the release is refused (no row was read). "
-            "The list of cells must not come from the rows present: a cell that appears only when someone is in "
-            "it would reveal them. Allowed: declare the public cells, release.cell_values={COLUMN: [v1, v2, ...]} "
-            "for each release.cells column (the cells are the cross product), or release.cell_keys_file=PATH "
-            "(a CSV/Parquet with one column per release.cells column, one row per cell); or set "
-            "release.cell_selection=private (cells selected with (release.selection_epsilon, "
-            "release.selection_delta)-DP, composed into the release's totals)")
+    release.cell_selection=private (:func:`dptrain.release.cell_domain.check_listing`, whose
+    message the Python API gives too). Cells taken from the rows present are refused."""
+    check_listing(CellSource(has_values=r.cell_values is not None, keys_file=r.cell_keys_file,
+                             selection=r.cell_selection, selection_epsilon=r.selection_epsilon,
+                             selection_delta=r.selection_delta, simulated=d.name == "atlas"))
 
 
 def check_cell_values(vals: Any, cells: list[str]) -> None:
@@ -281,21 +274,16 @@ def check_cell_values(vals: Any, cells: list[str]) -> None:
                 raise _bad(f"release.cell_values.{col}", list(values), "every value must be a string or a number")
 
 
-STAGES: tuple[str, ...] = ("n", "se", "chi", "test", "theta")
-
-
-def stage_epsilons(epsilon: float, split: dict) -> dict[str, float]:
-    """epsilon times each stage's share; refuses a split that is not exactly the five stages."""
-    if not isinstance(split, dict) or set(map(str, split)) != set(STAGES):
-        raise ReleaseError(f"release.dp_mos_split={split!r} is not allowed: a mapping with exactly the keys "
-                           f"{list(STAGES)} (shares of release.epsilon, each > 0)")
-    out = {}
-    for k in STAGES:
-        v = split[k]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
-            raise ReleaseError(f"release.dp_mos_split.{k}={v!r} is not allowed: a finite number > 0")
-        out[k] = float(epsilon) * float(v)
-    return out
+def release_spec(r: ReleaseConfig) -> ReleaseSpec:
+    """The checked ``release.*`` section as the value the release library reads
+    (:class:`~dptrain.release.spec.ReleaseSpec`): lists become tuples, mappings read-only."""
+    return ReleaseSpec(
+        method=r.method, method_settings=MappingProxyType(dict(r.method_settings or {})), statistic=r.statistic,
+        epsilon=float(r.epsilon), delta=float(r.delta), neighbors=r.neighbors, noise=r.noise, min_n=int(r.min_n),
+        chi_by=tuple(r.chi_by), dp_mos_split=MappingProxyType({str(k): v for k, v in dict(r.dp_mos_split).items()}),
+        dp_mos_chi_quantile=float(r.dp_mos_chi_quantile), suppression_k=tuple(r.suppression_k),
+        rate_outcome=bool(r.rate_outcome), theil_sen_variant=r.theil_sen_variant, theil_sen_k=int(r.theil_sen_k),
+        tail_epsilons=tuple(float(e) for e in r.tail_epsilons), y=r.y)
 
 
 @dataclass
@@ -308,14 +296,12 @@ class ReleasePrivacyConfig:
 
 
 @dataclass
-class ReleaseRunConfig:
+class ReleaseRunConfig(RunBase):
     """task=release: small-cell regression releases (docs/release.md)."""
 
     task: str = setting("release", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
     seed: int = setting(0, help="seeds the simulator (data=atlas); NEVER the release's noise", allowed="an integer "
                         ">= 0")
-    plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)
-    overwrite: bool = setting(False, help=OVERWRITE_HELP, allowed="true | false")
     data: Any = setting(None, help="the data source, a config group: data=table (your microdata) | atlas "
                         "(simulated cells)", allowed="table | atlas")
     privacy: ReleasePrivacyConfig = setting(help="opt-in reproducible noise", factory=ReleasePrivacyConfig)
@@ -327,18 +313,19 @@ def check_release_data(d: Any) -> None:
     if d.name not in ("table", "atlas"):
         raise bad("data", d.name, "a release reads data=table (your microdata) or data=atlas (simulated)")
     check_source(d, ("table", "atlas"), "a release")
-    path = getattr(d, "path", None)
-    if d.name == "table" and not path:
-        raise bad("data.path", path, "data=table needs the path of a CSV, Parquet or .dta file")
-    if path is not None and not isinstance(path, (str, os.PathLike)):
-        raise bad("data.path", path, "must be the path of a CSV, Parquet or .dta file (or null)")
     if d.name == "atlas":
         integer("data.n_cells", d.n_cells, 2, "must be an integer >= 2")
         one_of("data.generator", d.generator, ("atlas", "figure2"))
         return
-    one_of("data.format", getattr(d, "format", "auto"), ("auto", "csv", "parquet", "dta"))
-    check_delimiter(getattr(d, "delimiter", ","))
-    one_of("data.nonfinite", getattr(d, "nonfinite", "error"), ("error", "drop"))
+    path = d.path
+    if not path:
+        raise bad("data.path", path, "data=table needs the path of a CSV, Parquet or .dta file")
+    if not isinstance(path, (str, os.PathLike)):
+        raise bad("data.path", path, "must be the path of a CSV, Parquet or .dta file (or null)")
+    one_of("data.format", d.format, ("auto", "csv", "parquet", "dta"))
+    check_delimiter(d.delimiter)
+    number_format(d)  # data.thousands / data.decimal: x and y written with separators
+    one_of("data.nonfinite", d.nonfinite, ("error", "drop"))
 
 
 def validate_release_run(cfg: Any) -> None:

@@ -6,26 +6,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from dptrain.core.validation import bad, integer, one_of, setting
+from dptrain.release.oneshot import mechanism_for
+from dptrain.release.oneshot.synthesis import SynthesisSettings
 from dptrain.settings.common import (
-    OVERWRITE_HELP,
-    PLUGINS_HELP,
     TASKS_ALLOWED,
+    ReleaseBudget,
+    TableReleaseBase,
     check_budget,
     check_common,
     check_table_source,
 )
 
-#: the synthesizers task=synthesize runs
-METHODS = ("mst", "mwem")
-
 
 @dataclass
-class SynthesizePrivacyConfig:
-    """The release's budget: zCDP, reported as (epsilon, delta) by the RDP accountant."""
-
-    epsilon: float = setting(1.0, help="the whole release's epsilon (selection, measurements, the noisy N)",
-                             allowed="a number in (0, 100]")
-    delta: float = setting(1e-6, help="the release's delta", allowed="a number in (0, 1e-3]")
+class SynthesizePrivacyConfig(ReleaseBudget):
+    """The release's budget (selection, measurements and the noisy N together)."""
 
 
 @dataclass
@@ -42,17 +37,12 @@ class SynthesizeConfig:
 
 
 @dataclass
-class SynthesizeRunConfig:
+class SynthesizeRunConfig(TableReleaseBase):
     """task=synthesize: a synthetic file with the input's declared schema (docs/synthesis.md)."""
 
-    task: str = setting("synthesize", help="what the run does (a config group)",
-                        allowed=TASKS_ALLOWED)
+    task: str = setting("synthesize", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
     seed: int = setting(0, help="seeds data=synthetic's generator; NEVER the noise, the selections or the sampling "
                         "(the operating system's CSPRNG)", allowed="an integer >= 0")
-    plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)
-    overwrite: bool = setting(False, help=OVERWRITE_HELP, allowed="true | false")
-    data: Any = setting(None, help="the data source, a config group: data=adult | table | synthetic (its declared "
-                        "columns are the domain)", allowed="adult | table | synthetic")
     privacy: SynthesizePrivacyConfig = setting(help="the budget", factory=SynthesizePrivacyConfig)
     synthesize: SynthesizeConfig = setting(help="the synthesizer", factory=SynthesizeConfig)
 
@@ -63,8 +53,13 @@ def validate_synthesize(cfg: Any) -> None:
     check_table_source(cfg.data, "a synthetic release")
     p, s = cfg.privacy, cfg.synthesize
     check_budget(p)
-    one_of("synthesize.method", s.method, METHODS)
+    mechanism_for("synthesize.method", s.method, "synthesis")
     if integer("synthesize.bins", s.bins, 2, "an integer in 2..200") > 200:
         raise bad("synthesize.bins", s.bins, "an integer in 2..200")
     integer("synthesize.rounds", s.rounds, 1)
     one_of("synthesize.workload", s.workload, (2, 3))
+
+
+def synthesis_settings(s: SynthesizeConfig) -> SynthesisSettings:
+    """The checked ``synthesize.*`` section as what the synthesizers read."""
+    return SynthesisSettings(rounds=s.rounds, workload=s.workload)

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from dptrain.core.validation import bad, flag, integer, one_of, setting
+from dptrain.release.oneshot import mechanism_for
+from dptrain.release.oneshot.tables import SPLITS, TableSettings
 from dptrain.settings.common import (
-    OVERWRITE_HELP,
-    PLUGINS_HELP,
     TASKS_ALLOWED,
+    TableReleaseBase,
     check_budget,
     check_common,
     check_table_source,
@@ -56,17 +57,12 @@ class TabulateConfig:
 
 
 @dataclass
-class TabulateRunConfig:
+class TabulateRunConfig(TableReleaseBase):
     """task=tabulate: DP marginals of a table over its declared domain (docs/tables.md)."""
 
-    task: str = setting("tabulate", help="what the run does (a config group)",
-                        allowed=TASKS_ALLOWED)
+    task: str = setting("tabulate", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
     seed: int = setting(0, help="seeds data=synthetic's generator; NEVER the noise (OpenDP's CSPRNG)",
                         allowed="an integer >= 0")
-    plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)
-    overwrite: bool = setting(False, help=OVERWRITE_HELP, allowed="true | false")
-    data: Any = setting(None, help="the data source, a config group: data=adult | table | synthetic (its declared "
-                        "columns are the domain)", allowed="adult | table | synthetic")
     privacy: TabulatePrivacyConfig = setting(help="the budget and the mechanism", factory=TabulatePrivacyConfig)
     tabulate: TabulateConfig = setting(help="the marginals", factory=TabulateConfig)
 
@@ -76,17 +72,17 @@ def validate_tabulate(cfg: Any) -> None:
     check_common(cfg)
     check_table_source(cfg.data, "a tabulation")
     p = cfg.privacy
-    one_of("privacy.mechanism", p.mechanism, ("gaussian", "laplace"))
+    mechanism = mechanism_for("privacy.mechanism", p.mechanism, "tables")
     t = cfg.tabulate
     if integer("tabulate.bins", t.bins, 2, "an integer in 2..200") > 200:
         raise bad("tabulate.bins", t.bins, "an integer in 2..200")
-    one_of("tabulate.split", t.split, ("cells", "equal"))
+    one_of("tabulate.split", t.split, SPLITS)
     flag("tabulate.consistent", t.consistent)
     flag("tabulate.sparse", t.sparse)
     if t.sparse and (p.mechanism != "laplace" or t.consistent):
         raise bad("tabulate.sparse", t.sparse, "the stability-based histogram needs privacy.mechanism=laplace and "
                   "tabulate.consistent=false (its listed cells are released as noisy counts)")
-    check_budget(p, delta=t.sparse or p.mechanism == "gaussian")
+    check_budget(p, delta=t.sparse or mechanism.uses_delta)
     m = t.marginals
     if not (isinstance(m, int) and not isinstance(m, bool) and m >= 1) and not (
             isinstance(m, (list, tuple)) and m and all(isinstance(s, (list, tuple)) and s and all(
@@ -96,3 +92,8 @@ def validate_tabulate(cfg: Any) -> None:
     if t.columns is not None and (not isinstance(t.columns, (list, tuple)) or not t.columns
                                   or not all(isinstance(c, str) for c in t.columns)):
         raise bad("tabulate.columns", t.columns, "a non-empty list of declared column names, or null")
+
+
+def table_settings(t: TabulateConfig) -> TableSettings:
+    """The checked ``tabulate.*`` section as what the table mechanisms read."""
+    return TableSettings(split=t.split)

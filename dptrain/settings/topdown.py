@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dptrain.core.validation import bad, integer, one_of, setting
-from dptrain.settings.common import OVERWRITE_HELP, PLUGINS_HELP, TASKS_ALLOWED, check_budget, check_common
+from dptrain.release.oneshot.topdown import GeographySettings
+from dptrain.release.tables.topdown import INVARIANTS
+from dptrain.settings.common import (
+    TASKS_ALLOWED,
+    ReleaseBudget,
+    RunBase,
+    check_budget,
+    check_common,
+)
 
 
 @dataclass
@@ -22,23 +30,19 @@ class TopDownConfig:
 
 
 @dataclass
-class TopDownPrivacyConfig:
-    """The release's budget: zCDP, reported as (epsilon, delta) by the RDP accountant."""
+class TopDownPrivacyConfig(ReleaseBudget):
+    """The release's budget (the invariants are outside it: exact by policy)."""
 
     epsilon: float = setting(5.0, help="the release's epsilon (the invariants are outside it: exact by policy)",
                              allowed="a number in (0, 100]")
-    delta: float = setting(1e-6, help="the release's delta", allowed="a number in (0, 1e-3]")
 
 
 @dataclass
-class TopDownRunConfig:
+class TopDownRunConfig(RunBase):
     """task=topdown: noisy counts at every level of a simulated geography, made consistent top down."""
 
-    task: str = setting("topdown", help="what the run does (a config group)",
-                        allowed=TASKS_ALLOWED)
+    task: str = setting("topdown", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
     seed: int = setting(0, help="seeds the geography simulator (PUBLIC); NEVER the noise", allowed="an integer >= 0")
-    plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)
-    overwrite: bool = setting(False, help=OVERWRITE_HELP, allowed="true | false")
     privacy: TopDownPrivacyConfig = setting(help="the budget", factory=TopDownPrivacyConfig)
     topdown: TopDownConfig = setting(help="the geography and the budget split", factory=TopDownConfig)
 
@@ -54,5 +58,10 @@ def validate_topdown(cfg: TopDownRunConfig) -> None:
     shares = list(t.shares)
     if len(shares) != 4 or any(not isinstance(s, (int, float)) or s < 0 for s in shares) or sum(shares) <= 0:
         raise bad("topdown.shares", shares, "four numbers >= 0 (nation, state, county, tract), at least one > 0")
-    one_of("topdown.invariants", t.invariants, ("none", "nation", "states"))
+    one_of("topdown.invariants", t.invariants, INVARIANTS)
     check_budget(p)
+
+
+def geography_settings(t: TopDownConfig) -> GeographySettings:
+    """The checked ``topdown.*`` section as what the geography mechanisms read."""
+    return GeographySettings(shares=tuple(float(s) for s in t.shares), invariants=t.invariants)

@@ -29,14 +29,14 @@ from dptrain.core.validation import (
 from dptrain.models.objectives import OBJECTIVES, build_objective
 from dptrain.models.optimizers import build_optimizer
 from dptrain.privacy.accounting import ACCOUNTANTS, SIGMA_RANGE
+from dptrain.privacy.accounting import DEFAULT as DEFAULT_ACCOUNTANT
 from dptrain.privacy.curves import resolve_loss_bound
 from dptrain.privacy.dpsgd.engine import ENGINES
 from dptrain.settings.common import (
     DATA_HELP,
-    OVERWRITE_HELP,
-    PLUGINS_HELP,
     SEED_HELP,
     TASKS_ALLOWED,
+    RunBase,
     check_common,
     check_noise_seed_file,
 )
@@ -132,8 +132,9 @@ class PrivacyConfig:
                                    "parameters)", allowed="a number in [1e-06, 1e+06]")
     delta: float | None = setting(None, help="delta of (epsilon, delta)-DP; null: the largest power of ten <= "
                                   "1/(10 N)", allowed="a number in (0, 1/N) | null")
-    accountant: str = setting("rdp", help="the accountant of the headline epsilon and of calibration (RDP and PLD "
-                              "are both always reported)", allowed="rdp | pld, or a name a plugin registers")
+    accountant: str = setting(DEFAULT_ACCOUNTANT.name, help="the accountant of the headline epsilon and of "
+                              "calibration (RDP and PLD are both always reported)",
+                              allowed="rdp | pld, or a name a plugin registers")
     calibration_rtol: float = setting(1e-3, help="relative tolerance on sigma when calibrating to target_epsilon",
                                       allowed="a number in (0, 0.1)")
     max_epsilon: float | None = setting(None, help="a budget: training stops at the last step whose epsilon "
@@ -254,9 +255,9 @@ def check_curves(cfg: Any) -> None:
     objective's default (a plugin objective may declare none)."""
     t = cfg.trainer
     if cfg.privacy.enabled and t.dp_curves and t.curve_loss_bound is None:
-        objective = build_objective(cfg.objective)
+        objective = build_objective(cfg.objective.name)
         if getattr(objective, "curve_loss_bound", None) is None:
-            resolve_loss_bound(t, objective, None)  # raises, naming the setting
+            resolve_loss_bound(t.curve_loss_bound, objective, None)  # raises, naming the setting
 
 
 def check_trainer(t: TrainerConfig) -> None:
@@ -297,13 +298,11 @@ class LoggerConfig:
 
 
 @dataclass
-class TrainRunConfig:
+class TrainRunConfig(RunBase):
     """task=train: a DP-SGD (or non-private) training run."""
 
     task: str = setting("train", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
     seed: int = setting(0, help=SEED_HELP, allowed="an integer >= 0")
-    plugins: list[str] = setting(help=PLUGINS_HELP, allowed="a list of importable module names", factory=list)
-    overwrite: bool = setting(False, help=OVERWRITE_HELP, allowed="true | false")
     # one schema per source (DATA_SOURCES): each conf/data/NAME.yaml extends its own
     data: Any = setting(None, help=DATA_HELP, allowed="adult | table | synthetic")
     model: Any = setting(None, help="the model, a config group (free-form: the keys its _target_ takes): "

@@ -84,23 +84,16 @@ from dptrain.inference.audit_bound import (  # noqa: F401  (the audit's statisti
     guess_counts,
     p_value,
 )
-from dptrain.models.objectives import build_objective
-from dptrain.runfolder.tracking import (
-    Tracker,
-    atomic_write_text,
-    finite_epsilon,
-    private_dir,
-    write_json,
-    write_manifest,
-)
+from dptrain.runfolder.folder import Report, RunFolder
+from dptrain.runfolder.tracking import Tracker, finite_epsilon, private_dir
 from dptrain.settings.audit import validate_audit
 from dptrain.settings.train import Config, validate_against_size
 from dptrain.tasks.outputs import randomness_for
+from dptrain.tasks.plan import training_plan
 from dptrain.training.fit import (
     LaunchConfig,
     bound_to_rows,
     build_model,
-    data_spec_from_config,
     final_epsilons,
     fit,
     mechanism_for,
@@ -202,11 +195,11 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     conf: Config = OmegaConf.to_object(cfg)
     validate_audit(conf)
     randomness = randomness_for(conf, cfg, run_dir=run_dir)
-    build_model(conf, spec=data_spec_from_config(conf.data, extra_features=conf.audit.canaries),
-                objective=build_objective(conf.objective))
-    data = load_dataset(conf.data, seed=conf.seed)
+    plan = training_plan(conf, extra_features=conf.audit.canaries)
+    build_model(plan)
+    data = load_dataset(plan.data, seed=plan.seed)
     randomness = bound_to_rows(randomness, data)
-    atomic_write_text(run_dir / ".hydra" / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    RunFolder.of(run_dir).write_text(".hydra/resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     report = run_audit(conf, data, run_dir=run_dir, randomness=randomness)
     for line in format_audit(report):
         (log.warning if report["broken"] or report["claim_refuted"] else log.info)("%s", line)
@@ -220,7 +213,8 @@ def _train_with_canaries(conf: Config, canaries: Canaries, *, public_n: int, del
     weights). The mechanism's N is ``public_n`` (all m canaries counted), so q, the steps and
     delta do not depend on the coin flips. ``audit.mutation=no_noise``: the mechanism's engine
     adds no noise while its accountant records sigma."""
-    mechanism = mechanism_for(conf, dataset_size=public_n, delta=delta, curves=False)  # audits the model alone
+    plan = training_plan(conf, extra_features=conf.audit.canaries)
+    mechanism = mechanism_for(plan, dataset_size=public_n, delta=delta, curves=False)  # audits the model alone
     if conf.audit.mutation == "no_noise":
         log.warning("%s", BROKEN_WARNING)
         mechanism = mechanism.without_noise()
@@ -228,7 +222,7 @@ def _train_with_canaries(conf: Config, canaries: Canaries, *, public_n: int, del
     tracker = Tracker(private_dir(run_dir) if run_dir is not None else Path("."),
                       tensorboard=conf.logger.tensorboard and run_dir is not None)
     try:
-        result = fit(conf, canaries.data, mechanism=mechanism, tracker=tracker,
+        result = fit(plan, canaries.data, mechanism=mechanism, tracker=tracker,
                      launch=LaunchConfig(randomness=randomness),
                      on_engine=lambda e: initial.setdefault("weight", first_linear(e.model).weight.detach().clone()))
     finally:
@@ -256,8 +250,8 @@ def run_audit(conf: Config, data: Dataset, *, run_dir: Path | None = None, rando
                            mechanism=result.privacy)
     report["seconds"] = time.perf_counter() - start
     if run_dir is not None:
-        _write_audit_files(run_dir, report, canaries=canaries, scores=scores, metrics=result.metrics,
-                           diagnostics=write_data_diagnostics(run_dir, data))
+        _write_audit_files(RunFolder.of(run_dir), report, canaries=canaries, scores=scores, metrics=result.metrics,
+                           data=data)
     return report
 
 
@@ -286,26 +280,22 @@ def _audit_report(conf: Config, best: Guesses, rows: list[Guesses], *, epsilons:
     }
 
 
-def _write_audit_files(run_dir: Path, report: dict[str, Any], *, canaries: Canaries, scores: np.ndarray,
-                       metrics: dict[str, float], diagnostics: dict[str, str]) -> None:
-    write_json(run_dir / "audit.json", report)
-    write_json(private_dir(run_dir) / "metrics.json", metrics)
+def _write_audit_files(folder: RunFolder, report: dict[str, Any], *, canaries: Canaries, scores: np.ndarray,
+                       metrics: dict[str, float], data: Dataset) -> None:
     lines = ["canary,included,score"] + [
         f"{j},{int(inc)},{s:.9g}" for j, (inc, s) in enumerate(zip(canaries.included, scores))]
-    atomic_write_text(run_dir / "audit_canaries.csv", "\n".join(lines) + "\n")
-    write_manifest(run_dir, publishable={
-        "audit.json": "the audit's result: scores of the trained (DP) model on synthetic canaries, post-processing",
-        "audit_canaries.csv": "each canary's coin flip and score (synthetic records, not data)",
-        "FILES.txt": "this list", ".hydra/": "the configuration",
-    }, private={
-        "private/metrics.json": "test metrics and timings of the audited run (rows of the data)",
-        "private/tb/": "TensorBoard curves of the audited run",
-        "private/dptrain.log": "the log",
-        "private/checkpoint.pt": "not written: an audit is one fresh run",
-        **diagnostics,
-    }, guarantee=f"the audited run claims ({report['claimed_epsilon']:.4g}, {report['delta']:.3g})-DP; this audit "
-                 "is a lower bound, not a proof", report="audit.json",
-       finite_guarantee=not report["broken"] and finite_epsilon(report["claimed_epsilon"]))
+    folder.write_text("audit_canaries.csv", "\n".join(lines) + "\n",
+                      "each canary's coin flip and score (synthetic records, not data)")
+    folder.write_json("metrics.json", metrics, "test metrics and timings of the audited run (rows of the data)",
+                      private=True)
+    folder.private("tb/", "TensorBoard curves of the audited run")
+    folder.private("checkpoint.pt", "not written: an audit is one fresh run")
+    folder.record(write_data_diagnostics(folder.path, data))
+    folder.finish(guarantee=f"the audited run claims ({report['claimed_epsilon']:.4g}, {report['delta']:.3g})-DP; "
+                  "this audit is a lower bound, not a proof",
+                  finite_guarantee=not report["broken"] and finite_epsilon(report["claimed_epsilon"]),
+                  report=Report("audit.json", report, "the audit's result: scores of the trained (DP) model on "
+                                "synthetic canaries, post-processing"))
 
 
 def format_audit(report: dict[str, Any]) -> list[str]:

@@ -28,11 +28,11 @@ from dptrain.core.errors import DPTrainError
 from dptrain.core.validation import ConfigError
 from dptrain.data import read_table, schema_from_config
 from dptrain.data.check import check_table, format_check, id_columns, numeric_lines, numeric_problems
-from dptrain.data.parquet import read_folder
-from dptrain.data.table import Schema, missing_column_error, missing_columns
+from dptrain.data.rules import parse_numbers
+from dptrain.data.schema import Schema, number_format
 from dptrain.release.api import estimates_for_listed
 from dptrain.release.cell_domain import from_table, from_values, read_keys_file
-from dptrain.release.cells import Domain, ReleaseError
+from dptrain.release.cells import Domain
 from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json
 from dptrain.settings.data import TRAIN_DATA, as_source, check_source
 from dptrain.settings.release import resolved_domain
@@ -79,18 +79,11 @@ def _compose(overrides: list[str], config_dir: Path | None) -> Any:
 
 def _table(data: Any, schema: Any) -> Any:
     """The table's rows, every column of a file (id columns included), checked for the declared ones."""
-    path = getattr(data, "path", None)
+    path = data.path if data.name == "table" else None
     if not path:
         raise ConfigError(f"data.path={path!r} is not allowed: dptrain check reads the table of data=table")
-    fmt, delimiter = getattr(data, "format", "auto") or "auto", getattr(data, "delimiter", ",") or ","
-    if Path(path).is_dir():
-        df = read_folder(path, schema, fmt)
-    else:
-        df = read_table(path, fmt=fmt, delimiter=delimiter, text_columns=schema.text_columns)
-    missing = missing_columns(schema, df.columns)
-    if missing:
-        raise missing_column_error(missing, df.attrs.get("file_columns", list(df.columns)), f"data.path={path!r}")
-    return df
+    return read_table(path, fmt=data.format, delimiter=data.delimiter, text_columns=schema.text_columns,
+                      required=schema.declared_columns)
 
 
 def _release_check(conf: Any) -> tuple[dict[str, Any], str]:
@@ -100,12 +93,12 @@ def _release_check(conf: Any) -> tuple[dict[str, Any], str]:
     r, data = conf.release, conf.data
     check_source(data, ("table",), "dptrain check of a release")
     lo_x, hi_x, lo_y, hi_y = resolved_domain(r, "table")
-    df = read_table(data.path, fmt=data.format, delimiter=data.delimiter)
-    plain = Schema(r.y, None, (), (), split_key=tuple(c for c in df.columns if c in r.cells))
-    for setting, col in [("release.x", r.x), ("release.y", r.y), *[("release.cells", c) for c in r.cells]]:
-        if col not in df.columns:
-            raise ReleaseError(f"{setting}: column {col!r} is not in data.path={str(data.path)!r}; allowed: a column "
-                               "of the table")
+    thousands, decimal = number_format(data)  # the release reads x and y written so (tasks/release.py)
+    text = None if thousands is None and decimal == "." else [r.x, r.y]
+    df = read_table(data.path, fmt=data.format, delimiter=data.delimiter, text_columns=text,
+                    required=[("release.x", r.x), ("release.y", r.y), *(("release.cells", c) for c in r.cells)])
+    plain = Schema(r.y, None, (), (), split_key=tuple(c for c in df.columns if c in r.cells), thousands=thousands,
+                   decimal=decimal)
     report = {"rows": len(df), "numeric": {c: numeric_problems(df[c], plain, lo, hi) for c, lo, hi in
                                            ((r.x, lo_x, hi_x), (r.y, lo_y, hi_y))},
               "cells": {c: {"missing": int(df[c].isna().sum())} for c in r.cells},
@@ -114,7 +107,9 @@ def _release_check(conf: Any) -> tuple[dict[str, Any], str]:
               from_table(read_keys_file(r.cell_keys_file, list(r.cells)), list(r.cells), origin="declared",
                          setting="release.cell_keys_file") if r.cell_keys_file is not None else None)
     if listed is not None:
-        est = estimates_for_listed(df, listed, x=r.x, y=r.y, domain=Domain(lo_x, hi_x, lo_y, hi_y), clip=r.clip,
+        rows = df.assign(**{c: parse_numbers(df[c].astype(object), thousands=thousands, decimal=decimal)[0]
+                            for c in text or ()})
+        est = estimates_for_listed(rows, listed, x=r.x, y=r.y, domain=Domain(lo_x, hi_x, lo_y, hi_y), clip=r.clip,
                                    drop_nonfinite=True)
         report["run"] = {**est.rows, "cells_below_min_n": int((est.cells.n < r.min_n).sum()),
                          "cells_listed": int(len(est.cells.n))}

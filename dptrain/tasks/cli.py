@@ -60,8 +60,8 @@ from dptrain.core.errors import DPTrainError
 from dptrain.core.registry import load_plugins
 from dptrain.core.validation import ConfigError
 from dptrain.runfolder import ownership, publish, runlock, verify
+from dptrain.runfolder.folder import RunFolder, take_lock
 from dptrain.runfolder.stopping import EXIT_STOPPED, RunStopped, resume_hint
-from dptrain.runfolder.tracking import stamp_times
 from dptrain.settings.command_line import check_command_line
 from dptrain.tasks import check as table_check
 from dptrain.tasks.registry import TASKS, check_known_keys, register_configs
@@ -186,7 +186,7 @@ class LaunchChecks(Callback):
             precheck(config, multirun=multirun)
             folder = OmegaConf.select(config, "hydra.sweep.dir" if multirun else "hydra.run.dir", default=None)
             if folder is not None and _rank() == 0:  # one writer: taken before Hydra writes .hydra/
-                lock = _lock(Path(str(folder)))
+                lock = take_lock(Path(str(folder)))
                 if config.get("overwrite", False) is True:
                     _clear_old_runs(Path(str(folder)), multirun=multirun)
                 if not multirun:
@@ -199,33 +199,32 @@ class LaunchChecks(Callback):
 def run(cfg: DictConfig, *, run_dir: Path, started_ns: int | None = None) -> float:
     """Run one job of the config's task; returns its objective (what a sweeper optimises).
 
-    The job holds its run folder's exclusive lock (:mod:`dptrain.runfolder.runlock`; the command line took
-    it before Hydra wrote anything) for as long as it writes: a second process into the same
-    folder is refused. A training run stopped by SIGTERM, SIGINT or SIGUSR1 ends at a step
-    boundary with a checkpoint and exit status 75 (:mod:`dptrain.runfolder.stopping`). When the task has
-    ended, every file and folder of ``run_dir`` (.hydra/ and private/ included) gets ONE
-    modification and access time, ``started_ns`` (nanoseconds since the epoch; default: when this
-    call began), so that no duration can be read from the folder: a search's duration grows with
-    its secret number of candidates (docs/privacy.md, "Time")."""
+    The job opens its run folder (:class:`dptrain.runfolder.folder.RunFolder`, which the task
+    writes through) and so holds the folder's exclusive lock (:mod:`dptrain.runfolder.runlock`; the
+    command line took it before Hydra wrote anything) for as long as it writes: a second process
+    into the same folder is refused. A training run stopped by SIGTERM, SIGINT or SIGUSR1 ends at a
+    step boundary with a checkpoint and exit status 75 (:mod:`dptrain.runfolder.stopping`). When the
+    task has ended, the folder is closed: every file and folder of ``run_dir`` (.hydra/ and private/
+    included) gets ONE modification and access time, ``started_ns`` (nanoseconds since the epoch;
+    default: when this call began), so that no duration can be read from the folder: a search's
+    duration grows with its secret number of candidates (docs/privacy.md, "Time")."""
     started_ns = time.time_ns() if started_ns is None else started_ns
-    lock = None
+    folder = None
     try:
         check_known_keys(cfg)  # again here for callers that compose without the command line
-        lock = _lock(run_dir)
-        if lock is not None:  # the folder as the run found it (the command line took it before Hydra wrote):
-            lock.mark_start()  # files it leaves untouched are never vouched for (ownership.untouched)
+        if _rank() == 0:  # ranks > 0 of a torchrun job write no run folder
+            folder = RunFolder.open(run_dir, started_ns=started_ns)
         load_plugins(list(cfg.get("plugins") or []))
         return TASKS.get(cfg.task).run(cfg, run_dir=run_dir)
     except RunStopped as stop:
         _stopped(stop, run_dir)
     except DPTrainError as err:
-        if lock is not None and lock.created:  # refused: leave no folder behind
-            lock.discard()
+        if folder is not None:  # refused: leave no folder behind
+            folder.discard()
         _fail(err)
     finally:
-        if lock is not None:
-            lock.release()  # before the stamp: removing the lock file moves private/'s time
-            stamp_times(run_dir, started_ns)
+        if folder is not None:
+            folder.close()  # the lock released, then every file stamped with the run's start
 
 
 def _clear_old_runs(folder: Path, *, multirun: bool) -> None:
@@ -236,18 +235,6 @@ def _clear_old_runs(folder: Path, *, multirun: bool) -> None:
         if ownership.is_run_folder(run):
             removed = ownership.empty_run_folder(run, whole=True)
             log.info("overwrite=true: emptied %s (%d entries removed)", run, len(removed), extra={"console": False})
-
-
-def _lock(run_dir: Path) -> runlock.RunLock | None:
-    """This job's lock on its run folder (none for the ranks > 0 of a torchrun job: they write
-    no run folder)."""
-    if _rank() > 0:
-        return None
-    lock = runlock.acquire(run_dir)
-    message = runlock.took_over_message(lock)
-    if message:
-        log.warning("%s", message)
-    return lock
 
 
 def _stopped(stop: RunStopped, run_dir: Path) -> NoReturn:

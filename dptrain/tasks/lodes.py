@@ -15,14 +15,13 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from dptrain.core.neighbours import Neighbours
 from dptrain.data.jobs import SECTOR_LABELS, simulate_jobs
 from dptrain.privacy.randomness import Randomness
-from dptrain.release.employer import mechanisms as mech
-from dptrain.release.employer.intervals import smooth_gamma_interval_public, smooth_laplace_interval_public
 from dptrain.release.employer.mechanisms import smooth_median
-from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json, write_manifest
-from dptrain.settings.lodes import MECHANISMS, LodesRunConfig, feasible, marginal_sets, per_table, validate_lodes
+from dptrain.release.oneshot import ONE_SHOT, available, names
+from dptrain.release.oneshot.er_ee import ErEeSettings
+from dptrain.runfolder.folder import Report, RunFolder
+from dptrain.settings.lodes import LodesRunConfig, er_ee_settings, marginal_sets, per_table, validate_lodes
 
 log = logging.getLogger("dptrain.lodes")
 
@@ -30,29 +29,15 @@ log = logging.getLogger("dptrain.lodes")
 BANDS = (1, 10, 100, 1000, math.inf)
 
 
-def guarantees(alpha: float, epsilon: float, delta: float, cap: int) -> dict[str, dict[str, str]]:
-    """Per mechanism: its guarantee (the relation, as a :class:`Neighbours` value's name), what it
-    protects and what it does not, its bias."""
-    er_ee = Neighbours.ER_EE.value
-    size = f"an establishment's size up to a factor 1 + alpha = {1 + alpha:g} (and one worker's job)"
-    return {
-        "log_laplace": {"guarantee": f"({alpha:g}, {epsilon:g})-{er_ee}", "protects": size,
-                        "bias": "multiplicative, upward: E = (n + 1/alpha) / (1 - b^2) - 1/alpha, b = ln(1 + alpha) / "
-                                "epsilon"},
-        "smooth_gamma": {"guarantee": f"({alpha:g}, {epsilon:g})-{er_ee} (pure)", "protects": size,
-                         "bias": "none (the noise has mean 0); its scale depends on the cell's largest establishment"},
-        "smooth_laplace": {"guarantee": f"({alpha:g}, {epsilon:g}, {delta:g})-{er_ee}", "protects": size,
-                           "bias": "none (Laplace noise scaled to the smooth sensitivity)"},
-        "laplace_worker": {"guarantee": f"({epsilon:g}, 0)-DP, {Neighbours.ADD_REMOVE.value} one job",
-                           "protects": "one worker's job; NOT an establishment's size (an adversary who knows the "
-                                       "other establishments of a cell reads it within a few workers)",
-                           "bias": "none"},
-        "employer_laplace": {"guarantee": f"({epsilon:g}, 0)-DP, add/remove one establishment of at most {cap} "
-                                          "workers (larger ones clipped to the cap)",
-                             "protects": "a whole establishment (up to the cap)",
-                             "bias": "downward where an establishment is above the cap (clipped); noise scale cap / "
-                                     "epsilon"},
-    }
+def guarantees(settings: ErEeSettings, epsilon: float, delta: float) -> dict[str, dict[str, str]]:
+    """Per registered mechanism at (epsilon, delta): its guarantee (the relation, as a
+    :class:`Neighbours` value's name), what it protects and what it does not, its bias."""
+    out = {}
+    for name in names("er_ee"):
+        mechanism = ONE_SHOT.get(name)
+        g = mechanism.guarantee(mechanism.event((epsilon, delta)), delta=delta, settings=settings)
+        out[name] = {"guarantee": g.statement, "protects": g.protects, "bias": g.bias}
+    return out
 
 
 def release(name: str, cells: pd.DataFrame, conf: LodesRunConfig, budget: tuple[float, float],
@@ -61,28 +46,11 @@ def release(name: str, cells: pd.DataFrame, conf: LodesRunConfig, budget: tuple[
     cell's key columns first) and a 95% interval; the smooth mechanisms' from the release and public
     quantities only (the settings and ``max_size``, the public largest establishment size:
     :mod:`dptrain.release.employer.intervals`), never from the cell's private largest size."""
-    c, (eps, delta) = conf.lodes, budget
-    n, x_max = cells["n"].to_numpy(float), cells["x_max"].to_numpy(float)
+    eps, delta = budget
     out = cells[[k for k in cells.columns if k not in ("n", "x_max", "n_capped", "establishments")]].copy()
-    lo = hi = None
-    if name == "log_laplace":
-        out["released"] = mech.log_laplace(n, c.alpha, eps, rng)
-        lo, hi = mech.log_laplace_interval(out["released"].to_numpy(), c.alpha, eps)
-    elif name == "smooth_gamma":
-        out["released"] = mech.smooth_gamma(n, x_max, c.alpha, eps, rng)
-        lo, hi = smooth_gamma_interval_public(out["released"].to_numpy(), c.alpha, eps, max_size)
-    elif name == "smooth_laplace":
-        out["released"] = mech.smooth_laplace(n, x_max, c.alpha, eps, delta, rng)
-        lo, hi = smooth_laplace_interval_public(out["released"].to_numpy(), c.alpha, eps, delta, max_size)
-    elif name == "laplace_worker":
-        out["released"] = mech.laplace_worker(n, eps, rng)
-        lo, hi = mech.laplace_worker_interval(out["released"].to_numpy(), eps)
-    else:
-        clipped = cells["n_capped"].to_numpy(float)
-        out["released"] = mech.employer_laplace(clipped, c.employer_cap, eps, rng)
-        lo, hi = mech.employer_laplace_interval(out["released"].to_numpy(), c.employer_cap, eps)
-    if lo is not None:
-        out["ci_low"], out["ci_high"] = lo, hi
+    released, lo, hi = ONE_SHOT.get(name).release(cells, er_ee_settings(conf.lodes), epsilon=eps, delta=delta,
+                                                 rng=rng, max_size=max_size)
+    out["released"], out["ci_low"], out["ci_high"] = released, lo, hi
     return out
 
 
@@ -137,51 +105,52 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     c, p = conf.lodes, conf.privacy
     jobs = simulate_jobs(conf.seed, establishments=c.establishments)
     budget = per_table(p.epsilon, p.delta, c.marginals)
-    names = feasible(c.alpha, *budget)
-    secret, rows, published = Randomness.fresh(), [], {}
+    ran = available("er_ee", er_ee_settings(c), epsilon=budget[0], delta=budget[1])
+    secret, rows, published, folder = Randomness.fresh(), [], {}, RunFolder.of(run_dir)
+    _place(folder, c.publish, ran)
     for by in marginal_sets(c.marginals):
         cells, label = _cells(jobs, by, c.employer_cap), "__".join(by)
         tables = {n: release(n, cells, conf, budget, secret.numpy(f"lodes-{n}-{label}"), max_size=jobs.config.max_size)
-                  for n in names}
+                  for n in ran}
         for name, table in tables.items():
-            where = run_dir / "tables" if name == c.publish else private_dir(run_dir) / "tables" / name
-            where.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(where / f"{label}.csv", table.to_csv(index=False, float_format="%.6g"))
+            folder.write_text(f"tables/{label}.csv" if name == c.publish else f"tables/{name}/{label}.csv",
+                              table.to_csv(index=False, float_format="%.6g"), private=name != c.publish)
         published[f"tables/{label}.csv"] = len(cells)
         rows += compare(tables, cells, label)
     if c.median:
         medians = sector_medians(jobs, c.median_epsilon, secret.numpy("lodes-median"))
-        atomic_write_text(run_dir / "tables" / "median_size_by_sector.csv",
+        folder.write_text("tables/median_size_by_sector.csv",
                           medians.drop(columns="exact").to_csv(index=False, float_format="%.6g"))
-        atomic_write_text(private_dir(run_dir) / "median_exact.csv", medians.to_csv(index=False, float_format="%.6g"))
+        folder.write_text("median_exact.csv", medians.to_csv(index=False, float_format="%.6g"),
+                          "the sector medians beside their exact values", private=True)
     comparison = pd.DataFrame(rows)
-    atomic_write_text(private_dir(run_dir) / "comparison.csv", comparison.to_csv(index=False, float_format="%.6g"))
-    report = _report(conf, budget, names, published)
-    write_json(run_dir / "privacy.json", report)
-    atomic_write_text(run_dir / "privacy.txt", report["guarantee"] + "\n")
-    private = {f"private/tables/{n}/": "another mechanism's tables (publishing them too composes the guarantees; "
-               "laplace_worker's are not ER-EE)" for n in names if n != c.publish}
-    if c.median:
-        private["private/median_exact.csv"] = "the sector medians beside their exact values"
-    private.update({"private/comparison.csv": "every mechanism against the exact totals, per marginal and size band",
-                    "private/dptrain.log": "the log"})
-    write_manifest(run_dir, publishable={"privacy.json, privacy.txt": "this report",
-                                         "tables/": f"the published tables ({c.publish}; covered by the guarantee; "
-                                                    "median_size_by_sector.csv with lodes.median)",
-                                         "FILES.txt": "this list", ".hydra/": "the configuration"},
-                   private=private, guarantee=report["guarantee"], report="privacy.json", finite_guarantee=True)
+    folder.write_text("comparison.csv", comparison.to_csv(index=False, float_format="%.6g"),
+                      "every mechanism against the exact totals, per marginal and size band", private=True)
+    report = _report(conf, budget, ran, published)
+    folder.finish(guarantee=report["guarantee"], finite_guarantee=True, report=Report(
+        "privacy.json", report, "this report", text=lambda body: body["guarantee"] + "\n"))
     log.info("lodes: %d jobs, %d establishments, %d tables (%s); published %s: %s", jobs.n_jobs,
              jobs.n_establishments, len(published), c.marginals, c.publish, report["guarantee"].split(":")[0])
     mine = comparison[comparison.mechanism == c.publish]
     return float((mine.mae * mine.cells).sum() / mine.cells.sum())
 
 
-def _report(conf: LodesRunConfig, budget: tuple[float, float], names: tuple[str, ...],
+def _place(folder: RunFolder, publish: str, ran: tuple[str, ...]) -> None:
+    """The tables' folders: the published mechanism's at the top, every other one's under private/."""
+    folder.publishable("tables/", f"the published tables ({publish}; covered by the guarantee; "
+                       "median_size_by_sector.csv with lodes.median)")
+    for name in (n for n in ran if n != publish):
+        folder.private(f"tables/{name}/", "another mechanism's tables (publishing them too composes the guarantees; "
+                       "laplace_worker's are not ER-EE)")
+
+
+def _report(conf: LodesRunConfig, budget: tuple[float, float], ran: tuple[str, ...],
             published: dict[str, int]) -> dict[str, Any]:
     c, p = conf.lodes, conf.privacy
     m = len(published)
-    whole = guarantees(c.alpha, p.epsilon, p.delta, c.employer_cap)[c.publish]
-    each = guarantees(c.alpha, *budget, c.employer_cap)[c.publish]
+    settings = er_ee_settings(c)
+    whole = guarantees(settings, p.epsilon, p.delta)[c.publish]
+    each = guarantees(settings, *budget)[c.publish]
     how = ("one table of disjoint cells (each establishment in one cell: parallel composition)" if m == 1 else
            f"{m} tables (every marginal of place x sector x ownership), each {each['guarantee']}, composed "
            "sequentially (an establishment is in one cell of each table)")
@@ -191,8 +160,8 @@ def _report(conf: LodesRunConfig, budget: tuple[float, float], names: tuple[str,
                 f"({c.alpha:g}, {p.epsilon + c.median_epsilon:g})-er_ee in all with it")
     return {"task": "lodes", "published": c.publish, "guarantee": f"{whole['guarantee']} in all: {whole['protects']};"
             f" bias: {whole['bias']}; {how}", "tables": published, "per_table": {"epsilon": budget[0],
-            "delta": budget[1]}, "mechanisms": guarantees(c.alpha, *budget, c.employer_cap), "run": list(names),
-            "not_run": [n for n in MECHANISMS if n not in names], "alpha": c.alpha, "epsilon": p.epsilon,
+            "delta": budget[1]}, "mechanisms": guarantees(settings, *budget), "run": list(ran),
+            "not_run": [n for n in names("er_ee") if n not in ran], "alpha": c.alpha, "epsilon": p.epsilon,
             "delta": p.delta, "public": PUBLIC, "noise": NOISE}
 
 

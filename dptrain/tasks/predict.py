@@ -5,7 +5,7 @@ A training run's ``model.pt`` holds the weights, the model's config, the objecti
 the PUBLIC feature encoder (target, positive label, numeric bounds and transforms, category
 lists, feature names), never anything computed from private rows besides the weights, which
 the run's guarantee covers. :func:`load_model` rebuilds the model from it; a
-:class:`TrainedModel` encodes a DataFrame with that schema (:func:`dptrain.data.table.encode_features`:
+:class:`TrainedModel` encodes a DataFrame with that schema (:func:`dptrain.data.encoding.encode_features`:
 clipped to the declared bounds, one-hot over the declared categories) and scores it.
 
 The command::
@@ -33,23 +33,19 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 import torch
 from omegaconf import OmegaConf
 
 from dptrain.core.errors import DPTrainError
 from dptrain.core.validation import ConfigError
-from dptrain.data.table import DataError, Schema, _numbers, detect_format, encode_features, read_table
+from dptrain.data.encoding import encode_features, numbers_of
+from dptrain.data.files import DataError, locate
+from dptrain.data.reading import read_header, read_table
+from dptrain.data.schema import Schema
 from dptrain.inference.coefficients import linear_layer
 from dptrain.models.objectives import build_objective
-from dptrain.runfolder.tracking import (  # noqa: F401
-    MODEL_FILENAME,
-    PRIVATE_DIR,
-    atomic_write_text,
-    finite_epsilon,
-    model_path_in,
-    write_manifest,
-)
+from dptrain.runfolder.folder import RunFolder
+from dptrain.runfolder.tracking import MODEL_FILENAME, finite_epsilon, model_path_in  # noqa: F401
 from dptrain.settings.predict import PredictDataConfig, PredictRunConfig, validate_predict, validate_predict_run
 from dptrain.training.checkpoint import CheckpointError, _build_module, _read_model_file, schema_from_dict
 
@@ -82,8 +78,7 @@ def _frame(rows: Any, origin: str) -> pd.DataFrame:
 def check_columns(columns: list[str], schema: Schema, origin: str) -> None:
     """Refuse, naming every one, the declared feature columns that ``columns`` lack."""
     have = set(columns)
-    missing = [(f"data.numeric.{s.name}", s.name) for s in schema.numeric if s.name not in have]
-    missing += [(f"data.categorical.{c}", c) for c, _ in schema.categorical if c not in have]
+    missing = [(setting, col) for setting, col in schema.declared_features if col not in have]
     if missing:
         named = ", ".join(f"{col!r} ({setting})" for setting, col in missing)
         raise DataError(f"{origin} lacks the declared column(s) {named} that the model was trained on; allowed: "
@@ -161,7 +156,7 @@ class TrainedModel:
         check_columns(list(df.columns), self.schema, origin)
         numeric = {}
         for spec in self.schema.numeric:  # numbers written as the training file wrote them (data.thousands / decimal)
-            v, text = _numbers(df[spec.name], self.schema)
+            v, text = numbers_of(df[spec.name], self.schema)
             if text is not None:
                 raise DataError(f"data.numeric.{spec.name}: column {spec.name!r} of {origin} has non-numeric entries; "
                                 "allowed: numbers (written as the model's training file wrote them)")
@@ -219,48 +214,24 @@ class TrainedModel:
 # ------------------------------------------------------------------------------ task=predict
 
 
-def file_columns(path: str, fmt: str, delimiter: str = ",") -> list[str]:
-    """The column names of a table file from its header alone (no row is read); any problem
-    reading it is left to :func:`dptrain.data.table.read_table`, which names it."""
-
-    p = Path(path)
-    if not p.is_file():
-        read_table(p, fmt=fmt, delimiter=delimiter)  # raises the data module's DataError (no such file, a folder)
-    kind = detect_format(p, fmt)
-    try:
-        if kind == "csv":
-            names = list(pd.read_csv(p, nrows=0, encoding="utf-8", sep=delimiter).columns)
-            if len(names) == 1:  # another separator? the reader's own check names it
-                read_table(p, fmt=fmt, columns=names, delimiter=delimiter)
-        elif kind == "parquet":
-            names = list(pq.read_schema(p).names)
-        else:
-            with pd.read_stata(p, iterator=True) as reader:
-                names = list(reader.variable_labels())
-    except Exception:  # noqa: BLE001 - the full reader reports it by name
-        read_table(p, fmt=fmt, delimiter=delimiter)
-        raise
-    return [str(n).strip() for n in names]
-
-
-def _manifest(run_dir: Path, *, model: TrainedModel, public: bool, origin: str) -> Path:
-    """FILES.txt of a predict run; returns where the predictions go."""
+def _write(folder: RunFolder, frame: pd.DataFrame, *, model: TrainedModel, public: bool, origin: str) -> Path:
+    """The predictions, publishable (``public``: the rows are declared public) or private, and
+    FILES.txt of a predict run; returns where the predictions went."""
     what = {"binary": "score = logit, probability of label 1, label 0/1",
             "multinomial": "p_<class> = the probability of each declared class, label = the most probable class",
             "linear": "prediction, in the target's original units"}.get(getattr(model.objective, "name", None),
                                                                         "the objective's prediction columns")
     what = f"one prediction per row of {origin} ({what}), computed from those rows"
-    target = run_dir / PREDICTIONS if public else run_dir / PRIVATE_DIR / PREDICTIONS
-    publishable = {"FILES.txt": "this list", ".hydra/": "the configuration (the command line)"}
-    private = {"private/dptrain.log": "the log"}
     if public:
-        publishable[PREDICTIONS] = what + ": the rows are declared public (data.public=true)"
+        target = folder.write_text(PREDICTIONS, frame.to_csv(index=False),
+                                   what + ": the rows are declared public (data.public=true)")
     else:
-        private[f"{PRIVATE_DIR}/{PREDICTIONS}"] = what + ": as private as those rows (data.public=false)"
+        target = folder.write_text(PREDICTIONS, frame.to_csv(index=False),
+                                   what + ": as private as those rows (data.public=false)", private=True)
     guarantee = (f"none for the rows scored: the predictions are a function of the rows in {origin}. The model "
                  f"({model.path}) protects its TRAINING rows only: {model.guarantee}")
     covered = public and bool(model.privacy.get("private")) and finite_epsilon(model.privacy.get("epsilon"))
-    write_manifest(run_dir, publishable=publishable, private=private, guarantee=guarantee, finite_guarantee=covered)
+    folder.finish(guarantee=guarantee, finite_guarantee=covered)
     return target
 
 
@@ -276,18 +247,19 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
         raise ConfigError(f"hydra.run.dir={str(run_dir)!r} is not allowed: it is the training run folder of run="
                           f"{conf.run!r}; allowed: a new folder for the predictions (the default)")
     d = conf.data
-    origin = f"data.path={d.path!r}"
-    header = file_columns(d.path, d.format, d.delimiter)
+    table = locate(d.path, d.format)
+    origin = table.origin
+    header = read_header(table, delimiter=d.delimiter)  # no row is read before the columns are checked
     check_columns(header, model.schema, origin)
     missing_keep = [c for c in d.keep_columns if c not in header]
     if missing_keep:
         raise ConfigError(f"data.keep_columns={list(d.keep_columns)!r} is not allowed: {origin} has no column(s) "
                           f"{', '.join(map(repr, missing_keep))}")
     wanted = [*model.schema.feature_columns, *[c for c in d.keep_columns if c not in model.schema.feature_columns]]
-    df = read_table(d.path, fmt=d.format, columns=wanted, delimiter=d.delimiter, text_columns=model.schema.text_columns)
+    df = read_table(table, columns=wanted, delimiter=d.delimiter, text_columns=model.schema.text_columns,
+                    required=[*model.schema.declared_features, *(("data.keep_columns", c) for c in d.keep_columns)])
     frame = model.prediction_frame(df, keep=list(d.keep_columns), origin=origin)
-    target = _manifest(Path(run_dir), model=model, public=d.public, origin=origin)
-    atomic_write_text(target, frame.to_csv(index=False))
+    target = _write(RunFolder.of(run_dir), frame, model=model, public=d.public, origin=origin)
     log.info("scored the rows of %s with %s; predictions in %s (%s; FILES.txt says why)", origin, model.path,
              target, "publishable: data.public=true" if d.public else "PRIVATE: computed from the rows given")
     return 0.0

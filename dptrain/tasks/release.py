@@ -30,7 +30,8 @@ from tqdm import tqdm
 
 from dptrain.data import read_table
 from dptrain.data.atlas import design_cells, simulate_atlas, simulate_figure2
-from dptrain.data.rules import CHECK_HINT
+from dptrain.data.rules import CHECK_HINT, parse_numbers
+from dptrain.data.schema import number_format
 from dptrain.privacy.randomness import Randomness, data_digest, settings_digest
 from dptrain.privacy.report import LOG_AND_REFUSALS
 from dptrain.release import report
@@ -56,13 +57,14 @@ from dptrain.release.methods import (
 )
 from dptrain.release.mos import NOT_DP
 from dptrain.release.prepared import ReleaseRun
-from dptrain.runfolder.tracking import atomic_write_text, finite_epsilon, private_dir, write_json, write_manifest
-from dptrain.settings.release import ReleaseRunConfig, resolved_domain, validate_release_run
+from dptrain.release.spec import ReleaseSpec
+from dptrain.runfolder.folder import PRIVATE_DIR, Report, RunFolder
+from dptrain.runfolder.tracking import finite_epsilon
+from dptrain.settings.release import ReleaseRunConfig, release_spec, resolved_domain, validate_release_run
 
 log = logging.getLogger(__name__)
 
 EVALUATION_DIR = "evaluation"
-LOG_FILE = {"private/dptrain.log": "the run's log (settings, warnings, timings)"}
 DIAGNOSTICS = "data_diagnostics.json"  # under private/: how many x / y values were clipped (PRIVATE counts)
 
 
@@ -72,9 +74,10 @@ def run_task(cfg: DictConfig, *, run_dir: Path) -> float:
     written. Returns the objective: the released method's RMSE in the private evaluation, or NaN."""
     conf = OmegaConf.to_object(cfg)
     validate_release_run(conf)
-    check_release_method(conf.release)
+    spec = release_spec(conf.release)  # the typed settings the release library reads, built once
+    check_release_method(spec)
     randomness = build_randomness(cfg, conf=conf, run_dir=run_dir)
-    return run_release(conf, run_dir, randomness=randomness)
+    return run_release(conf, spec, run_dir, randomness=randomness)
 
 
 def build_randomness(cfg: DictConfig, *, conf: ReleaseRunConfig, run_dir: Path) -> Randomness:
@@ -106,8 +109,14 @@ def load_rows(conf: ReleaseRunConfig) -> tuple[pd.DataFrame, pd.DataFrame | None
         source = f"simulated Atlas-like cells (generator={d.generator}, seed={conf.seed})"
         return rows, truth, source, design_cells(truth)
 
-    return (read_table(d.path, fmt=d.format, delimiter=getattr(d, "delimiter", ",")), None, f"table {d.path}",
-            None)
+    r = conf.release
+    thousands, decimal = number_format(d)  # numbers written with separators: x and y read as text, then parsed
+    text = None if thousands is None and decimal == "." else [r.x, r.y]
+    df = read_table(d.path, fmt=d.format, delimiter=d.delimiter, text_columns=text,
+                    required=[("release.x", r.x), ("release.y", r.y), *(("release.cells", c) for c in r.cells)])
+    for col in text or ():
+        df[col] = parse_numbers(df[col].astype(object), thousands=thousands, decimal=decimal)[0]
+    return df, None, f"table {d.path}", None
 
 
 def clipped_counts(df: pd.DataFrame, conf: ReleaseRunConfig, domain: Domain) -> dict[str, dict[str, int]]:
@@ -163,7 +172,7 @@ def list_cells(conf: ReleaseRunConfig, df: pd.DataFrame, design: pd.DataFrame | 
                        "or release.cell_selection=private")
 
 
-def prepare(conf: ReleaseRunConfig, run_dir: Path, randomness: Randomness) -> ReleaseRun:
+def prepare(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, randomness: Randomness) -> ReleaseRun:
     """The declaration (before any row is read), the rows, the listed cells and their estimates."""
     r = conf.release
     declared = declared_cells(conf)
@@ -176,12 +185,12 @@ def prepare(conf: ReleaseRunConfig, run_dir: Path, randomness: Randomness) -> Re
     domain = Domain(*resolved_domain(r, conf.data.name))
     clipped = clipped_counts(df, conf, domain)
     est = estimates_for_listed(df, listed, x=r.x, y=r.y, domain=domain,
-                               clip=r.clip, drop_nonfinite=getattr(conf.data, "nonfinite", "drop") == "drop")
+                               clip=r.clip, drop_nonfinite=conf.data.name == "atlas" or conf.data.nonfinite == "drop")
     chi_group_labels(listed, list(r.chi_by))  # release.chi_by must name public columns of the cell list
     if conf.data.name != "atlas":  # a user's table: the rules' counts for the data holder (PRIVATE)
         log_counts(est.rows, clipped if r.clip else {})
-    return ReleaseRun(conf=conf, run_dir=run_dir, randomness=randomness, truth=truth, source=source, est=est,
-                      diagnostics={"clipped": clipped, "rows": est.rows})
+    return ReleaseRun(spec=spec, run_dir=run_dir, randomness=randomness, truth=truth, source=source,
+                      est=est, simulated=conf.data.name == "atlas", diagnostics={"clipped": clipped, "rows": est.rows})
 
 
 def log_counts(rows: dict, clipped: dict) -> None:
@@ -200,19 +209,18 @@ def log_counts(rows: dict, clipped: dict) -> None:
         log.warning("%s", CHECK_HINT)
 
 
-def methods_to_run(conf: ReleaseRunConfig, evaluate: bool) -> list[str]:
+def methods_to_run(r: ReleaseSpec, evaluate: bool) -> list[str]:
     """The chosen method, then (for the private evaluation) every other evaluated method."""
-    r = conf.release
     return [r.method] + ([n for n in evaluation_methods(r) if n != r.method] if evaluate else [])
 
 
-def run_release(conf: ReleaseRunConfig, run_dir: Path, *, randomness: Randomness) -> float:
+def run_release(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, *, randomness: Randomness) -> float:
     """Run one release. Returns the released method's RMSE against the reference (truth, else
     OLS) when the private evaluation ran, else NaN (nothing exact leaves the evaluation)."""
-    r = conf.release
-    run = prepare(conf, Path(run_dir), randomness)
+    run = prepare(conf, spec, Path(run_dir), randomness)
+    r = run.spec
     if r.statistic == "custom":
-        return run_custom(run)
+        return run_custom(run, conf.release.stat_fn)
     method = RELEASE_METHODS.get(r.method)
     log.info("release: method=%s, statistic=%s, release.epsilon=%g per released statistic (the total is on the "
              "last line); cells: %s", r.method, r.statistic, r.epsilon, run.est.listed.description)
@@ -220,7 +228,7 @@ def run_release(conf: ReleaseRunConfig, run_dir: Path, *, randomness: Randomness
     if warning:
         log.warning("%s", warning)
     evaluate = private_evaluation_enabled(conf)
-    names = methods_to_run(conf, evaluate)
+    names = methods_to_run(r, evaluate)
     results = {}
     # the private evaluation runs every method (dp_sgd's per-cell DP-SGD alone takes ~35 s on 2,000 cells):
     # one progress line naming the method that runs (public: the registry's list, not the data's)
@@ -232,17 +240,18 @@ def run_release(conf: ReleaseRunConfig, run_dir: Path, *, randomness: Randomness
                                        rng=run.randomness.numpy(f"release-{name}"), config=r)
             bar.update()
     say_if_nothing_released(results[r.method], r.method)
-    facts = write_release(run, method, results[r.method])
-    private_files, rmse = {**LOG_FILE, **write_diagnostics(run)}, float("nan")
+    folder = RunFolder.of(run.run_dir)
+    facts = write_release(folder, run, method, results[r.method])
+    write_diagnostics(folder, run)
+    rmse = float("nan")
     if evaluate:
-        eval_dir = private_dir(run.run_dir) / EVALUATION_DIR
+        eval_dir = folder.path / PRIVATE_DIR / EVALUATION_DIR
         files, rmse = write_evaluation(eval_dir, run, results)
-        private_files.update({f"private/{EVALUATION_DIR}/{p.name}": why for p, why in files.items()})
+        folder.record({f"{PRIVATE_DIR}/{EVALUATION_DIR}/{p.name}": why for p, why in files.items()})
         log.warning("private evaluation (exact values, every method) written to %s: never publish it", eval_dir)
     covered = method.has_guarantee and finite_epsilon((facts.get("total") or {}).get("epsilon"))
-    write_files_list(run, f"the released cells of method {r.method} (one row per listed cell)",
-                     "the facts of that release: method, neighbours, epsilon, delta, guarantee",
-                     private=private_files, guarantee=report.guarantee_line(facts), finite_guarantee=covered)
+    folder.finish(guarantee=report.guarantee_line(facts), finite_guarantee=covered, report=Report(
+        "release.json", facts, "the facts of that release: method, neighbours, epsilon, delta, guarantee"))
     log.info("release written: release.csv, release.json (%s%s)", total_epsilon_text(facts), facts["guarantee"])
     return rmse
 
@@ -280,36 +289,23 @@ HELPS = {
 }
 
 
-def write_diagnostics(run: ReleaseRun) -> dict[str, str]:
-    """private/data_diagnostics.json (PRIVATE counts); its FILES.txt entry."""
-    if not run.diagnostics:
-        return {}
-    write_json(private_dir(run.run_dir) / DIAGNOSTICS, run.diagnostics)
-    return {f"private/{DIAGNOSTICS}": "counts about the private rows (rows read and left out per rule, x / y values "
-            "outside release.domain)"}
+def write_diagnostics(folder: RunFolder, run: ReleaseRun) -> None:
+    """private/data_diagnostics.json (PRIVATE counts), when there are any."""
+    if run.diagnostics:
+        folder.write_json(DIAGNOSTICS, run.diagnostics, "counts about the private rows (rows read and left out per "
+                          "rule, x / y values outside release.domain)", private=True)
 
 
-def write_release(run: ReleaseRun, method: ReleaseMethod, result: MethodResult) -> dict:
-    """release.csv and release.json of the chosen method (its own output and facts)."""
-    name = run.conf.release.method
-    run.run_dir.mkdir(parents=True, exist_ok=True)
+def write_release(folder: RunFolder, run: ReleaseRun, method: ReleaseMethod, result: MethodResult) -> dict:
+    """release.csv of the chosen method (its own output); returns release.json's facts (written
+    by the folder with FILES.txt: :meth:`~dptrain.runfolder.folder.RunFolder.finish`)."""
+    name = run.spec.method
     facts = method.release_json(name, result, facts=run.facts())
-    if run.conf.data.name != "atlas":  # a user's table: what its log, console and refusals do not cover
+    if not run.simulated:  # a user's table: what its log, console and refusals do not cover
         facts["not_covered"] = [*facts.get("not_covered", []), LOG_AND_REFUSALS]
-    atomic_write_text(run.run_dir / "release.csv", method.published(run.est, result).to_csv(index=False))
-    write_json(run.run_dir / "release.json", facts)
+    folder.write_text("release.csv", method.published(run.est, result).to_csv(index=False),
+                      f"the released cells of method {name} (one row per listed cell)")
     return facts
-
-
-def write_files_list(run: ReleaseRun, csv_note: str, json_note: str, *, private: dict, guarantee: str,
-                     finite_guarantee: bool) -> None:
-    """FILES.txt: the publishable files at the top of the run folder, and the private ones
-    (``finite_guarantee`` False: a method without a guarantee, nothing publishable but the settings)."""
-    publishable = {"release.csv": csv_note, "release.json": json_note, "FILES.txt": "this list"}
-    if (run.run_dir / ".hydra").is_dir():
-        publishable[".hydra/"] = "the run's settings (no data values; check file paths before publishing)"
-    write_manifest(run.run_dir, publishable=publishable, private=private, guarantee=guarantee, report="release.json",
-                   finite_guarantee=finite_guarantee)
 
 
 def load_stat_fn(spec: str) -> Callable:
@@ -322,21 +318,21 @@ def load_stat_fn(spec: str) -> Callable:
                            "'package.module:function' importable from the working directory") from None
 
 
-def run_custom(run: ReleaseRun) -> float:
-    """MOS for a user statistic by brute-force refits (no closed form, so no baselines)."""
-    r = run.conf.release
+def run_custom(run: ReleaseRun, stat_fn: str) -> float:
+    """MOS for a user statistic (``stat_fn``, package.module:function) by brute-force refits (no
+    closed form, so no baselines)."""
+    r = run.spec
     if r.chi_by:
         raise ReleaseError("release.chi_by is not supported with release.statistic=custom; allowed: []")
     if r.method != "mos":
         raise ReleaseError(f"release.method={r.method!r} is not allowed with release.statistic=custom: mos")
     log.warning("release.statistic=custom (MOS): %s", NOT_DP)
-    rel = release_custom(run.est.cells, load_stat_fn(r.stat_fn), epsilon=r.epsilon, neighbors=r.neighbors,
+    rel = release_custom(run.est.cells, load_stat_fn(stat_fn), epsilon=r.epsilon, neighbors=r.neighbors,
                          rng=run.randomness.numpy("release-mos-custom"))
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run.run_dir / "release.csv", rel.to_frame().to_csv(index=False))
-    facts = report.custom_json(rel, stat_fn=r.stat_fn, facts=run.facts())
-    write_json(run.run_dir / "release.json", facts)
-    write_files_list(run, "the released cells (MOS, custom statistic)", "its facts",
-                     private={**LOG_FILE, **write_diagnostics(run)}, guarantee=NOT_DP, finite_guarantee=False)
-    log.info("release written: release.csv, release.json (MOS, custom statistic %s)", r.stat_fn)
+    folder = RunFolder.of(run.run_dir)
+    folder.write_text("release.csv", rel.to_frame().to_csv(index=False), "the released cells (MOS, custom statistic)")
+    write_diagnostics(folder, run)
+    folder.finish(guarantee=NOT_DP, finite_guarantee=False, report=Report(
+        "release.json", report.custom_json(rel, stat_fn=stat_fn, facts=run.facts()), "its facts"))
+    log.info("release written: release.csv, release.json (MOS, custom statistic %s)", stat_fn)
     return float("nan")

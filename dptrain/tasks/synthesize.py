@@ -12,18 +12,16 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
+from dptrain.core.validation import field_of
 from dptrain.data import declaration, load_dataset, write_data_diagnostics
 from dptrain.data import schema_from_config as data_schema
-from dptrain.privacy.accounting import history_epsilon
-from dptrain.privacy.events import zcdp_event
 from dptrain.privacy.randomness import Randomness
 from dptrain.privacy.report import LOG_AND_REFUSALS
-from dptrain.release.synthesis.mst import mst
-from dptrain.release.synthesis.mwem import MWEMSettings, mwem
+from dptrain.release.oneshot import ONE_SHOT, Guarantee
 from dptrain.release.tables.domain import decode_rows, domain_columns, row_codes
-from dptrain.release.tables.marginals import gaussian_rho
-from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json, write_manifest
-from dptrain.settings.synthesize import SynthesizeRunConfig, validate_synthesize
+from dptrain.release.zcdp import gaussian_rho
+from dptrain.runfolder.folder import Report, RunFolder
+from dptrain.settings.synthesize import SynthesizeRunConfig, synthesis_settings, validate_synthesize
 
 log = logging.getLogger("dptrain.synthesize")
 
@@ -50,28 +48,21 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     data = load_dataset(conf.data, seed=conf.seed)
     codes = row_codes(np.concatenate([data.x_train.numpy(), data.x_test.numpy()]),
                       np.concatenate([data.y_train.numpy(), data.y_test.numpy()]), schema, bins=s.bins)
-    secret = Randomness.fresh()
-    fitted = (mst(codes, sizes, rho=rho, rng=secret.numpy("synthesize-select")) if s.method == "mst" else
-              mwem(codes, sizes, _workload(len(sizes), s.workload),
-                   settings=MWEMSettings(rho=rho, rounds=s.rounds), rng=secret.numpy("synthesize-select")))
+    secret, mechanism = Randomness.fresh(), ONE_SHOT.get(s.method)
+    fitted = mechanism.fit(codes, sizes, synthesis_settings(s), rho=rho, rng=secret.numpy("synthesize-select"))
     n = int(max(fitted.total, 0))
     synth_codes = fitted.sample(n, secret.numpy("synthesize-sample"))
     frame = decode_rows(synth_codes, schema, bins=s.bins, rng=secret.numpy("synthesize-decode"))
-    atomic_write_text(run_dir / "synthetic.csv", frame.to_csv(index=False, float_format="%.6g"))
-    _write_data_config(conf, run_dir)
-    error = _evaluate(conf, run_dir, codes, synth_codes, sizes)
-    report = _report(conf, rho, fitted, n, columns)
-    write_json(run_dir / "privacy.json", report)
-    atomic_write_text(run_dir / "privacy.txt", _text(report))
-    publishable = {"privacy.json, privacy.txt": "this report (the guarantee, the budget split; no count)",
-                   "synthetic.csv": "the synthetic rows (covered by the guarantee)", "FILES.txt": "this list",
-                   DATA_CONFIG: "a data config to train on synthetic.csv (the declared schema: public)",
-                   ".hydra/": "the configuration (no secret, no private value)"}
-    private = {"private/dptrain.log": "the log", **write_data_diagnostics(run_dir, data)}
-    if error is not None:
-        private["private/evaluation.json"] = "the synthetic file's marginal error against the real rows"
-    write_manifest(run_dir, publishable=publishable, private=private, guarantee=report["guarantee"],
-                   report="privacy.json", finite_guarantee=True)
+    folder = RunFolder.of(run_dir)
+    folder.write_text("synthetic.csv", frame.to_csv(index=False, float_format="%.6g"),
+                      "the synthetic rows (covered by the guarantee)")
+    _write_data_config(conf, folder)
+    error = _evaluate(conf, folder, codes, synth_codes, sizes)
+    report = _report(conf, mechanism.guarantee(mechanism.event(fitted), delta=conf.privacy.delta), rho, fitted, n,
+                     columns)
+    folder.record(write_data_diagnostics(run_dir, data))
+    folder.finish(guarantee=report["guarantee"], finite_guarantee=True, report=Report(
+        "privacy.json", report, "this report (the guarantee, the budget split; no count)", text=_text))
     log.info("privacy: %s", report["guarantee"])
     log.info("synthetic: %d rows (a noisy count), %d columns (%s) -> %s/synthetic.csv", n, len(columns), s.method,
              run_dir)
@@ -83,31 +74,23 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
 DATA_CONFIG = "conf/data/synthetic_release.yaml"
 
 
-def _write_data_config(conf: SynthesizeRunConfig, run_dir: Path) -> None:
+def _write_data_config(conf: SynthesizeRunConfig, folder: RunFolder) -> None:
     """RUN/conf/data/synthetic_release.yaml: data=table on synthetic.csv with the input's declared
     schema (public), so that any dptrain model trains on it:
     ``python -m dptrain --config-dir RUN/conf experiment=logit data=synthetic_release``. Its
     split is a hash split of the synthetic rows (no real test row is in the file)."""
     d = declaration(conf.data)
     body = {"defaults": ["/schema/data/table@_here_", "_self_"], "name": "table",
-            "path": str((run_dir / "synthetic.csv").resolve()), "target": d["target"], "positive": d["positive"],
+            "path": str((folder.path / "synthetic.csv").resolve()), "target": d["target"], "positive": d["positive"],
             "negative": d["negative"],
             "classes": d["classes"], "numeric": d["numeric"], "categorical": d["categorical"]}
     if d["target_bounds"] is not None:
         bounds = d["target_bounds"]
-        body["target_bounds"] = {"lower": _get(bounds, "lower"), "upper": _get(bounds, "upper")}
+        body["target_bounds"] = {"lower": field_of(bounds, "lower"), "upper": field_of(bounds, "upper")}
     header = ("# data=table on this run's synthetic.csv, with the declared schema of the data it was made from:\n"
               "# python -m dptrain --config-dir <this run>/conf experiment=logit data=synthetic_release\n")
-    (run_dir / "conf" / "data").mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / DATA_CONFIG, header + OmegaConf.to_yaml(OmegaConf.create(body)))
-
-
-def _get(obj: Any, name: str) -> Any:
-    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name)
-
-
-def _workload(d: int, order: int) -> list[tuple[int, ...]]:
-    return [c for k in range(2, order + 1) for c in itertools.combinations(range(d), k)]
+    folder.write_text(DATA_CONFIG, header + OmegaConf.to_yaml(OmegaConf.create(body)),
+                      "a data config to train on synthetic.csv (the declared schema: public)")
 
 
 def marginal_l1(a: np.ndarray, b: np.ndarray, cols: tuple[int, ...], sizes: list[int]) -> float:
@@ -118,7 +101,7 @@ def marginal_l1(a: np.ndarray, b: np.ndarray, cols: tuple[int, ...], sizes: list
     return float(np.abs(ca / max(ca.sum(), 1) - cb / max(cb.sum(), 1)).sum())
 
 
-def _evaluate(conf: SynthesizeRunConfig, run_dir: Path, real: np.ndarray, synth: np.ndarray,
+def _evaluate(conf: SynthesizeRunConfig, folder: RunFolder, real: np.ndarray, synth: np.ndarray,
               sizes: list[int]) -> float | None:
     """private/evaluation.json for public or simulated data (data=adult, synthetic) only: the
     average L1 distance over every 2-way and every 3-way marginal."""
@@ -128,18 +111,20 @@ def _evaluate(conf: SynthesizeRunConfig, run_dir: Path, real: np.ndarray, synth:
     for k in (2, 3):
         errs = [marginal_l1(real, synth, c, sizes) for c in itertools.combinations(range(len(sizes)), k)]
         out[f"mean_l1_{k}way"] = float(np.mean(errs))
-    write_json(private_dir(run_dir) / "evaluation.json", {**out, "note": "against the real rows: private"})
+    folder.write_json("evaluation.json", {**out, "note": "against the real rows: private"},
+                      "the synthetic file's marginal error against the real rows", private=True)
     return float((out["mean_l1_2way"] + out["mean_l1_3way"]) / 2.0)
 
 
-def _report(conf: SynthesizeRunConfig, rho: float, fitted: Any, n: int, columns: list) -> dict[str, Any]:
-    p = conf.privacy
-    eps = history_epsilon([(zcdp_event(fitted.total_rho), 1)], delta=p.delta, accountant="rdp")
+def _report(conf: SynthesizeRunConfig, spent: Guarantee, rho: float, fitted: Any, n: int,
+            columns: list) -> dict[str, Any]:
+    p, eps = conf.privacy, spent.epsilon
     guarantee = (f"({eps:.4g}, {p.delta:.3g})-DP, neighbours: {NEIGHBOURS}; {conf.synthesize.method}: "
                  f"{fitted.total_rho:.6g}-zCDP in all (its stages' rho summed), converted by the RDP accountant; "
                  "for synthetic.csv and everything computed from it")
     return {"task": "synthesize", "private": True, "guarantee": guarantee, "epsilon": eps, "delta": p.delta,
-            "accountant": "rdp (zCDP)", "rho": fitted.total_rho, "rho_budget": rho, "method": conf.synthesize.method,
+            "accountant": spent.accounting, "rho": fitted.total_rho, "rho_budget": rho,
+            "method": conf.synthesize.method,
             "stages": fitted.spent, "rows": n, "neighbours": NEIGHBOURS,
             "sampler": "OpenDP's exact discrete Gaussian for the measurements; the selections and the sampling "
                        "from the operating system's CSPRNG",

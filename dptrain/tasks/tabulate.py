@@ -17,23 +17,12 @@ from omegaconf import OmegaConf
 from dptrain.core.errors import DPTrainError
 from dptrain.data import load_dataset, write_data_diagnostics
 from dptrain.data import schema_from_config as data_schema
-from dptrain.privacy.accounting import history_epsilon
-from dptrain.privacy.events import zcdp_event
 from dptrain.privacy.report import LOG_AND_REFUSALS
+from dptrain.release.oneshot import ONE_SHOT
 from dptrain.release.tables.domain import domain_columns, row_codes
-from dptrain.release.tables.marginals import (
-    Column,
-    Marginal,
-    budget_weights,
-    consistent_tables,
-    gaussian_rho,
-    measure,
-    noise_variance,
-    stability_histogram,
-    workload,
-)
-from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json, write_manifest
-from dptrain.settings.tabulate import MAX_CELLS, TabulateRunConfig, validate_tabulate
+from dptrain.release.tables.marginals import Column, Marginal, consistent_tables, workload
+from dptrain.runfolder.folder import Report, RunFolder
+from dptrain.settings.tabulate import MAX_CELLS, TabulateRunConfig, table_settings, validate_tabulate
 
 log = logging.getLogger("dptrain.tabulate")
 
@@ -67,23 +56,18 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     codes = row_codes(np.concatenate([data.x_train.numpy(), data.x_test.numpy()]),
                       np.concatenate([data.y_train.numpy(), data.y_test.numpy()]), schema, bins=conf.tabulate.bins)
     exact = [_count(codes, s, sizes) for s in sets]
-    noisy = measure(exact, plan["shares"], mechanism=plan["mechanism"], budget=plan["budget"])
-    marginals = [Marginal(s, t, noise_variance(w, mechanism=plan["mechanism"], budget=plan["budget"]))
-                 for s, t, w in zip(sets, noisy, plan["shares"])]
+    mechanism, budget = plan["mechanism"], plan["budget"]
+    noisy = [mechanism.measure(t, w, budget) for t, w in zip(exact, plan["shares"])]
+    marginals = [Marginal(s, t, mechanism.variance(w, budget)) for s, t, w in zip(sets, noisy, plan["shares"])]
     released = consistent_tables(marginals, sizes) if conf.tabulate.consistent else noisy
-    files = _write_tables(run_dir, sets, released, columns)
-    error = _evaluate(conf, run_dir, sets, released, exact)
+    folder = RunFolder.of(run_dir)
+    folder.publishable("tables/", "the released marginals (covered by the guarantee)")
+    files = _write_tables(folder, sets, released, columns)
+    error = _evaluate(conf, folder, sets, released, exact)
     report = _report(conf, plan, sets, cells, columns, files)
-    write_json(run_dir / "privacy.json", report)
-    atomic_write_text(run_dir / "privacy.txt", _text(report))
-    publishable = {"privacy.json, privacy.txt": "this report (the guarantee, the budget split; no count)",
-                   "tables/": "the released marginals (covered by the guarantee)", "FILES.txt": "this list",
-                   ".hydra/": "the configuration (no secret, no private value)"}
-    private = {"private/dptrain.log": "the log", **write_data_diagnostics(run_dir, data)}
-    if error is not None:
-        private["private/evaluation.json"] = "the released tables' error against the exact counts"
-    write_manifest(run_dir, publishable=publishable, private=private, guarantee=report["guarantee"],
-                   report="privacy.json", finite_guarantee=True)
+    folder.record(write_data_diagnostics(run_dir, data))
+    folder.finish(guarantee=report["guarantee"], finite_guarantee=True, report=Report(
+        "privacy.json", report, "this report (the guarantee, the budget split; no count)", text=_text))
     log.info("privacy: %s", report["guarantee"])
     log.info("tables: %d marginals, %d cells, total %d (a noisy count) -> %s/tables/", len(sets), sum(cells),
              int(released[0].sum()), run_dir)
@@ -96,40 +80,37 @@ def _run_sparse(conf: TabulateRunConfig, run_dir: Path, schema: Any, columns: li
     delta / (number of marginals); the listed cells' noisy counts (module docstring of
     :mod:`dptrain.release.tables.marginals`)."""
     p, sizes = conf.privacy, [c.size for c in columns]
+    mechanism = ONE_SHOT.get("stability_histogram")
     shares = np.full(len(sets), 1.0 / len(sets))
     data = load_dataset(conf.data, seed=conf.seed)
     codes = row_codes(np.concatenate([data.x_train.numpy(), data.x_test.numpy()]),
                       np.concatenate([data.y_train.numpy(), data.y_test.numpy()]), schema, bins=conf.tabulate.bins)
-    files = []
+    folder, files = RunFolder.of(run_dir), []
+    folder.publishable("tables/", "the listed cells and their noisy counts (covered by the guarantee)")
     for cols, share in zip(sets, shares):
         shape = [sizes[c] for c in cols]
-        ids, noisy = stability_histogram(np.ravel_multi_index(codes[:, list(cols)].T, shape),
-                                         epsilon=share * p.epsilon, delta=p.delta / len(sets))
+        ids, noisy = mechanism.release(np.ravel_multi_index(codes[:, list(cols)].T, shape),
+                                       epsilon=share * p.epsilon, delta=p.delta / len(sets))
         levels = np.unravel_index(ids, shape)
         frame = pd.DataFrame({columns[c].name: np.asarray(columns[c].levels, dtype=object)[lv]
                               for c, lv in zip(cols, levels)})
         frame["count"] = noisy
-        name = f"tables/{table_name(cols, columns)}.csv"
-        (run_dir / "tables").mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run_dir / name, frame.to_csv(index=False))
-        files.append(name)
+        files.append(f"tables/{table_name(cols, columns)}.csv")
+        folder.write_text(files[-1], frame.to_csv(index=False))
     guarantee = (f"({p.epsilon:g}, {p.delta:g})-DP: the stability-based histogram on each of {len(sets)} marginals "
                  f"(discrete Laplace at epsilon {p.epsilon / len(sets):.4g} each, a one-row cell listed with "
                  f"probability <= {p.delta / len(sets):.3g}); neighbours: {NEIGHBOURS}; for every file under tables/")
-    report = {"task": "tabulate", "private": True, "guarantee": guarantee, "epsilon": float(p.epsilon),
-              "delta": float(p.delta), "accountant": "basic composition", "mechanism": "stability-based histogram",
+    spent = mechanism.guarantee(mechanism.event((p.epsilon, p.delta)), delta=p.delta)
+    report = {"task": "tabulate", "private": True, "guarantee": guarantee, "epsilon": float(spent.epsilon),
+              "delta": float(spent.delta), "accountant": spent.accounting, "mechanism": "stability-based histogram",
               "sampler": "OpenDP's exact discrete Laplace (OS CSPRNG)", "neighbours": NEIGHBOURS,
               "marginals": [{"table": table_name(s, columns), "share": float(w), "epsilon": float(w * p.epsilon),
                              "delta": p.delta / len(sets)} for s, w in zip(sets, shares)],
               "post_processing": "none: only the listed cells, their noisy counts", "files": files,
               "not_covered": NOT_COVERED}
-    write_json(run_dir / "privacy.json", report)
-    atomic_write_text(run_dir / "privacy.txt", json.dumps(report, indent=2) + "\n")
-    write_manifest(run_dir, publishable={"privacy.json, privacy.txt": "this report", "tables/": "the listed cells "
-                                         "and their noisy counts (covered by the guarantee)", "FILES.txt": "this list",
-                                         ".hydra/": "the configuration"},
-                   private={"private/dptrain.log": "the log", **write_data_diagnostics(run_dir, data)},
-                   guarantee=guarantee, report="privacy.json", finite_guarantee=True)
+    folder.record(write_data_diagnostics(run_dir, data))
+    folder.finish(guarantee=guarantee, finite_guarantee=True, report=Report(
+        "privacy.json", report, "this report", text=lambda body: json.dumps(body, indent=2) + "\n"))
     log.info("privacy: %s", guarantee)
     return float("nan")
 
@@ -157,11 +138,12 @@ def _workload(conf: TabulateRunConfig, chosen: list[int], columns: list[Column])
 
 
 def _plan(conf: TabulateRunConfig, cells: list[int]) -> dict[str, Any]:
-    """The budget: the total (epsilon for laplace, rho for gaussian) and each marginal's share."""
+    """The registered table mechanism (privacy.mechanism), the budget in its unit (epsilon for
+    laplace, rho for gaussian) and each marginal's share."""
     p = conf.privacy
-    shares = budget_weights(cells, mechanism=p.mechanism, split=conf.tabulate.split)
-    budget = p.epsilon if p.mechanism == "laplace" else gaussian_rho(p.epsilon, p.delta)
-    return {"mechanism": p.mechanism, "shares": shares, "budget": float(budget)}
+    mechanism = ONE_SHOT.get(p.mechanism)
+    shares = mechanism.shares(cells, table_settings(conf.tabulate))
+    return {"mechanism": mechanism, "shares": shares, "budget": mechanism.budget(epsilon=p.epsilon, delta=p.delta)}
 
 
 def _count(codes: np.ndarray, cols: tuple[int, ...], sizes: list[int]) -> np.ndarray:
@@ -174,21 +156,19 @@ def table_name(cols: tuple[int, ...], columns: list[Column]) -> str:
     return "__".join(columns[c].name for c in cols)
 
 
-def _write_tables(run_dir: Path, sets: list[tuple[int, ...]], tables: list[np.ndarray],
+def _write_tables(folder: RunFolder, sets: list[tuple[int, ...]], tables: list[np.ndarray],
                   columns: list[Column]) -> list[str]:
-    """tables/<a>__<b>.csv: one row per cell (the columns' level labels, then ``count``)."""
+    """tables/<a>__<b>.csv (placed): one row per cell (the columns' level labels, then ``count``)."""
     out = []
     for cols, table in zip(sets, tables):
         index = pd.MultiIndex.from_product([columns[c].levels for c in cols], names=[columns[c].name for c in cols])
         frame = pd.DataFrame({"count": np.asarray(table).reshape(-1)}, index=index).reset_index()
-        name = f"tables/{table_name(cols, columns)}.csv"
-        (run_dir / "tables").mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run_dir / name, frame.to_csv(index=False))
-        out.append(name)
+        out.append(f"tables/{table_name(cols, columns)}.csv")
+        folder.write_text(out[-1], frame.to_csv(index=False))
     return out
 
 
-def _evaluate(conf: TabulateRunConfig, run_dir: Path, sets: list[tuple[int, ...]], released: list[np.ndarray],
+def _evaluate(conf: TabulateRunConfig, folder: RunFolder, sets: list[tuple[int, ...]], released: list[np.ndarray],
               exact: list[np.ndarray]) -> float | None:
     """private/evaluation.json for public or simulated data only (data=adult, synthetic): per
     marginal the mean absolute error per cell and the L1 error over the total."""
@@ -196,31 +176,20 @@ def _evaluate(conf: TabulateRunConfig, run_dir: Path, sets: list[tuple[int, ...]
         return None
     rows = [{"marginal": list(s), "mean_abs_error_per_cell": float(np.mean(np.abs(r - e))),
              "l1_over_n": float(np.abs(r - e).sum() / max(e.sum(), 1))} for s, r, e in zip(sets, released, exact)]
-    write_json(private_dir(run_dir) / "evaluation.json", {"marginals": rows, "note": "exact counts compared: "
-                                                           "private (never publish)"})
+    folder.write_json("evaluation.json", {"marginals": rows, "note": "exact counts compared: private (never publish)"},
+                      "the released tables' error against the exact counts", private=True)
     return float(np.mean([r["mean_abs_error_per_cell"] for r in rows]))
 
 
 def _report(conf: TabulateRunConfig, plan: dict, sets: list[tuple[int, ...]], cells: list[int],
             columns: list[Column], files: list[str]) -> dict[str, Any]:
-    p, shares, budget = conf.privacy, plan["shares"], plan["budget"]
-    split = []
-    for s, c, w in zip(sets, cells, shares):
-        row = {"table": table_name(s, columns), "cells": c, "share": float(w)}
-        row.update({"epsilon": float(w * budget)} if p.mechanism == "laplace" else
-                   {"rho": float(w * budget), "sigma": float((2.0 * w * budget) ** -0.5)})
-        split.append(row)
-    if p.mechanism == "laplace":
-        eps, delta = float(sum(r["epsilon"] for r in split)), 0.0
-        how = f"({eps:.4g}, 0)-DP: the discrete Laplace on each marginal, epsilons summed (basic composition)"
-    else:
-        rho = float(sum(r["rho"] for r in split))
-        eps, delta = history_epsilon([(zcdp_event(rho), 1)], delta=p.delta, accountant="rdp"), float(p.delta)
-        how = (f"({eps:.4g}, {delta:.3g})-DP: the discrete Gaussian on each marginal, {rho:.6g}-zCDP in all "
-               "(rho summed), converted by the RDP accountant")
-    return {"task": "tabulate", "private": True, "guarantee": f"{how}; neighbours: {NEIGHBOURS}; for every file "
-            "under tables/", "epsilon": eps, "delta": delta, "accountant": "pure (basic composition)" if
-            p.mechanism == "laplace" else "rdp (zCDP)", "mechanism": p.mechanism,
+    p, shares, budget, mechanism = conf.privacy, plan["shares"], plan["budget"], plan["mechanism"]
+    split = [{"table": table_name(s, columns), "cells": c, "share": float(w), **mechanism.spent(w, budget)}
+             for s, c, w in zip(sets, cells, shares)]
+    spent = mechanism.guarantee(mechanism.event(split), delta=p.delta)
+    return {"task": "tabulate", "private": True, "guarantee": f"{spent.statement}; neighbours: {NEIGHBOURS}; for "
+            "every file under tables/", "epsilon": spent.epsilon, "delta": spent.delta,
+            "accountant": spent.accounting, "mechanism": p.mechanism,
             "sampler": "OpenDP's exact discrete samplers (OS CSPRNG; no noise key can reproduce them)",
             "neighbours": NEIGHBOURS, "split": conf.tabulate.split, "marginals": split,
             "domain": {c.name: list(c.levels) for c in columns},

@@ -15,13 +15,12 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from dptrain.data.geography import simulate_geography
-from dptrain.privacy.accounting import history_epsilon
-from dptrain.privacy.events import zcdp_event
 from dptrain.privacy.randomness import Randomness
-from dptrain.release.tables.marginals import gaussian_rho
-from dptrain.release.tables.topdown import bottom_up, evaluate, measure, no_post_processing, topdown
-from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json, write_manifest
-from dptrain.settings.topdown import TopDownRunConfig, validate_topdown
+from dptrain.release.oneshot import ONE_SHOT
+from dptrain.release.tables.topdown import bottom_up, evaluate, no_post_processing
+from dptrain.release.zcdp import gaussian_rho
+from dptrain.runfolder.folder import Report, RunFolder
+from dptrain.settings.topdown import TopDownRunConfig, geography_settings, validate_topdown
 
 log = logging.getLogger("dptrain.topdown")
 
@@ -35,22 +34,22 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     t, p = conf.topdown, conf.privacy
     geo = simulate_geography(conf.seed, states=t.states, counties=t.counties, population=t.population)
     rho = gaussian_rho(p.epsilon, p.delta)
-    m = measure(geo, rho, shares=tuple(float(s) for s in t.shares), invariants=t.invariants)
-    est = topdown(geo.hierarchy, m, rng=Randomness.fresh().numpy("topdown-ties"))
-    files = []
+    mechanism = ONE_SHOT.get("topdown")
+    m, est = mechanism.release(geo, geography_settings(t), rho=rho, rng=Randomness.fresh().numpy("topdown-ties"))
+    folder, files = RunFolder.of(run_dir), []
+    folder.publishable("tables/", "each level's released counts (covered by the guarantee; invariants exact)")
     for level, table in zip(geo.levels, est):
         frame = pd.DataFrame(table, columns=list(geo.hierarchy.cell_labels))
         frame.insert(0, "unit", list(geo.names[geo.levels.index(level)]))
-        name = f"tables/{level}.csv"
-        (run_dir / "tables").mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run_dir / name, frame.to_csv(index=False))
-        files.append(name)
+        files.append(f"tables/{level}.csv")
+        folder.write_text(files[-1], frame.to_csv(index=False))
     rows = [evaluate(geo, e).assign(method=name) for name, e in (
         ("topdown", est), ("bottom_up", bottom_up(geo.hierarchy, m)), ("no_post_processing",
                                                                        no_post_processing(geo.hierarchy, m)))]
     evaluation = pd.concat(rows, ignore_index=True)
-    atomic_write_text(private_dir(run_dir) / "evaluation.csv", evaluation.to_csv(index=False, float_format="%.6g"))
-    eps = history_epsilon([(zcdp_event(m.rho), 1)], delta=p.delta, accountant="rdp")
+    folder.write_text("evaluation.csv", evaluation.to_csv(index=False, float_format="%.6g"),
+                      "TopDown, bottom-up and no post-processing against the simulated truth", private=True)
+    eps = mechanism.guarantee(mechanism.event(m), delta=p.delta).epsilon
     guarantee = (f"({eps:.4g}, {p.delta:.3g})-DP, {m.rho:.6g}-zCDP in all (levels' rho summed: "
                  + ", ".join(f"{lv} {r:.4g}" for lv, r in zip(geo.levels, m.rhos))
                  + f"), neighbours: {NEIGHBOURS}; the invariants ({t.invariants}) are released EXACTLY, outside "
@@ -62,14 +61,8 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
               "post_processing": "top down: per parent, the children's cells projected onto the nonnegative "
                                  "vectors summing to the parent's (simplex projection), rounded keeping the sums; "
                                  "structural zeros kept at 0", "files": files}
-    write_json(run_dir / "privacy.json", report)
-    atomic_write_text(run_dir / "privacy.txt", guarantee + "\n")
-    write_manifest(run_dir, publishable={"privacy.json, privacy.txt": "this report", "tables/": "each level's "
-                                         "released counts (covered by the guarantee; invariants exact)",
-                                         "FILES.txt": "this list", ".hydra/": "the configuration"},
-                   private={"private/evaluation.csv": "TopDown, bottom-up and no post-processing against the "
-                            "simulated truth", "private/dptrain.log": "the log"},
-                   guarantee=guarantee, report="privacy.json", finite_guarantee=True)
+    folder.finish(guarantee=guarantee, finite_guarantee=True, report=Report(
+        "privacy.json", report, "this report", text=lambda body: body["guarantee"] + "\n"))
     tract = evaluation[(evaluation.method == "topdown") & (evaluation.level == geo.levels[-1])]
     log.info("privacy: %s", guarantee)
     log.info("topdown: %s; tract cells' mean absolute error %.3g (bottom-up %.3g) -> %s/tables/",

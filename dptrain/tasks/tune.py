@@ -57,25 +57,25 @@ from dptrain.data import load_dataset, write_data_diagnostics
 from dptrain.inference.run import coefficient_section
 from dptrain.inference.subsample import row_uniform
 from dptrain.models.objectives import build_objective
-from dptrain.privacy.accounting import history_epsilon
+from dptrain.privacy.accounting import RDP, history_epsilon
 from dptrain.privacy.calibration import Unreachable, smallest_noise
 from dptrain.privacy.dpsgd.mechanism import DPSGDMechanism, planned_steps
 from dptrain.privacy.events import private_search
-from dptrain.privacy.report import (
-    NOT_COVERED,
-    build_report,
-    files_section,
-    format_report,
-    noise_sampler_section,
-    summary_lines,
-)
-from dptrain.runfolder.tracking import atomic_write_text, finite_epsilon, private_dir, write_json, write_manifest
+from dptrain.privacy.report import NOT_COVERED, build_report, format_report, noise_sampler_section, summary_lines
+from dptrain.runfolder.folder import Report, RunFolder
+from dptrain.runfolder.tracking import finite_epsilon
 from dptrain.settings.command_line import check_known_keys
 from dptrain.settings.train import validate_against_size
 from dptrain.settings.tune import LAWS, TuneRunConfig, check_tune, flatten_space, validate_tune
-from dptrain.tasks.outputs import publishable_metrics, randomness_for
-from dptrain.training.checkpoint import MODEL_FILENAME, save_model
-from dptrain.training.fit import LaunchConfig, bound_to_rows, build_model, data_spec_from_config, fit
+from dptrain.tasks.outputs import (
+    publishable_metrics,
+    randomness_for,
+    training_files,
+    write_metrics,
+    write_model_files,
+)
+from dptrain.tasks.plan import training_plan
+from dptrain.training.fit import LaunchConfig, bound_to_rows, build_model, fit
 
 __all__ = ["LAWS", "CandidateLaw", "calibrate_search", "console_withheld", "draw_settings",
            "flatten_space", "row_scores", "run_task", "search_epsilon", "select_best", "selection_key",
@@ -155,7 +155,7 @@ def search_epsilon(law: CandidateLaw, *, delta: float, sample_rate: float, noise
     """Epsilon of the whole search (RDP; the ``private_search`` event of dptrain.privacy.events)."""
     event = private_search(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps,
                            score_noise=score_noise, mean=law.mean, shape=law.dp_shape)
-    return history_epsilon(((event, 1),), delta=delta, accountant="rdp")
+    return history_epsilon(((event, 1),), delta=delta, accountant=RDP)
 
 
 def calibrate_search(law: CandidateLaw, *, target_epsilon: float, delta: float, sample_rate: float, steps: int,
@@ -322,10 +322,10 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     check_tune(conf)
     space = candidate_configs(cfg)
     randomness = randomness_for(conf, cfg, run_dir=run_dir)
-    objective = build_objective(conf.objective)
-    check_scorable(objective)
-    build_model(conf, spec=data_spec_from_config(conf.data), objective=objective)
-    data = load_dataset(conf.data, seed=conf.seed)
+    plan = training_plan(conf)
+    check_scorable(plan.objective)
+    build_model(plan)
+    data = load_dataset(plan.data, seed=plan.seed)
     randomness = bound_to_rows(randomness, data)
     delta = validate_against_size(conf, data.n_train)
     mask = validation_mask(data.x_train, data.y_train, fraction=conf.tune.validation_fraction, seed=conf.seed)
@@ -339,7 +339,7 @@ def _run_candidates(cfg: Any, conf: Any, search: Search, fit_data: Any, validati
                     ) -> tuple[dict | None, list[dict]]:
     """K candidates (K from the law, secret): each trained, scored with noise; the best kept
     (:func:`select_best`). Nothing is printed per candidate (:func:`console_withheld`)."""
-    objective = build_objective(conf.objective)
+    objective = build_objective(conf.objective.name)
     secret = randomness.numpy("tune-search")
     k = search.law.sample(secret)
     score_noise = randomness.torch("tune-score")
@@ -371,10 +371,10 @@ def _fit_candidate(trial: Any, search: Search, fit_data: Any, randomness: Any) -
     mech = DPSGDMechanism(enabled=True, noise_multiplier=search.sigma,
                           max_grad_norm=float(conf_i.privacy.max_grad_norm),
                           expected_batch_size=conf_i.trainer.batch_size, dataset_size=search.n_fit,
-                          planned_steps=search.steps, delta=search.delta, accountant="rdp",
+                          planned_steps=search.steps, delta=search.delta, accountant=RDP.name,
                           noise_multiplier_source="calibrated (task=tune: the whole search)",
                           target_epsilon=conf_i.privacy.target_epsilon)
-    return fit(conf_i, fit_data, mechanism=mech, launch=LaunchConfig(randomness=randomness, quiet=True))
+    return fit(training_plan(conf_i), fit_data, mechanism=mech, launch=LaunchConfig(randomness=randomness, quiet=True))
 
 
 def _not_on_console(record: logging.LogRecord) -> bool:
@@ -440,11 +440,11 @@ def _report(conf: Any, data: Any, search: Search, best: dict) -> dict[str, Any]:
     record = {**result.privacy, "steps": search.steps, "epochs": search.steps * search.sample_rate,
               "delta_source": "config" if conf.privacy.delta is not None else "default: largest power of ten <= "
               "1/(10 N)"}
-    report = build_report(mechanism=record, epsilons={"rdp": eps}, accountant="rdp", seed=conf.seed,
-                          data_source=data.source, test_public=bool(conf.data.test_public))
+    report = build_report(mechanism=record, epsilons={RDP.name: eps}, accountant=RDP.name, seed=conf.seed,
+                          data_source=data.source)
     report.update(guarantee=_guarantee(search), tuning=_tuning_section(conf, search, best),
                   target_epsilon=conf.privacy.target_epsilon,
-                  accountant_notes={"rdp": "Renyi DP of the repeat-and-select search (Papernot & Steinke 2022) over "
+                  accountant_notes={RDP.name: "Renyi DP of the repeat-and-select search (Papernot & Steinke 2022) over "
                                     "one candidate's composed RDP (its Poisson-subsampled Gaussian steps and the "
                                     "Gaussian score), dp-accounting RdpAccountant, improved conversion; PLD: no "
                                     "repeat-and-select bound, not reported"},
@@ -456,10 +456,6 @@ def _report(conf: Any, data: Any, search: Search, best: dict) -> dict[str, Any]:
         sampler["steps_rule"] = "E[K] x T: the expected number of candidates times each candidate's steps"
         report.update(noise_sampler=sampler, delta_total=sampler["delta_total"],
                       guarantee=_guarantee(search, sampler["delta_total"]))
-    files = files_section(test_public=bool(conf.data.test_public), checkpoint=False)
-    files["private"]["private/candidates.jsonl"] = ("every candidate's settings, noisy and non-private validation "
-                                                    "scores and model digest: reveals the number of candidates")
-    report["files"] = files
     return report
 
 
@@ -479,43 +475,41 @@ TUNE_COEFFICIENTS = ("task=tune: the selected model's estimates only (the whole 
 def _write(conf: Any, cfg: Any, *, run_dir: Path, data: Any, best: dict | None, records: list[dict],
            search: Search) -> float:
     """One run folder: the selected model and ONE report covering the search (module docstring)."""
-    atomic_write_text(run_dir / ".hydra" / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    folder = RunFolder.of(run_dir)
     if best is None:  # Poisson drew K = 0: nothing trained, nothing to release (part of the analysed law)
+        folder.write_text(".hydra/resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         report = {"private": True, "guarantee": _guarantee(search), "epsilon": search.epsilon,
-                  "delta": search.delta, "accountant": "rdp", "epsilons": {"rdp": search.epsilon},
+                  "delta": search.delta, "accountant": RDP.name, "epsilons": {RDP.name: search.epsilon},
                   "tuning": _tuning_section(conf, search, None), "released": "no model: the law drew no candidate"}
-        write_json(run_dir / "privacy.json", report)
-        atomic_write_text(run_dir / "privacy.txt", json.dumps(report, indent=2) + "\n")
-        write_manifest(run_dir, publishable={"privacy.json, privacy.txt": "this report (no model: the law drew no "
-                                             "candidate)", "FILES.txt": "this list", ".hydra/": "the configuration"},
-                       private={"private/dptrain.log": "the log"}, guarantee=report["guarantee"], report="privacy.json",
-                       finite_guarantee=finite_epsilon(search.epsilon))
+        folder.finish(guarantee=report["guarantee"], finite_guarantee=finite_epsilon(search.epsilon), report=Report(
+            "privacy.json", report, "this report (no model: the law drew no candidate)",
+            text=lambda body: json.dumps(body, indent=2) + "\n"))
         return float("nan")
     report = _report(conf, data, search, best)
-    table = coefficient_section(conf, best["result"], report)  # a linear model: its estimates (no interval)
+    plan = training_plan(conf)
+    why = training_files(test_public=bool(plan.test_public), covered=True)
+    table = coefficient_section(plan, best["result"], report)  # a linear model: its estimates (no interval)
     if table is not None:
         table["frame"]["method"] = TUNE_COEFFICIENTS
-        atomic_write_text(run_dir / "coefficients.csv", table["frame"].to_csv(index=False, float_format="%.10g"))
-        report["files"]["publishable"]["coefficients.csv"] = (
-            "the selected model's coefficients on the original scale (estimates only): a function of the "
-            "released model (covered by the guarantee)")
     m = best["result"].metrics
-    public = publishable_metrics(conf, {k: v for k, v in m.items() if not k.startswith(("time/", "baseline/"))},
-                                 report)
+    kept = {k: v for k, v in m.items() if not k.startswith(("time/", "baseline/"))}
+    public = publishable_metrics(plan, kept, report)
     public["tune/selected_score_dp"] = best["score"]
-    write_json(private_dir(run_dir) / "metrics.json", {**m, **public})
-    write_json(run_dir / "metrics.json", public)
-    atomic_write_text(private_dir(run_dir) / "candidates.jsonl",
-                      "".join(json.dumps({**r, "selected": r["candidate"] == best["index"]}) + "\n" for r in records))
-    save_model(run_dir / MODEL_FILENAME, model=best["result"].model,
-               model_config=OmegaConf.to_container(best["cfg"].model, resolve=True),
-               feature_names=list(data.feature_names), schema=conf.data, objective=conf.objective.name, report=report)
-    files = report["files"]
-    files["private"].update(write_data_diagnostics(run_dir, data))
-    write_json(run_dir / "privacy.json", report)
-    atomic_write_text(run_dir / "privacy.txt", format_report(report))
-    write_manifest(run_dir, publishable=files["publishable"], private=files["private"], guarantee=report["guarantee"],
-                   report="privacy.json", finite_guarantee=finite_epsilon(search.epsilon))
+    write_model_files(folder, plan, cfg, model=best["result"].model, data=data, report=report,
+                      model_config=OmegaConf.to_container(best["cfg"].model, resolve=True))
+    write_metrics(folder, m, public, why)
+    folder.private("tb/", why["private/tb/"])
+    if table is not None:
+        folder.write_text("coefficients.csv", table["frame"].to_csv(index=False, float_format="%.10g"),
+                          "the selected model's coefficients on the original scale (estimates only): a function of "
+                          "the released model (covered by the guarantee)")
+    folder.write_text("candidates.jsonl", "".join(json.dumps({**r, "selected": r["candidate"] == best["index"]})
+                                                  + "\n" for r in records),
+                      "every candidate's settings, noisy and non-private validation scores and model digest: "
+                      "reveals the number of candidates", private=True)
+    folder.record(write_data_diagnostics(folder.path, data))
+    folder.finish(guarantee=report["guarantee"], finite_guarantee=finite_epsilon(search.epsilon), report=Report(
+        "privacy.json", report, why["privacy.json, privacy.txt"], text=format_report, listing=True))
     log.info("tune: selected %s (noisy validation score %.4f); epsilon %.6g for the whole search",
              best["settings"], best["score"], search.epsilon)
     lines = summary_lines(best["result"], {**report, "estimator": {} if table is None else {

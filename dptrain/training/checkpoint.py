@@ -245,14 +245,7 @@ RENAMED_TARGETS = {"dptrain.models.logit": "dptrain.models.networks.logit",
                    "dptrain.models.mlp": "dptrain.models.networks.mlp"}
 
 
-def public_schema(data_config: Any) -> Any:
-    """The run's PUBLIC schema resolved from its data config (any source's settings, a DictConfig
-    or a mapping; :func:`dptrain.data.schema_from_config`): target, positive label, numeric
-    bounds and transforms, category lists (Adult's shipped schema, synthetic data's ranges)."""
-    return schema_from_config(data_config)
-
-
-def schema_to_dict(schema: Any) -> dict[str, Any]:
+def schema_to_dict(schema: Schema) -> dict[str, Any]:
     """The public feature encoder as plain values (what model.pt stores): no row enters it."""
     out = {
         "target": schema.target,
@@ -277,8 +270,8 @@ def schema_to_dict(schema: Any) -> dict[str, Any]:
     return out
 
 
-def schema_from_dict(stored: dict[str, Any], path: Path) -> Any:
-    """The :class:`dptrain.data.table.Schema` a model file stores, checked again by the data
+def schema_from_dict(stored: dict[str, Any], path: Path) -> Schema:
+    """The :class:`dptrain.data.schema.Schema` a model file stores, checked again by the data
     module's own parser; its feature names must be the ones the model was trained on."""
     try:
         schema = schema_from_config({
@@ -298,14 +291,14 @@ def schema_from_dict(stored: dict[str, Any], path: Path) -> Any:
 
 
 def save_model(path: Path, *, model: torch.nn.Module, model_config: dict, feature_names: list[str],
-               schema: Any, objective: str, report: dict[str, Any]) -> None:
+               schema: Schema, objective: str, report: dict[str, Any]) -> None:
     """The publishable model file (``model.pt``): final weights, the model's config (to rebuild
-    it), the objective's name and the PUBLIC feature encoder resolved from ``schema`` (the data
-    config, or a Schema): target, positive label, numeric bounds and transforms, category lists,
+    it), the objective's name and the PUBLIC feature encoder of ``schema`` (the run's checked
+    public schema): target, positive label, numeric bounds and transforms, category lists,
     feature names. Nothing in it is computed from private rows except the weights, which the
     run's guarantee covers (its ``guarantee``, epsilon and delta are stored beside them).
     Loadable with ``torch.load(path, weights_only=True)`` and :func:`load_model`."""
-    resolved = schema if isinstance(schema, Schema) else public_schema(schema)
+    resolved = schema
     if tuple(feature_names) != tuple(resolved.feature_names):
         raise CheckpointError(f"cannot write {path}: the model's features are not those of its public schema")
     atomic_torch_save({

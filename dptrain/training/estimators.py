@@ -70,6 +70,8 @@ from dptrain.core.validation import ConfigError, bad, integer, is_finite, is_rea
 from dptrain.models.networks import logit, mlp
 from dptrain.models.optimizers import eager_class
 from dptrain.privacy import newton
+from dptrain.privacy.accounting import DEFAULT
+from dptrain.privacy.budget import INTERVALS, Budget
 from dptrain.privacy.events import gaussian_event
 from dptrain.privacy.newton_terms import MAX_HESSIAN_NOISE, predict_claims, reference_design, reference_statistics
 from dptrain.settings.train import MAX_TARGET_EPSILON
@@ -221,7 +223,7 @@ class DPEstimatorConfig:
     epochs: float = 10.0
     lr: float = 1.0
     momentum: float = 0.0
-    accountant: str = "rdp"
+    accountant: str = DEFAULT.name
     engine: str = "auto"
     random_state: int | None = None
 
@@ -388,8 +390,9 @@ class _DPEstimator(BaseEstimator):
         """DP-SGD's settings: with an interval release, (1 - share) of ``epsilon``."""
         share, eps = self._share(), self.epsilon
         if share > 0 and eps is not None and self.noise_multiplier is None:
-            eps = real("epsilon", eps, f"must be a number in (0, {MAX_TARGET_EPSILON:g}]", lo=0, hi=MAX_TARGET_EPSILON,
-                       lo_open=True) * (1.0 - share)
+            whole = real("epsilon", eps, f"must be a number in (0, {MAX_TARGET_EPSILON:g}]", lo=0,
+                         hi=MAX_TARGET_EPSILON, lo_open=True)
+            eps = Budget(target=whole).with_share(INTERVALS, share).dpsgd.target
         return DPConfig(noise_multiplier=self.noise_multiplier, target_epsilon=eps,
                         max_grad_norm=self.max_grad_norm, batch_size=self.batch_size, epochs=self.epochs,
                         delta=self.delta, accountant=self.accountant, engine=self.engine)

@@ -23,13 +23,14 @@ from omegaconf import OmegaConf
 from torch import nn
 from tqdm import tqdm
 
+from dptrain.core.dataspec import DataSpec
 from dptrain.core.device import describe, resolve_device
 from dptrain.core.validation import ConfigError
-from dptrain.data import Dataset, _synthetic_schema, schema_from_config
+from dptrain.data import Dataset
 from dptrain.data.shards import SHARDED_NOTE, baseline_data
-from dptrain.models.objectives import DataSpec, build_objective
 from dptrain.models.optimizers import build_optimizer
-from dptrain.privacy.accounting import REPORTED, PrivacyAccountant
+from dptrain.privacy.accounting import DEFAULT, RDP, REPORTED, PrivacyLedger, accountant_named
+from dptrain.privacy.budget import Budget
 from dptrain.privacy.curves import TAG as CURVE_TAG
 from dptrain.privacy.curves import CurveConfig, resolve_loss_bound
 from dptrain.privacy.dpsgd.engine import GradientEngine
@@ -41,7 +42,6 @@ from dptrain.privacy.dpsgd.sampling import DevicePoissonSampler, make_sampler
 from dptrain.privacy.randomness import Randomness, data_digest
 from dptrain.runfolder.stopping import RunStopped, StopSignals
 from dptrain.runfolder.tracking import Tracker
-from dptrain.settings.train import Config
 from dptrain.training import checkpoint  # checkpoint.save_checkpoint: looked up per call (crash tests wrap it)
 from dptrain.training.checkpoint import (
     Checkpoint,
@@ -52,6 +52,7 @@ from dptrain.training.checkpoint import (
     resolve_resume,
     restore,
 )
+from dptrain.training.plan import Loop, TrainingPlan
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class TrainResult:
     model: nn.Module
     metrics: dict[str, float]
     privacy: dict[str, Any]  # the mechanism and how the run went (input to the privacy report)
-    accountant: PrivacyAccountant = field(default_factory=PrivacyAccountant)
+    accountant: PrivacyLedger = field(default_factory=PrivacyLedger)
     mechanism: DPSGDMechanism | None = None
     inference: dict[str, Any] | None = None  # what an estimator's coefficient table needs (dptrain.inference)
     curve: tuple[float, ...] = ()  # the dp/ curve's values released by this process (DP releases), in step order
@@ -103,58 +104,40 @@ def bound_to_rows(randomness: Randomness, data: Dataset, *, dist: Any = None) ->
 # ------------------------------------------------------------------------------ set-up pieces
 
 
-def _public_schema(data_cfg: Any) -> Any:
-    if (data_cfg.get("name") if isinstance(data_cfg, dict) else getattr(data_cfg, "name", None)) == "synthetic":
-        _, _, numeric = _synthetic_schema(data_cfg)
-        return schema_from_config(data_cfg, numeric=numeric)
-    return schema_from_config(data_cfg)
-
-
-def public_feature_count(data_cfg: Any) -> int:
-    """The model's input width from the PUBLIC schema alone (no row is read): numeric columns
-    plus, per categorical column, its declared labels and the other slot."""
-    return len(_public_schema(data_cfg).feature_names)
-
-
-def data_spec_from_config(data_cfg: Any, *, extra_features: int = 0) -> DataSpec:
-    """The data's description (feature width, target kind, declared classes or target bounds)
-    from its public schema (no row is read)."""
-    return _public_schema(data_cfg).data_spec(extra_features=extra_features)
-
-
-def build_model(cfg: Config, *, spec: DataSpec, objective: Any) -> nn.Module:
-    """Instantiate ``model`` (Hydra ``_target_``) for the data's description and the objective's
-    output width and, for a private run, refuse it unless every example's output depends on that
-    example alone (:func:`dptrain.privacy.dpsgd.model_check.check_model`)."""
-    objective.check_data(spec)
-    width = objective.output_width(spec)
+def build_model(plan: TrainingPlan, *, spec: DataSpec | None = None) -> nn.Module:
+    """Instantiate the plan's model (Hydra ``_target_``) for the data's description (``spec``,
+    default the plan's) and the objective's output width and, for a private run, refuse it unless
+    every example's output depends on that example alone
+    (:func:`dptrain.privacy.dpsgd.model_check.check_model`)."""
+    spec = plan.spec if spec is None else spec
+    plan.objective.check_data(spec)
+    width = plan.objective.output_width(spec)
     extra = {} if width == 1 else {"out_features": width}
     with torch.device("cpu"):  # built on the CPU from the public seed (the same weights on every device), then moved
-        model = instantiate(OmegaConf.create(cfg.model) if isinstance(cfg.model, dict) else cfg.model,
-                            in_features=spec.n_features, **extra)
-    if cfg.privacy.enabled:
+        model = instantiate(OmegaConf.create(dict(plan.model)), in_features=spec.n_features, **extra)
+    if plan.private:
         check_model(model, in_features=spec.n_features)
     return model
 
 
-def mechanism_for(cfg: Config, *, dataset_size: int, delta: float, curves: bool = True,
+def mechanism_for(plan: TrainingPlan, *, dataset_size: int, delta: float, curves: bool = True,
                   quiet: bool = False) -> DPSGDMechanism:
-    """The run's mechanism from its settings and the PUBLIC N (sigma given or calibrated), with
-    the dp/ training-loss curve when the run is private and ``trainer.dp_curves`` is on (and
-    ``curves``: the audit passes False, dptrain.privacy.curves)."""
-    return DPSGDMechanism.from_settings(privacy=cfg.privacy, epochs=cfg.trainer.epochs,
-                                        expected_batch_size=cfg.trainer.batch_size, dataset_size=dataset_size,
-                                        delta=delta, curves=curve_config(cfg) if curves else None, quiet=quiet)
+    """The mechanism of DP-SGD's part of the plan's budget (:attr:`Budget.dpsgd`) and the PUBLIC N
+    (sigma given or calibrated), with the dp/ training-loss curve when the run is private and
+    ``trainer.dp_curves`` is on (and ``curves``: the audit passes False, dptrain.privacy.curves)."""
+    return DPSGDMechanism.from_budget(plan.budget.dpsgd, max_grad_norm=plan.max_grad_norm, epochs=plan.loop.epochs,
+                                      expected_batch_size=plan.loop.batch_size, dataset_size=dataset_size,
+                                      delta=delta, curves=curve_config(plan) if curves else None, quiet=quiet)
 
 
-def curve_config(cfg: Config) -> CurveConfig | None:
+def curve_config(plan: TrainingPlan) -> CurveConfig | None:
     """What the run asks of its dp/ curve (None: no curve): ``trainer.log_every``,
     ``trainer.curve_budget_share`` and the loss bound L (``trainer.curve_loss_bound`` or the
     objective's default for the PUBLIC data description)."""
-    t = cfg.trainer
-    if not (cfg.privacy.enabled and t.dp_curves):
+    t = plan.loop
+    if not (plan.private and t.dp_curves):
         return None
-    bound, source = resolve_loss_bound(t, build_objective(cfg.objective), data_spec_from_config(cfg.data))
+    bound, source = resolve_loss_bound(t.curve_loss_bound, plan.objective, plan.spec)
     return CurveConfig(log_every=t.log_every, budget_share=float(t.curve_budget_share), loss_bound=bound,
                        loss_bound_source=source)
 
@@ -163,13 +146,13 @@ def curve_config(cfg: Config) -> CurveConfig | None:
 class _Run:
     """Everything the loop touches, built by :func:`_set_up`."""
 
-    cfg: Config
+    plan: TrainingPlan
     mechanism: DPSGDMechanism
     objective: Any
     model: nn.Module
     optimizer: torch.optim.Optimizer
     engine: GradientEngine
-    accountant: PrivacyAccountant
+    accountant: PrivacyLedger
     sampler: Any  # PoissonSampler (CPU), PinnedPoissonSampler or DevicePoissonSampler (GPU)
     x: torch.Tensor
     y: torch.Tensor
@@ -196,31 +179,30 @@ class _Run:
         return self.mechanism.fingerprint(world_size=self.world, randomness=self.randomness.mode)
 
 
-def run_device(cfg: Config, *, distributed: bool | None = None) -> torch.device:
+def run_device(loop: Loop, *, distributed: bool | None = None) -> torch.device:
     """The run's device from ``trainer.device`` (:mod:`dptrain.core.device`); raises before any row
     is read when it does not exist here."""
-    t = cfg.trainer
-    distributed = t.distributed if distributed is None else distributed
-    return resolve_device(getattr(t, "device", "cpu"), distributed=distributed)
+    distributed = loop.distributed if distributed is None else distributed
+    return resolve_device(loop.device, distributed=distributed)
 
 
-def _set_up(cfg: Config, data: Dataset, mechanism: DPSGDMechanism, launch: LaunchConfig) -> _Run:
+def _set_up(plan: TrainingPlan, data: Dataset, mechanism: DPSGDMechanism, launch: LaunchConfig) -> _Run:
     """Threads, the initial weights (from the public ``seed``), the secret streams, the model,
     optimiser, engine (built BY the mechanism), accountant and this rank's sampler, everything
     on the run's device (``trainer.device``)."""
-    if cfg.trainer.threads > 0:
-        torch.set_num_threads(cfg.trainer.threads)
-    torch.manual_seed(cfg.seed)  # model initialisation only: public, data-independent
+    if plan.loop.threads > 0:
+        torch.set_num_threads(plan.loop.threads)
+    torch.manual_seed(plan.seed)  # model initialisation only: public, data-independent
     dist = launch.dist
     rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
-    device = run_device(cfg, distributed=dist is not None)
+    device = run_device(plan.loop, distributed=dist is not None)
     randomness = launch.randomness if launch.randomness is not None else Randomness.fresh()
     if not randomness.bound:  # a noise key handed to fit() directly: bound to the rows it trains on
         randomness = bound_to_rows(randomness, data, dist=dist)
-    objective = build_objective(cfg.objective)
-    model = build_model(cfg, spec=data.spec, objective=objective).to(device)
-    optimizer = build_optimizer(cfg.optim, [p for p in model.parameters() if p.requires_grad])
-    engine = mechanism.build_engine(model, engine=cfg.trainer.engine, objective=objective,
+    objective = plan.objective
+    model = build_model(plan, spec=data.spec).to(device)
+    optimizer = build_optimizer(dict(plan.optim), [p for p in model.parameters() if p.requires_grad])
+    engine = mechanism.build_engine(model, engine=plan.loop.engine, objective=objective,
                                     generator=randomness.torch("gaussian-noise", device=device))
     # this rank's shard (all rows when not distributed): rows rank, rank + W, rank + 2W, ...; a
     # sharded read (data.shard) holds only this rank's rows already (dptrain.data.shards)
@@ -229,15 +211,15 @@ def _set_up(cfg: Config, data: Dataset, mechanism: DPSGDMechanism, launch: Launc
     x, y = x.to(device), y.to(device)
     sampler = make_sampler(num_rows=x.shape[0], sample_rate=mechanism.sample_rate, randomness=randomness,
                            index=rank, device=device)
-    return _Run(cfg=cfg, mechanism=mechanism, objective=objective, model=model, optimizer=optimizer, engine=engine,
-                accountant=PrivacyAccountant(), sampler=sampler, x=x, y=y, launch=launch, randomness=randomness,
+    return _Run(plan=plan, mechanism=mechanism, objective=objective, model=model, optimizer=optimizer, engine=engine,
+                accountant=PrivacyLedger(), sampler=sampler, x=x, y=y, launch=launch, randomness=randomness,
                 rank=rank, world=world, device=device, x_test=data.x_test.to(device))
 
 
 def _resume(run: _Run) -> None:
     """Continue from a checkpoint (``trainer.resume``): model, optimiser, the accountant's full
     history, and the secret streams where the run opted into reproducible noise."""
-    resume = run.cfg.trainer.resume
+    resume = run.plan.loop.resume
     if resume is not None and run.launch.run_dir is None:
         raise CheckpointError("trainer.resume needs a run folder")
     path = resolve_resume(resume, run.launch.run_dir) if run.launch.run_dir is not None else None
@@ -261,7 +243,7 @@ def _resume(run: _Run) -> None:
              "restored" if run.randomness.reproducible else "fresh streams from the OS CSPRNG")
 
 
-def planned_steps_within_budget(cfg: Config, accountant: PrivacyAccountant, *, done: int,
+def planned_steps_within_budget(budget: Budget, accountant: PrivacyLedger, *, done: int,
                                 mechanism: DPSGDMechanism) -> tuple[int, str]:
     """(steps to run to, stop reason) under ``privacy.max_epsilon``: the last step count whose
     epsilon (headline accountant, over the WHOLE history, resumed part included, and the dp/
@@ -269,7 +251,7 @@ def planned_steps_within_budget(cfg: Config, accountant: PrivacyAccountant, *, d
     before training: epsilon depends on the mechanism only, never on the data. A resumed
     history that already exceeds the budget is refused (its model has that epsilon whatever
     happens next)."""
-    p, planned = cfg.privacy, mechanism.planned_steps
+    p, planned = budget, mechanism.planned_steps
     if not p.enabled or p.max_epsilon is None:
         return planned, "completed the planned steps"
     if done:
@@ -296,14 +278,14 @@ def planned_steps_within_budget(cfg: Config, accountant: PrivacyAccountant, *, d
 # ------------------------------------------------------------------------------ fit
 
 
-def fit(cfg: Config, data: Dataset, *, mechanism: DPSGDMechanism, tracker: Tracker | None = None,
+def fit(plan: TrainingPlan, data: Dataset, *, mechanism: DPSGDMechanism, tracker: Tracker | None = None,
         launch: LaunchConfig | None = None, on_engine: Callable[[GradientEngine], None] | None = None) -> TrainResult:
     """Train with Poisson-sampled DP-SGD under ``mechanism``; returns the model, test metrics
     and what the report needs.
 
     ``launch.randomness`` is the source of the SECRET streams, the Poisson sampler and the noise
     (:mod:`dptrain.privacy.randomness`): by default fresh from the OS CSPRNG for this run, so no
-    output can regenerate them. ``cfg.seed`` only seeds the model's initialisation. With
+    output can regenerate them. ``plan.seed`` only seeds the model's initialisation. With
     ``launch.run_dir``, checkpoints go to ``run_dir/private/checkpoint.pt`` every
     ``trainer.checkpoint_every`` steps and at the end, and ``trainer.resume`` continues from one.
     ``privacy.max_epsilon`` stops at the last step within the budget. ``launch.dist``: one job
@@ -311,14 +293,15 @@ def fit(cfg: Config, data: Dataset, *, mechanism: DPSGDMechanism, tracker: Track
     the first step."""
     launch = launch if launch is not None else LaunchConfig()
     tracker = tracker if tracker is not None else Tracker(Path("."), tensorboard=False)
-    run = _set_up(cfg, data, mechanism, launch)
+    run = _set_up(plan, data, mechanism, launch)
     _resume(run)
     if launch.dist is not None:
         launch.dist.broadcast_parameters(run.model)
         run.engine.dist = launch.dist
     if on_engine is not None:
         on_engine(run.engine)
-    run.steps, run.stop_reason = planned_steps_within_budget(cfg, run.accountant, done=run.done, mechanism=mechanism)
+    run.steps, run.stop_reason = planned_steps_within_budget(plan.budget, run.accountant, done=run.done,
+                                                             mechanism=mechanism)
     tracker.purge_after(run.done)  # a resumed run overwrites TensorBoard points logged after its checkpoint
     with StopSignals(enabled=launch.dist is None) as stop:  # from here a stop signal ends at a step boundary
         log.log(logging.DEBUG if launch.quiet else logging.INFO, "engine=%s, N=%d, B=%d, q=%.6g, steps=%d, sigma=%g",
@@ -331,13 +314,13 @@ def fit(cfg: Config, data: Dataset, *, mechanism: DPSGDMechanism, tracker: Track
 def _loop(run: _Run, data: Dataset, tracker: Tracker, stop: StopSignals) -> float:
     """The DP-SGD steps: sample, clipped noisy gradient, optimiser step, account. Returns the
     loop's wall time."""
-    t = run.cfg.trainer
+    t = run.plan.loop
     start = time.perf_counter()
     bar = tqdm(total=run.steps, initial=min(run.done, run.steps), disable=not (t.progress and run.main),
                desc="dp-sgd" if run.mechanism.enabled else "sgd", dynamic_ncols=True)
     # draws each step's Poisson batch and runs the engine; on a GPU the unlogged steps replay one
     # CUDA graph (dptrain.privacy.dpsgd.graph)
-    batch_step = BatchStep(run.engine, run.sampler, run.x, run.y, cuda_graph=getattr(t, "cuda_graph", True))
+    batch_step = BatchStep(run.engine, run.sampler, run.x, run.y, cuda_graph=t.cuda_graph)
     if run.device.type == "cuda" and batch_step.graph_reason is not None:
         log.log(logging.DEBUG if run.launch.quiet else logging.INFO, "CUDA graph: off, %s", batch_step.graph_reason)
     # THE DP-SGD step (dptrain.privacy.dpsgd.loop): batch_step's draw and engine, then the optimiser and the accountant
@@ -354,9 +337,9 @@ def _steps(run: _Run, data: Dataset, tracker: Tracker, bar: Any, private_step: P
     noisy gradient, optimiser step, the step's event recorded when the mechanism is enabled); a
     stop signal ends the loop after the current step with a checkpoint of it
     (:mod:`dptrain.runfolder.stopping`)."""
-    t = run.cfg.trainer
+    t = run.plan.loop
     sizes, window = 0, 0  # realised batch sizes since the last log line (a non-private diagnostic)
-    average_from = average_start(run.steps, getattr(t, "average", 0.0))
+    average_from = average_start(run.steps, t.average)
     for step in range(run.done + 1, run.steps + 1):
         log_now = step % t.log_every == 0 or step == run.steps
         curve_now = run.mechanism.curve_due(step, last=run.steps)  # the dp/ curve: the same steps
@@ -426,10 +409,10 @@ def _log_step(run: _Run, tracker: Tracker, bar: Any, step: int, stats: Any, mean
     diag["diagnostics_nonprivate/batch_size"] = mean_batch if run.world == 1 else stats.batch_size
     if run.mechanism.enabled:
         diag["diagnostics_nonprivate/clip_fraction"] = stats.clipped / seen
-        diag["privacy/epsilon"] = run.accountant.get_epsilon(delta=run.mechanism.delta, accountant="rdp")
+        diag["privacy/epsilon"] = run.accountant.get_epsilon(delta=run.mechanism.delta, accountant=RDP)
         total = run.launch.total_epsilon
         spent = f"{diag['privacy/epsilon']:.3f}"
-        postfix["eps" if run.mechanism.accountant == "rdp" else "eps(rdp)"] = (
+        postfix["eps" if accountant_named(run.mechanism.accountant) is RDP else f"eps({RDP.name})"] = (
             spent if total is None else f"{spent}/{total:.3g}")  # so far, of the run's whole epsilon
     tracker.scalars(diag, step=step)
     bar.set_postfix(postfix, refresh=False)
@@ -477,7 +460,7 @@ def _summarise(run: _Run, data: Dataset, tracker: Tracker, loop_seconds: float) 
     tracker.scalars({f"test/{k}": v for k, v in test.items()}, step=final_step)
     metrics: dict[str, float] = {f"test/{k}": v for k, v in test.items()}
     metrics.update({f"baseline/{k}": v for k, v in run.objective.baseline(
-        _baseline_data(run, data), seed=run.cfg.seed, fit=run.cfg.trainer.baseline and run.main).items()})
+        _baseline_data(run, data), seed=run.plan.seed, fit=run.plan.loop.baseline and run.main).items()})
     q = run.mechanism.sample_rate
     metrics.update({
         "train/steps": final_step, "train/planned_steps": run.mechanism.planned_steps,
@@ -517,7 +500,7 @@ def _gpu_streams(run: _Run) -> str:
 
 def _record(run: _Run, final_step: int) -> dict[str, Any]:
     """The mechanism and how the run went, for the privacy report."""
-    dist, p = run.launch.dist, run.cfg.privacy
+    dist, p = run.launch.dist, run.plan.budget
     return {
         **run.mechanism.report_fields(), **run.engine.noise_record(), "engine": run.engine.name, "steps": final_step,
         "dp_curves": run.mechanism.curve_report(releases=run.accountant.count(run.mechanism.curve_event)),
@@ -544,17 +527,17 @@ def _describe_device(device: torch.device) -> str:
     return describe(device)
 
 
-def final_epsilons(result: TrainResult, *, delta: float, headline: str = "rdp") -> dict[str, float]:
+def final_epsilons(result: TrainResult, *, delta: float, headline: str = DEFAULT.name) -> dict[str, float]:
     """Epsilon of the whole run from every reported accountant and the headline one (the full
-    history is composed: PLD composes the recorded events)."""
-    names = list(dict.fromkeys(["rdp", *REPORTED, headline]))
+    history is composed: PLD composes the recorded events), by name."""
+    accountants = list(dict.fromkeys([RDP, *REPORTED, accountant_named(headline)]))
     out: dict[str, float] = {}
-    for name in names:
-        if name == "pld" and out.get("rdp", 0.0) > SLOW_PLD_EPSILON:  # no silence: say what the wait is
-            log.info("privacy: the PLD accountant's pass (epsilon about %.3g by RDP: at a large epsilon this takes "
-                     "seconds to a minute)", out["rdp"])
-        out[name] = result.accountant.get_epsilon(delta=delta, accountant=name)
-    return {name: out[name] for name in dict.fromkeys([*REPORTED, headline])}
+    for acc in accountants:
+        if acc is not RDP and out.get(RDP.name, 0.0) > SLOW_PLD_EPSILON:  # no silence: say what the wait is
+            log.info("privacy: the %s accountant's pass (epsilon about %.3g by RDP: at a large epsilon this takes "
+                     "seconds to a minute)", acc.name.upper(), out[RDP.name])
+        out[acc.name] = result.accountant.get_epsilon(delta=delta, accountant=acc)
+    return {a.name: out[a.name] for a in dict.fromkeys([*REPORTED, accountant_named(headline)])}
 
 
 #: above this RDP epsilon the PLD pass of the report can take many seconds (final_epsilons says so)

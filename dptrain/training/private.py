@@ -17,7 +17,7 @@ the mechanism (:class:`dptrain.privacy.dpsgd.mechanism.DPSGDMechanism`: sigma gi
 ``target_epsilon``, C, B, the public N and q = B/N, the planned steps, delta), the gradient
 engine it builds (so the noise applied is the noise accounted), a Poisson sampler and the noise
 generator seeded from the OS CSPRNG (:class:`dptrain.privacy.randomness.Randomness`; nothing
-you hold can regenerate them), and the :class:`dptrain.privacy.accounting.PrivacyAccountant`.
+you hold can regenerate them), and the :class:`dptrain.privacy.accounting.PrivacyLedger`.
 :meth:`PrivateTraining.report` is the privacy report a command-line run writes (privacy.json).
 
 Your loop keeps its shape; only the gradient is dptrain's: :meth:`PrivateTraining.step` takes the
@@ -61,7 +61,8 @@ from torch import nn
 from dptrain.core.errors import DPTrainError
 from dptrain.core.validation import ConfigError, bad, integer, one_of, real
 from dptrain.models.objectives import build_objective
-from dptrain.privacy.accounting import ACCOUNTANTS, REPORTED, SIGMA_RANGE, PrivacyAccountant
+from dptrain.privacy.accounting import ACCOUNTANTS, DEFAULT, REPORTED, SIGMA_RANGE, PrivacyLedger
+from dptrain.privacy.budget import Budget
 from dptrain.privacy.dpsgd.engine import ENGINES
 from dptrain.privacy.dpsgd.loop import PrivateStep
 from dptrain.privacy.dpsgd.mechanism import DPSGDMechanism
@@ -69,7 +70,7 @@ from dptrain.privacy.dpsgd.model_check import check_loss, check_model
 from dptrain.privacy.dpsgd.sampling import make_sampler
 from dptrain.privacy.randomness import Randomness, data_digest
 from dptrain.privacy.report import build_report
-from dptrain.settings.train import GRAD_NORM_RANGE, MAX_STEPS, MAX_TARGET_EPSILON, PrivacyConfig, default_delta
+from dptrain.settings.train import GRAD_NORM_RANGE, MAX_STEPS, MAX_TARGET_EPSILON, default_delta
 
 __all__ = ["DPConfig", "PrivateTraining", "make_private"]
 
@@ -89,7 +90,7 @@ class DPConfig:
     batch_size: int = 256
     epochs: float = 1.0
     delta: float | None = None
-    accountant: str = "rdp"
+    accountant: str = DEFAULT.name
     engine: str = "auto"  # auto (fast book-keeping when the model allows, else Opacus) | fast | opacus
     calibration_rtol: float = 1e-3
 
@@ -226,7 +227,7 @@ class PrivateTraining:
                                                                                   device=self.device))
         self.sampler = make_sampler(num_rows=n, sample_rate=self.mechanism.sample_rate, randomness=self.randomness,
                                     index=0, device=self.device)
-        self.accountant = PrivacyAccountant()
+        self.accountant = PrivacyLedger()
         #: THE DP-SGD step (dptrain.privacy.dpsgd.loop): batches() draws from it, step() applies it
         self.private_step = PrivateStep(self.engine, self.sampler, optimizer, self.x, self.y,
                                         accountant=self.accountant)
@@ -289,12 +290,15 @@ def planned_mechanism(config: DPConfig, n: int, *, names: dict[str, str] | None 
     return _mechanism(config, n=n, delta=check_dp_config(config, n, names=names), quiet=True)
 
 
+def budget_of(c: DPConfig, *, delta: float) -> Budget:
+    """The :class:`Budget` of a :class:`DPConfig` (the Python API's door)."""
+    return Budget(enabled=True, target=c.target_epsilon, noise_multiplier=c.noise_multiplier, delta=delta,
+                  accountant=c.accountant, rtol=c.calibration_rtol)
+
+
 def _mechanism(c: DPConfig, *, n: int, delta: float, quiet: bool = False) -> Any:
-    privacy = PrivacyConfig(enabled=True, noise_multiplier=c.noise_multiplier, target_epsilon=c.target_epsilon,
-                            max_grad_norm=c.max_grad_norm, delta=delta, accountant=c.accountant,
-                            calibration_rtol=c.calibration_rtol)
-    return DPSGDMechanism.from_settings(privacy, epochs=c.epochs, expected_batch_size=c.batch_size, dataset_size=n,
-                                        delta=delta, quiet=quiet)
+    return DPSGDMechanism.from_budget(budget_of(c, delta=delta), max_grad_norm=c.max_grad_norm, epochs=c.epochs,
+                                      expected_batch_size=c.batch_size, dataset_size=n, delta=delta, quiet=quiet)
 
 
 def training_report(run: PrivateTraining, *, data_source: str, seed: int | None) -> dict[str, Any]:
@@ -311,11 +315,10 @@ def training_report(run: PrivateTraining, *, data_source: str, seed: int | None)
         "randomness": run.randomness.describe(), "randomness_mode": run.randomness.mode, "distributed": None,
         "device": str(run.device),
     }
-    names = list(dict.fromkeys([*REPORTED, run.config.accountant]))
+    names = list(dict.fromkeys([*(a.name for a in REPORTED), run.config.accountant]))
     epsilons = {name: run.accountant.get_epsilon(delta=m.delta, accountant=name) for name in names}
     report = build_report(mechanism=record, epsilons=epsilons, accountant=run.config.accountant,
-                          seed=seed, data_source=data_source, test_public=False)
-    report.pop("files", None)  # no run folder
+                          seed=seed, data_source=data_source)
     return report
 
 

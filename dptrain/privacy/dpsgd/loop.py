@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from dptrain.privacy.accounting import PrivacyAccountant
+from dptrain.privacy.accounting import PrivacyLedger
 from dptrain.privacy.dpsgd.base import GradientEngine, StepStats
 from dptrain.privacy.events import Event
 
@@ -45,7 +45,7 @@ class PrivateStep:
     :meth:`draw` + the engine."""
 
     def __init__(self, engine: GradientEngine, sampler: Any, optimizer: torch.optim.Optimizer, x: torch.Tensor,
-                 y: torch.Tensor, *, accountant: PrivacyAccountant | None = None,
+                 y: torch.Tensor, *, accountant: PrivacyLedger | None = None,
                  batch_step: Callable[[], StepStats] | None = None) -> None:
         self.engine, self.sampler, self.optimizer = engine, sampler, optimizer
         self.x, self.y = x, y

@@ -26,7 +26,8 @@ from typing import Any
 
 from dptrain.core.neighbours import Neighbours
 from dptrain.core.validation import ConfigError
-from dptrain.privacy.accounting import AccountingError, calibrate_noise_multiplier
+from dptrain.privacy.accounting import PLD, RDP, AccountingError, accountant_named, calibrate_noise_multiplier
+from dptrain.privacy.budget import Budget
 from dptrain.privacy.curves import (
     TAG,
     CurveConfig,
@@ -122,46 +123,41 @@ class DPSGDMechanism:
         return self.enabled and self.noise_multiplier > 0 and self.apply_noise
 
     @classmethod
-    def from_settings(cls, privacy: Any, *, epochs: float, expected_batch_size: int, dataset_size: int,
-                      delta: float, curves: CurveConfig | None = None, quiet: bool = False) -> DPSGDMechanism:
-        """The mechanism of a run from its ``privacy`` settings and the public N: the planned steps
-        follow from epochs and q; sigma is ``privacy.noise_multiplier`` or calibrated to
-        ``privacy.target_epsilon`` (the smallest sigma whose epsilon is within the target).
+    def from_budget(cls, budget: Budget, *, max_grad_norm: float, epochs: float, expected_batch_size: int,
+                    dataset_size: int, delta: float, curves: CurveConfig | None = None,
+                    quiet: bool = False) -> DPSGDMechanism:
+        """The mechanism of DP-SGD's ``budget`` (its part of the run's: :attr:`Budget.dpsgd`), the
+        clipping norm and the public N: the planned steps follow from epochs and q; sigma is the
+        budget's noise multiplier or calibrated to its target (the smallest sigma whose epsilon is
+        within it).
         ``curves``: the run also releases the dp/ training-loss curve (dptrain.privacy.curves):
         sigma_c is derived from sigma and the budget share, and a target epsilon covers both.
         ``quiet``: the calibration's line goes to the log at DEBUG (a caller that may not use this
         mechanism says what it uses: :meth:`calibration_line`)."""
         q = expected_batch_size / dataset_size
         steps = planned_steps(epochs=epochs, sample_rate=q)
-        if not privacy.enabled:
+        if not budget.enabled:
             return cls(enabled=False, noise_multiplier=0.0, max_grad_norm=math.inf,
                        expected_batch_size=expected_batch_size, dataset_size=dataset_size, planned_steps=steps,
-                       delta=delta, accountant=privacy.accountant, noise_multiplier_source="off")
-        sigma, source, advice = privacy.noise_multiplier, "config", None
+                       delta=delta, accountant=budget.accountant, noise_multiplier_source="off")
+        sigma, source, advice = budget.noise_multiplier, "config", None
         if sigma is None:
-            sigma, advice = _calibrate(privacy, q=q, steps=steps, delta=delta, curves=curves, quiet=quiet)
+            sigma, advice = _calibrate(budget, q=q, steps=steps, delta=delta, curves=curves, quiet=quiet)
             source = "calibrated"
-        curve = _curve(privacy, curves, sigma=float(sigma), q=q, steps=steps, delta=delta)
-        return cls(enabled=True, noise_multiplier=float(sigma), max_grad_norm=float(privacy.max_grad_norm),
+        curve = _curve(budget, curves, sigma=float(sigma), q=q, steps=steps, delta=delta)
+        return cls(enabled=True, noise_multiplier=float(sigma), max_grad_norm=float(max_grad_norm),
                    expected_batch_size=expected_batch_size, dataset_size=dataset_size, planned_steps=steps,
-                   delta=delta, accountant=privacy.accountant, noise_multiplier_source=source,
-                   target_epsilon=privacy.target_epsilon, advice=advice, curve=curve)
+                   delta=delta, accountant=budget.accountant, noise_multiplier_source=source,
+                   target_epsilon=budget.target, advice=advice, curve=curve)
 
-    def calibration_line(self, run_target: float, share: float) -> str | None:
-        """The console's line on a calibrated sigma when DP-SGD has ``share`` of the run's target
-        ``run_target`` (an interval release takes the rest): the run's total first, then the shares
-        as shares of it. None for a sigma that was given, not calibrated."""
+    def calibration_line(self, budget: Budget) -> str | None:
+        """The console's line on a calibrated sigma: the run's whole ``budget`` first, then the
+        shares as shares of it (:meth:`Budget.describe`). None for a sigma that was given."""
         if self.noise_multiplier_source != "calibrated":
             return None
         curve = self.curve.budget_share if self.curve is not None else 0.0
-        parts = [f"DP-SGD {(1 - share) * (1 - curve):g}"]
-        if curve:
-            parts.append(f"the dp/ curve {(1 - share) * curve:g}")
-        if share:
-            parts.append(f"the coefficient intervals {share:g}")
-        return (f"calibrated noise_multiplier={self.noise_multiplier:.6g} for the run's target_epsilon={run_target:g} "
-                f"({self.accountant} accountant; shares of it: {', '.join(parts)}; q={self.sample_rate:.6g}, "
-                f"steps={self.planned_steps}, delta={self.delta:g})")
+        return (f"calibrated noise_multiplier={self.noise_multiplier:.6g} for {budget.describe(curve=curve)}; "
+                f"q={self.sample_rate:.6g}, steps={self.planned_steps}, delta={self.delta:g}")
 
     def without_noise(self) -> DPSGDMechanism:
         """The audit's deliberately broken copy: the engine adds no noise, the accountant still
@@ -227,38 +223,39 @@ class DPSGDMechanism:
         }
 
 
-def _calibrate(privacy: Any, *, q: float, steps: int, delta: float, curves: CurveConfig | None,
+def _calibrate(privacy: Budget, *, q: float, steps: int, delta: float, curves: CurveConfig | None,
                quiet: bool = False) -> tuple[float, str | None]:
-    """(sigma calibrated to ``privacy.target_epsilon``, advice). With a dp/ curve the gradients
+    """(sigma calibrated to the budget's target, advice). With a dp/ curve the gradients
     get (1 - s) of the target and the curve the rest (dptrain.privacy.curves)."""
-    target = privacy.target_epsilon * (1.0 - curves.budget_share) if curves is not None else privacy.target_epsilon
+    target = privacy.gradients(curves.budget_share if curves is not None else 0.0)
     try:
         sigma = calibrate_noise_multiplier(target_epsilon=target, sample_rate=q, steps=steps, delta=delta,
-                                           accountant=privacy.accountant, rtol=privacy.calibration_rtol)
+                                           accountant=privacy.accountant, rtol=privacy.rtol)
     except AccountingError as err:
         if curves is None:
             raise
         raise ConfigError(
-            f"privacy.target_epsilon={privacy.target_epsilon!r} is not allowed with the dp/ curve "
+            f"privacy.target_epsilon (DP-SGD's part: {privacy.target!r}) is not allowed with the dp/ curve "
             f"(trainer.curve_budget_share={curves.budget_share:g}: the gradients get epsilon {target:.6g}): {err}; "
             "allowed: a larger target, or trainer.dp_curves=false") from None
     log.log(logging.DEBUG if quiet else logging.INFO,
-            "calibrated noise_multiplier=%.6g for target_epsilon=%g (accountant=%s, q=%.6g, steps=%d, delta=%g%s)",
-            sigma, privacy.target_epsilon, privacy.accountant, q, steps, delta,
+            "calibrated noise_multiplier=%.6g for DP-SGD's epsilon %g (accountant=%s, q=%.6g, steps=%d, delta=%g%s)",
+            sigma, privacy.target, privacy.accountant, q, steps, delta,
             f"; the gradients' share {target:.6g}, the dp/ curve the rest" if curves is not None else "")
     return sigma, _tighter_accountant_advice(privacy, sigma=sigma, q=q, steps=steps, delta=delta, target=target)
 
 
-def _curve(privacy: Any, curves: CurveConfig | None, *, sigma: float, q: float, steps: int,
+def _curve(privacy: Budget, curves: CurveConfig | None, *, sigma: float, q: float, steps: int,
            delta: float) -> CurveMechanism | None:
     """The dp/ curve of a private run (None without ``curves`` or without noise: sigma = 0 has
     no finite epsilon to share)."""
     if curves is None or sigma <= 0:
         return None
     sigma_c = curve_noise_multiplier(sigma=sigma, sample_rate=q, steps=steps, log_every=curves.log_every,
-                                     share=curves.budget_share, delta=delta, rtol=privacy.calibration_rtol)
-    if privacy.noise_multiplier is None and privacy.accountant != "rdp":  # the target, by the headline accountant
-        sigma_c = fill_target(sigma_c, target_epsilon=privacy.target_epsilon, delta=delta,
+                                     share=curves.budget_share, delta=delta, rtol=privacy.rtol)
+    headline = accountant_named(privacy.accountant)
+    if privacy.noise_multiplier is None and headline is not RDP:  # the target, by the headline accountant
+        sigma_c = fill_target(sigma_c, target_epsilon=privacy.target, delta=delta,
                               accountant=privacy.accountant,
                               history_of=lambda x: _history_between(sigma=sigma, sigma_c=x, sample_rate=q, start=0,
                                                                     end=steps, log_every=curves.log_every))
@@ -275,23 +272,24 @@ TINY_TARGET = 0.1
 MAX_ADVICE_STEPS = 100_000  # a PLD calibration beyond this many steps costs too much time and memory
 
 
-def _tighter_accountant_advice(privacy: Any, *, sigma: float, q: float, steps: int, delta: float,
+def _tighter_accountant_advice(privacy: Budget, *, sigma: float, q: float, steps: int, delta: float,
                                target: float) -> str | None:
     """At a tiny target calibrated by RDP, the PLD accountant often certifies the same epsilon
     with far less noise (RDP's conversion has a floor near 0.0035 at delta 1e-5): say so when it
     needs less than 80% of the noise. ``target``: the gradients' epsilon (the whole target
     without a dp/ curve)."""
-    if privacy.accountant != "rdp" or privacy.target_epsilon >= TINY_TARGET or steps > MAX_ADVICE_STEPS:
+    if (accountant_named(privacy.accountant) is not RDP or privacy.target >= TINY_TARGET
+            or steps > MAX_ADVICE_STEPS):
         return None
 
     try:
         tight = calibrate_noise_multiplier(target_epsilon=target, sample_rate=q, steps=steps,
-                                           delta=delta, accountant="pld", rtol=privacy.calibration_rtol)
+                                           delta=delta, accountant=PLD, rtol=privacy.rtol)
     except AccountingError:
         return None
     if tight >= 0.8 * sigma:
         return None
-    text = (f"privacy.accountant=pld certifies target_epsilon={privacy.target_epsilon:g} with noise_multiplier "
+    text = (f"privacy.accountant=pld certifies DP-SGD's epsilon {privacy.target:g} with noise_multiplier "
             f"{tight:.4g}, {sigma / tight:.1f}x less noise than RDP's {sigma:.4g}: consider privacy.accountant=pld")
     log.warning("%s", text)
     return text

@@ -22,7 +22,7 @@ method's ``check_settings`` before any row is read, the method reads them with
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,7 @@ from dptrain.core.registry import Registry
 from dptrain.core.validation import bad
 from dptrain.release.api import CellEstimates
 from dptrain.release.report import RunFacts, baseline_json
-from dptrain.settings.release import ReleaseConfig
+from dptrain.release.spec import ReleaseSpec
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class ReleaseMethod:
         setting, the value and what is allowed). ``settings`` is :meth:`own_settings` of the run
         (the declared defaults, updated with ``release.method_settings``). Default: no check."""
 
-    def own_settings(self, config: ReleaseConfig) -> dict[str, Any]:
+    def own_settings(self, config: ReleaseSpec) -> dict[str, Any]:
         """This method's settings in this run: its declared defaults, updated with
         ``release.method_settings`` when it is the run's ``release.method`` (the private
         evaluation runs every other method at its defaults)."""
@@ -79,25 +79,25 @@ class ReleaseMethod:
             out.update(dict(config.method_settings or {}))
         return out
 
-    def relation(self, config: ReleaseConfig) -> Neighbours | None:
+    def relation(self, config: ReleaseSpec) -> Neighbours | None:
         """The neighbour relation of this run (a method may take it from the settings)."""
         return self.neighbours
 
-    def run_epsilon(self, epsilon: float, config: ReleaseConfig) -> float:
+    def run_epsilon(self, epsilon: float, config: ReleaseSpec) -> float:
         """The epsilon the method runs at when methods are compared at ``epsilon`` (add/remove)."""
         rel = self.relation(config)
         return float(epsilon) if rel is None else comparison_epsilon(epsilon, rel)
 
-    def in_evaluation(self, config: ReleaseConfig) -> bool:
+    def in_evaluation(self, config: ReleaseSpec) -> bool:
         """Whether the private evaluation runs this method."""
         return True
 
-    def warning(self, name: str, config: ReleaseConfig) -> str | None:
+    def warning(self, name: str, config: ReleaseSpec) -> str | None:
         """A line the log shows when this method is the run's ``release.method``."""
         return None
 
     def run(self, est: CellEstimates, *, epsilon: float, rng: np.random.Generator,
-            config: ReleaseConfig) -> MethodResult:
+            config: ReleaseSpec) -> MethodResult:
         """Release on ``est``'s cells at ``epsilon`` (already normalised), drawing from ``rng``."""
         raise NotImplementedError
 
@@ -114,22 +114,36 @@ class ReleaseMethod:
         return out
 
 
+class CellFunction(ReleaseMethod):
+    """A method that is one function of the run's cells, ``fn(cells, *, statistic, epsilon, rng)``
+    returning (frame, meta), at ``release.delta`` too (``fn(..., delta=...)``) when ``with_delta``."""
+
+    def __init__(self, fn: Callable[..., tuple[pd.DataFrame, dict]], *, neighbours: Neighbours,
+                 tail_figure: bool = False, with_delta: bool = False) -> None:
+        self.fn, self.neighbours, self.tail_figure, self.with_delta = fn, neighbours, tail_figure, with_delta
+
+    def run(self, est: CellEstimates, *, epsilon: float, rng: np.random.Generator,
+            config: ReleaseSpec) -> MethodResult:
+        delta = {"delta": config.delta} if self.with_delta else {}
+        return MethodResult(*self.fn(est.cells, statistic=config.statistic, epsilon=epsilon, rng=rng, **delta))
+
+
 RELEASE_METHODS: Registry[ReleaseMethod] = Registry("release method", setting="release.method")
 
 
 def run_method(name: str, est: CellEstimates, *, epsilon: float, rng: np.random.Generator,
-               config: ReleaseConfig) -> MethodResult:
+               config: ReleaseSpec) -> MethodResult:
     """Run the registered method ``name`` at the comparison epsilon of ``epsilon``."""
     method = RELEASE_METHODS.get(name)
     return method.run(est, epsilon=method.run_epsilon(epsilon, config), rng=rng, config=config)
 
 
-def evaluation_methods(config: ReleaseConfig) -> list[str]:
+def evaluation_methods(config: ReleaseSpec) -> list[str]:
     """The methods the private evaluation runs, in registry order."""
     return [name for name in RELEASE_METHODS if RELEASE_METHODS.get(name).in_evaluation(config)]
 
 
-def check_method_settings(config: ReleaseConfig) -> None:
+def check_method_settings(config: ReleaseSpec) -> None:
     """``release.method_settings`` against what ``release.method`` declares (a key it does not
     declare is refused, with the ones it does), then the method's own ``check_settings``; before
     any row is read."""

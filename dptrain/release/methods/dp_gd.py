@@ -11,31 +11,11 @@ import numpy as np
 import pandas as pd
 
 from dptrain.core.neighbours import Neighbours
-from dptrain.privacy.accounting import rdp_epsilon
-from dptrain.release.api import CellEstimates
-from dptrain.release.cells import Cells, ReleaseError
-from dptrain.release.methods._gd_interval import design_stats, gd_interval
-from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
-from dptrain.release.methods.common import (
-    ALABI,
-    BOX_A,
-    BOX_B,
-    NO_INTERVAL,
-    calibrate_sigma,
-    check_delta,
-    check_epsilon,
-    check_fraction,
-    check_int,
-    check_statistic,
-    method_meta,
-    noisy_count,
-    reasons,
-    result_frame,
-    theta_from_unit,
-    unit_rows,
-)
+from dptrain.release.cells import Cells
+from dptrain.release.methods._descent import check_run, check_shares, descent_budget, descent_meta, descent_release
+from dptrain.release.methods.base import RELEASE_METHODS, CellFunction
+from dptrain.release.methods.common import ALABI, BOX_A, BOX_B, check_int, unit_rows
 from dptrain.release.noise import add_noise, grid_step
-from dptrain.settings.release import ReleaseConfig
 
 INTERVAL = (
     "theta~ -/+ (1.96 sqrt(noise var + SE_samp^2) + |non-convergence bias|), from the method's DP outputs "
@@ -46,7 +26,6 @@ INTERVAL = (
     "is the OLS SE with sigma^2 = Syy~ / (n~ - 2); conservative (Syy floored at its noise scale, the widest of "
     "the mean of u at -/+ 0.5 SD and the variance of u at -0.5 SD); NaN where n~ < 4 "
     "(dptrain/release/methods/_gd_interval.py)")
-NO_INTERVAL_TEXT = "none: ci_low / ci_high are NaN (interval_fraction = 0: no epsilon spent on the interval)"
 
 
 @dataclass(frozen=True)
@@ -105,49 +84,26 @@ def dp_gradient_descent(cells: Cells, *, statistic: str, epsilon: float, delta: 
     the T Gaussian steps: sigma = calibrate_noise_multiplier(q=1, steps=T) by
     RDP; total (epsilon, delta) by basic composition. Not released if n~ < 3.
     """
-    check_statistic(statistic)
-    eps, delta = check_epsilon(epsilon), check_delta(delta)
+    eps, delta = check_run(statistic, epsilon, delta)
     config = _checked(config)
-    T, C, frac, ifrac = config.iterations, config.max_grad_norm, config.count_fraction, config.interval_fraction
-    eps_n, eps_d, eps_g = frac * eps, ifrac * eps, (1.0 - frac - ifrac) * eps
-    sigma = calibrate_sigma(eps_g, q=1.0, steps=T, delta=delta)
-    n_noisy = noisy_count(cells, eps_n, rng)
-    W = _descend(cells, np.maximum(n_noisy, 1.0)[:, None], sigma=sigma, rng=rng, config=config)
-    theta = theta_from_unit(W[:, 0], W[:, 1], cells, statistic)
-    reason = reasons(cells.n_cells, [(n_noisy < 3, "noisy n < 3")])
-    ci = NO_INTERVAL
-    if ifrac > 0:  # drawn last: theta's draws are those of a release without the interval
-        stats = design_stats(cells, eps_d, rng)
-        ci = gd_interval(W, n_noisy, stats, cells, statistic=statistic, recursion={
-            "lr": config.lr, "steps": T, "grad_sd": _gradient_sd(sigma, C), "batch_rate": 1.0})
-    eps_used = rdp_epsilon(sample_rate=1.0, noise_multiplier=sigma, steps=T, delta=delta)
-    return result_frame(reason, theta, np.nan, ci=ci), method_meta(
-        "dp_gradient_descent", statistic, "add_remove", eps, delta,
-        split=f"{frac:g} epsilon to a Laplace noisy count, {ifrac:g} epsilon to the interval's noisy sum u, "
-              f"sum u^2 and Syy (Laplace, shares 0.35 / 0.35 / 0.3), "
-              f"{1 - frac - ifrac:g} epsilon to {T} Gaussian steps (RDP)",
-        guarantee="(epsilon, delta)-DP, add/remove (basic composition of the count, the interval's statistics "
-                  "and the RDP-accounted steps)",
+    T, C = config.iterations, config.max_grad_norm
+    budget = descent_budget(eps, delta, (config.count_fraction, config.interval_fraction), q=1.0, steps=T)
+    sigma = budget.sigma
+    frame = descent_release(
+        cells, budget, statistic=statistic, rng=rng,
+        fit=lambda n_noisy: _descend(cells, np.maximum(n_noisy, 1.0)[:, None], sigma=sigma, rng=rng, config=config),
+        recursion={"lr": config.lr, "steps": T, "grad_sd": _gradient_sd(sigma, C), "batch_rate": 1.0})
+    return frame, descent_meta(
+        "dp_gradient_descent", statistic, budget, gradient=f"{T} Gaussian steps", interval=INTERVAL,
+        caveat="convergence in the slope direction is slow when x has little spread (lr, iterations)",
         reference=ALABI + ", section 2.3 (DPGradDescent); accounting: dptrain.privacy.accounting (RDP)",
-        noise_multiplier=sigma, gradient_noise_sd=sigma * C, max_grad_norm=C, iterations=T, lr=config.lr,
-        epsilon_count=eps_n, epsilon_interval=eps_d, epsilon_gradient=eps_used,
-        caveats=["noise_sd is NaN: the interval carries the noise (a linearisation; no closed form for theta)",
-                 "convergence in the slope direction is slow when x has little spread (lr, iterations)",
-                 "the interval assumes clipping and the projection inactive near the optimum"],
-        interval=INTERVAL if ifrac > 0 else NO_INTERVAL_TEXT)
+        noise_multiplier=sigma, gradient_noise_sd=sigma * C, max_grad_norm=C, iterations=T, lr=config.lr)
 
 
 def _checked(config: DPGDConfig) -> DPGDConfig:
     T = check_int(config.iterations, "release.iterations")
-    frac = check_fraction(config.count_fraction, "release.count_fraction")
-    ifrac = config.interval_fraction
-    if ifrac != 0:
-        ifrac = check_fraction(ifrac, "release.interval_fraction")
-    if frac + ifrac >= 1.0:
-        raise ReleaseError("release.count_fraction + release.interval_fraction must be < 1")
-    C = check_epsilon(config.max_grad_norm, "release.max_grad_norm")
-    return DPGDConfig(iterations=T, lr=config.lr, max_grad_norm=C, count_fraction=frac,
-                      interval_fraction=float(ifrac))
+    frac, ifrac, C = check_shares(config.count_fraction, config.interval_fraction, config.max_grad_norm)
+    return DPGDConfig(iterations=T, lr=config.lr, max_grad_norm=C, count_fraction=frac, interval_fraction=ifrac)
 
 
 def _gradient_sd(sigma: float, clip: float) -> float:
@@ -156,15 +112,5 @@ def _gradient_sd(sigma: float, clip: float) -> float:
     return sigma * (clip + math.sqrt(2.0) * gamma)
 
 
-class DPGradientDescent(ReleaseMethod):
-    """DP-GD at ``release.delta`` with the defaults of :class:`DPGDConfig`."""
-
-    neighbours = Neighbours.ADD_REMOVE
-
-    def run(self, est: CellEstimates, *, epsilon: float, rng: np.random.Generator,
-            config: ReleaseConfig) -> MethodResult:
-        return MethodResult(*dp_gradient_descent(est.cells, statistic=config.statistic, epsilon=epsilon,
-                                                 delta=config.delta, rng=rng))
-
-
-RELEASE_METHODS.register("dp_gd", DPGradientDescent())
+#: DP-GD at release.delta with the defaults of DPGDConfig
+RELEASE_METHODS.register("dp_gd", CellFunction(dp_gradient_descent, neighbours=Neighbours.ADD_REMOVE, with_delta=True))

@@ -17,15 +17,15 @@ from dptrain.release.cell_domain import chi_group_labels
 from dptrain.release.dp_mos import GUARANTEE, DPMOSConfig, DPMOSRelease, release_dp_mos
 from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
 from dptrain.release.report import RunFacts, cell_counts, composed_total, declared_selection
+from dptrain.release.spec import ReleaseSpec
 from dptrain.release.stability import stability_bounds
-from dptrain.settings.release import ReleaseConfig
 
 SPLIT_TEXT = ("sequential composition over the stages of a cell (noisy N, the SE statistics, chi, the stability "
               "test, theta); cells are disjoint, so the release costs the per-cell sum (parallel composition); "
               "chi's exponential mechanism sees every cell and is counted once in that sum")
 
 
-def dp_mos_config(config: ReleaseConfig, est: CellEstimates) -> DPMOSConfig:
+def dp_mos_config(config: ReleaseSpec, est: CellEstimates) -> DPMOSConfig:
     """The run's DP-MOS settings (release.dp_mos_split, release.dp_mos_chi_quantile, release.min_n,
     release.chi_by: one chi per group of the PUBLIC cell list)."""
     split = {str(k): v for k, v in dict(config.dp_mos_split).items()}
@@ -41,7 +41,7 @@ class DPMOS(ReleaseMethod):
     tail_figure = True
 
     def run(self, est: CellEstimates, *, epsilon: float, rng: np.random.Generator,
-            config: ReleaseConfig) -> MethodResult:
+            config: ReleaseSpec) -> MethodResult:
         def bounds(k_max: int) -> np.ndarray:  # one computation per run, at the largest radius asked
             cached = est.memo(("dp_mos_bounds", config.statistic), lambda: {"A": None})
             if cached["A"] is None or cached["A"].shape[1] < k_max + 1:

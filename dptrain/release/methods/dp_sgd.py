@@ -13,33 +13,14 @@ from torch import nn
 
 from dptrain.core.neighbours import Neighbours
 from dptrain.models.optimizers import eager_class
-from dptrain.privacy.accounting import rdp_epsilon
 from dptrain.privacy.dpsgd.engine import GradientEngine, StepStats
 from dptrain.privacy.dpsgd.loop import PrivateStep
 from dptrain.privacy.dpsgd.sampling import PoissonSampler
 from dptrain.privacy.randomness import seeded_mt19937
-from dptrain.release.api import CellEstimates
 from dptrain.release.cells import Cells, ReleaseError
-from dptrain.release.methods._gd_interval import design_stats, gd_interval
-from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
-from dptrain.release.methods.common import (
-    BOX_A,
-    BOX_B,
-    NO_INTERVAL,
-    calibrate_sigma,
-    check_delta,
-    check_epsilon,
-    check_fraction,
-    check_int,
-    check_statistic,
-    method_meta,
-    noisy_count,
-    reasons,
-    result_frame,
-    theta_from_unit,
-    unit_rows,
-)
-from dptrain.settings.release import ReleaseConfig
+from dptrain.release.methods._descent import check_run, check_shares, descent_budget, descent_meta, descent_release
+from dptrain.release.methods.base import RELEASE_METHODS, CellFunction
+from dptrain.release.methods.common import BOX_A, BOX_B, check_int, unit_rows
 
 INTERVAL = (
     "theta~ -/+ (1.96 sqrt(noise var + SE_samp^2) + |non-convergence bias|), from the method's DP outputs "
@@ -48,7 +29,6 @@ INTERVAL = (
     "recursion's step noise is N(0, sigma^2 C^2) / (q n~) plus the Poisson subsampling noise (1 - q) / (q n~) "
     "sigma_res^2 H, sigma_res^2 = Syy~ / (n~ - 2) (conservative); clipping and projection assumed inactive; "
     "NaN where n~ < 4 (dptrain/release/methods/_gd_interval.py)")
-NO_INTERVAL_TEXT = "none: ci_low / ci_high are NaN (interval_fraction = 0: no epsilon spent on the interval)"
 
 
 @dataclass(frozen=True)
@@ -121,14 +101,9 @@ def _checked(config: DPSGDConfig) -> DPSGDConfig:
     q = config.sample_rate
     if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0.0 < q <= 1.0:
         raise ReleaseError(f"release.sample_rate={q!r} is not allowed: a number in (0, 1]")
-    frac, ifrac = check_fraction(config.count_fraction, "release.count_fraction"), config.interval_fraction
-    if ifrac != 0:
-        ifrac = check_fraction(ifrac, "release.interval_fraction")
-    if frac + ifrac >= 1.0:
-        raise ReleaseError("release.count_fraction + release.interval_fraction must be < 1")
-    return DPSGDConfig(steps=steps, sample_rate=float(q), lr=config.lr, count_fraction=frac,
-                       max_grad_norm=check_epsilon(config.max_grad_norm, "release.max_grad_norm"),
-                       interval_fraction=float(ifrac))
+    frac, ifrac, C = check_shares(config.count_fraction, config.interval_fraction, config.max_grad_norm)
+    return DPSGDConfig(steps=steps, sample_rate=float(q), lr=config.lr, count_fraction=frac, max_grad_norm=C,
+                       interval_fraction=ifrac)
 
 
 def dp_sgd_engine(cells: Cells, *, statistic: str, epsilon: float, delta: float, rng: np.random.Generator,
@@ -145,53 +120,34 @@ def dp_sgd_engine(cells: Cells, *, statistic: str, epsilon: float, delta: float,
     iterates. sigma = calibrate_noise_multiplier(target = (1 - count_fraction - interval_fraction)
     epsilon, q, steps, delta), RDP; total by basic composition. Not released if n~ < 3.
     """
-    check_statistic(statistic)
-    eps, delta = check_epsilon(epsilon), check_delta(delta)
+    eps, delta = check_run(statistic, epsilon, delta)
     cfg = _checked(config)
-    T, q, frac, ifrac = cfg.steps, cfg.sample_rate, cfg.count_fraction, cfg.interval_fraction
-    eps_n, eps_d, eps_g = frac * eps, ifrac * eps, (1.0 - frac - ifrac) * eps
-    sigma = calibrate_sigma(eps_g, q=q, steps=T, delta=delta)
-    n_noisy = noisy_count(cells, eps_n, rng)
+    T, q = cfg.steps, cfg.sample_rate
+    budget = descent_budget(eps, delta, (cfg.count_fraction, cfg.interval_fraction), q=q, steps=T)
+    frame = descent_release(cells, budget, statistic=statistic, rng=rng,
+                            fit=lambda n_noisy: _sgd_cells(cells, n_noisy, sigma=budget.sigma, rng=rng, config=cfg),
+                            recursion={"lr": cfg.lr, "steps": T, "batch_rate": q,
+                                       "grad_sd": budget.sigma * cfg.max_grad_norm})
+    return frame, descent_meta(
+        "dp_sgd_engine", statistic, budget, gradient=f"{T} DP-SGD steps", interval=INTERVAL,
+        caveat="B = q n~ uses the noisy count, never the private n",
+        reference="Abadi et al. 2016 DP-SGD with Poisson sampling, dptrain.privacy.dpsgd.engine + accounting (RDP)",
+        noise_multiplier=budget.sigma, sample_rate=q, steps=T, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm)
+
+
+def _sgd_cells(cells: Cells, n_noisy: np.ndarray, *, sigma: float, rng: np.random.Generator,
+               config: DPSGDConfig) -> np.ndarray:
+    """(a, b) of every cell with n~ >= 3 by :func:`_sgd_cell` (NaN elsewhere), G x 2."""
     u, t = unit_rows(cells)
     order = np.argsort(cells.codes, kind="stable")
     starts = np.concatenate(([0], np.cumsum(cells.n.astype(np.int64))))
     a, b = np.full(cells.n_cells, np.nan), np.full(cells.n_cells, np.nan)
     for g in np.flatnonzero(n_noisy >= 3):
         rows = order[starts[g]:starts[g + 1]]
-        a[g], b[g] = _sgd_cell(u[rows], t[rows], sigma=sigma, batch=q * float(n_noisy[g]), rng=rng.spawn(1)[0],
-                               config=cfg)
-    reason = reasons(cells.n_cells, [(n_noisy < 3, "noisy n < 3")])
-    ci = NO_INTERVAL
-    if ifrac > 0:  # drawn last: theta's draws are those of a release without the interval
-        ci = gd_interval(np.stack([a, b], axis=1), n_noisy, design_stats(cells, eps_d, rng), cells,
-                         statistic=statistic, recursion={"lr": cfg.lr, "steps": T, "batch_rate": q,
-                                                         "grad_sd": sigma * cfg.max_grad_norm})
-    return result_frame(reason, theta_from_unit(a, b, cells, statistic), np.nan, ci=ci), method_meta(
-        "dp_sgd_engine", statistic, "add_remove", eps, delta,
-        split=f"{frac:g} epsilon to a Laplace noisy count, {ifrac:g} epsilon to the interval's noisy sum u, "
-              f"sum u^2 and Syy (Laplace, shares 0.35 / 0.35 / 0.3), "
-              f"{1 - frac - ifrac:g} epsilon to {T} DP-SGD steps (RDP)",
-        guarantee="(epsilon, delta)-DP, add/remove (basic composition of the count, the interval's statistics "
-                  "and the RDP-accounted steps)",
-        reference="Abadi et al. 2016 DP-SGD with Poisson sampling, dptrain.privacy.dpsgd.engine + accounting (RDP)",
-        noise_multiplier=sigma, sample_rate=q, steps=T, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm,
-        epsilon_count=eps_n, epsilon_interval=eps_d,
-        epsilon_gradient=rdp_epsilon(sample_rate=q, noise_multiplier=sigma, steps=T, delta=delta),
-        caveats=["noise_sd is NaN: the interval carries the noise (a linearisation; no closed form for theta)",
-                 "B = q n~ uses the noisy count, never the private n",
-                 "the interval assumes clipping and the projection inactive near the optimum"],
-        interval=INTERVAL if ifrac > 0 else NO_INTERVAL_TEXT)
+        a[g], b[g] = _sgd_cell(u[rows], t[rows], sigma=sigma, batch=config.sample_rate * float(n_noisy[g]),
+                               rng=rng.spawn(1)[0], config=config)
+    return np.stack([a, b], axis=1)
 
 
-class DPSGD(ReleaseMethod):
-    """DP-SGD at ``release.delta`` with the defaults of :class:`DPSGDConfig`."""
-
-    neighbours = Neighbours.ADD_REMOVE
-
-    def run(self, est: CellEstimates, *, epsilon: float, rng: np.random.Generator,
-            config: ReleaseConfig) -> MethodResult:
-        return MethodResult(*dp_sgd_engine(est.cells, statistic=config.statistic, epsilon=epsilon,
-                                           delta=config.delta, rng=rng))
-
-
-RELEASE_METHODS.register("dp_sgd", DPSGD())
+#: DP-SGD at release.delta with the defaults of DPSGDConfig
+RELEASE_METHODS.register("dp_sgd", CellFunction(dp_sgd_engine, neighbours=Neighbours.ADD_REMOVE, with_delta=True))

@@ -22,7 +22,7 @@ from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseM
 from dptrain.release.mos import NOT_DP, MOSConfig, MOSInputs, MOSRelease, release_mos
 from dptrain.release.report import RunFacts, cell_counts, composed_total, declared_selection
 from dptrain.release.sensitivity import Sensitivity
-from dptrain.settings.release import ReleaseConfig
+from dptrain.release.spec import ReleaseSpec
 
 
 def min_n_rule(sens: Sensitivity, n: np.ndarray, min_n: int) -> Sensitivity:
@@ -35,7 +35,7 @@ def min_n_rule(sens: Sensitivity, n: np.ndarray, min_n: int) -> Sensitivity:
     return dataclasses.replace(sens, ls=np.where(small, np.inf, sens.ls), reason=reason)
 
 
-def mos_sensitivities(est: CellEstimates, config: ReleaseConfig) -> tuple[Sensitivity, Sensitivity]:
+def mos_sensitivities(est: CellEstimates, config: ReleaseSpec) -> tuple[Sensitivity, Sensitivity]:
     """The LS of theta and of its SE with the min_n rule, computed once per run (kept on ``est``)."""
     r = config
 
@@ -82,14 +82,14 @@ class MOS(ReleaseMethod):
     has_guarantee = False
     tail_figure = True
 
-    def relation(self, config: ReleaseConfig) -> Neighbours:
+    def relation(self, config: ReleaseSpec) -> Neighbours:
         return Neighbours.parse(config.neighbors, setting="release.neighbors")
 
-    def warning(self, name: str, config: ReleaseConfig) -> str:
+    def warning(self, name: str, config: ReleaseSpec) -> str:
         return f"release.method={name}: {NOT_DP}"
 
     def run(self, est: CellEstimates, *, epsilon: float, rng: np.random.Generator,
-            config: ReleaseConfig) -> MethodResult:
+            config: ReleaseSpec) -> MethodResult:
         sens, se_sens = mos_sensitivities(est, config)
         groups = chi_group_labels(est.listed, list(config.chi_by)) if est.listed is not None else None
         mos = release_mos(est.cells, statistic=config.statistic, epsilon=epsilon, rng=rng,

@@ -8,9 +8,8 @@ import numpy as np
 import pandas as pd
 
 from dptrain.core.neighbours import Neighbours
-from dptrain.release.api import CellEstimates
 from dptrain.release.cells import Cells
-from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
+from dptrain.release.methods.base import RELEASE_METHODS, CellFunction
 from dptrain.release.methods.common import (
     ALABI,
     bootstrap_interval,
@@ -24,7 +23,6 @@ from dptrain.release.methods.common import (
     widths,
 )
 from dptrain.release.noise import add_noise, calibrate
-from dptrain.settings.release import ReleaseConfig
 
 
 def _noisy_moments(cells: Cells, eps: float, rng: np.random.Generator) -> tuple:
@@ -156,13 +154,4 @@ def noisy_stats(cells: Cells, *, statistic: str, epsilon: float,
         interval=INTERVAL.format(b=N_BOOT), interval_sigma_bound=sigma_bound(cells))
 
 
-class NoisyStats(ReleaseMethod):
-    neighbours = Neighbours.REPLACE_ONE
-    tail_figure = True
-
-    def run(self, est: CellEstimates, *, epsilon: float, rng: np.random.Generator,
-            config: ReleaseConfig) -> MethodResult:
-        return MethodResult(*noisy_stats(est.cells, statistic=config.statistic, epsilon=epsilon, rng=rng))
-
-
-RELEASE_METHODS.register("noisy_stats", NoisyStats())
+RELEASE_METHODS.register("noisy_stats", CellFunction(noisy_stats, neighbours=Neighbours.REPLACE_ONE, tail_figure=True))

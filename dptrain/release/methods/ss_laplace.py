@@ -8,9 +8,8 @@ import numpy as np
 import pandas as pd
 
 from dptrain.core.neighbours import Neighbours
-from dptrain.release.api import CellEstimates
 from dptrain.release.cells import Cells
-from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
+from dptrain.release.methods.base import RELEASE_METHODS, CellFunction
 from dptrain.release.methods.common import (
     bootstrap_interval,
     check_epsilon,
@@ -22,7 +21,6 @@ from dptrain.release.methods.common import (
     sigma_bound,
 )
 from dptrain.release.noise import add_noise, calibrate
-from dptrain.settings.release import ReleaseConfig
 
 
 def _ols_and_gradient(s: dict[str, np.ndarray], x0: float | None) -> tuple[np.ndarray, np.ndarray, list]:
@@ -131,14 +129,5 @@ def sufficient_stats_laplace(cells: Cells, *, statistic: str, epsilon: float,
                   "its offset (centring would be a different, better baseline)")])
 
 
-class SufficientStatsLaplace(ReleaseMethod):
-    neighbours = Neighbours.ADD_REMOVE
-    tail_figure = True
-
-    def run(self, est: CellEstimates, *, epsilon: float, rng: np.random.Generator,
-            config: ReleaseConfig) -> MethodResult:
-        return MethodResult(*sufficient_stats_laplace(est.cells, statistic=config.statistic, epsilon=epsilon,
-                                                      rng=rng))
-
-
-RELEASE_METHODS.register("ss_laplace", SufficientStatsLaplace())
+RELEASE_METHODS.register("ss_laplace", CellFunction(sufficient_stats_laplace, neighbours=Neighbours.ADD_REMOVE,
+                                                   tail_figure=True))

@@ -23,7 +23,7 @@ from dptrain.release.methods.common import (
     result_frame,
 )
 from dptrain.release.report import RunFacts, baseline_json
-from dptrain.settings.release import ReleaseConfig
+from dptrain.release.spec import ReleaseSpec
 
 THRESHOLDS = (5, 10, 20)
 
@@ -83,15 +83,15 @@ class Suppression(ReleaseMethod):
         self.k = k
         self.tail_figure = tail_figure
 
-    def in_evaluation(self, config: ReleaseConfig) -> bool:
+    def in_evaluation(self, config: ReleaseSpec) -> bool:
         return self.k in config.suppression_k
 
-    def warning(self, name: str, config: ReleaseConfig) -> str:
+    def warning(self, name: str, config: ReleaseSpec) -> str:
         return (f"release.method={name} releases the EXACT estimate of every cell with N >= k: no noise, NOT "
                 "differentially private")
 
     def run(self, est: CellEstimates, *, epsilon: float, rng: np.random.Generator,
-            config: ReleaseConfig) -> MethodResult:
+            config: ReleaseSpec) -> MethodResult:
         frame, meta = suppression(est.cells, statistic=config.statistic, k=self.k,
                                   rate_outcome=config.rate_outcome, fit=est.fit)
         return MethodResult(frame, meta)

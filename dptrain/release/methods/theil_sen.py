@@ -59,7 +59,7 @@ from dptrain.release.methods.common import (
     result_frame,
     widths,
 )
-from dptrain.settings.release import ReleaseConfig
+from dptrain.release.spec import ReleaseSpec
 
 #: all-pairs is not run on a cell with more pairs than this (memory: ~10 float64 arrays of this
 #: size); such a cell uses k matchings (variant auto) or is not released (variant all_pairs)
@@ -297,7 +297,7 @@ class TheilSen(ReleaseMethod):
         self.wide = wide
 
     def run(self, est: CellEstimates, *, epsilon: float, rng: np.random.Generator,
-            config: ReleaseConfig) -> MethodResult:
+            config: ReleaseSpec) -> MethodResult:
         ts = TheilSenConfig(variant=config.theil_sen_variant, k=config.theil_sen_k, wide=self.wide,
                             interval_share=INTERVAL_SHARE)
         return MethodResult(*dp_theil_sen(est.cells, statistic=config.statistic, epsilon=epsilon, rng=rng, config=ts))

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from dptrain.core.errors import DPTrainError
-from dptrain.data.table import OTHER, Schema
+from dptrain.data.schema import OTHER, Schema
 from dptrain.release.tables.marginals import Column
 
 __all__ = ["decode_rows", "domain_columns", "row_codes"]

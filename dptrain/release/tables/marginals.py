@@ -14,7 +14,9 @@ cell: L1 and L2 sensitivity 1 per marginal. Marginal k gets
 * ``gaussian``: the discrete Gaussian with scale sigma_k, rho_k = 1 / (2 sigma_k^2)-zCDP; the
   release is (sum rho_k)-zCDP, converted to (epsilon, delta) by the RDP accountant.
 
-Both from OpenDP's exact samplers (:mod:`dptrain.privacy.samplers`).
+Both from OpenDP's exact samplers (:mod:`dptrain.privacy.samplers`); the two are the registered
+table mechanisms ``gaussian`` and ``laplace`` of :mod:`dptrain.release.oneshot.tables` (their
+noise, their shares and their events).
 
 **Budget split** (``cells``, workload-aware). With c_k cells in marginal k, the total squared
 error of the raw counts is sum_k c_k Var_k. Minimising it under the budget gives, for the Gaussian
@@ -52,16 +54,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from dptrain.core.errors import DPTrainError
-from dptrain.privacy.accounting import SIGMA_RANGE, history_epsilon
-from dptrain.privacy.calibration import smallest_noise
-from dptrain.privacy.events import zcdp_event
-from dptrain.privacy.samplers import discrete_gaussian, discrete_laplace
+from dptrain.privacy.samplers import discrete_laplace
 from dptrain.release.cell_domain import selection_threshold
 from dptrain.release.tables.projection import project_simplex as simplex_projection
 from dptrain.release.tables.projection import round_to_total
+from dptrain.release.zcdp import gaussian_rho
 
-__all__ = ["Column", "Marginal", "budget_weights", "consistent_tables", "gaussian_rho", "measure",
-           "project_simplex", "round_keeping_sum", "round_matrix_keeping_margins", "stability_histogram", "workload"]
+__all__ = ["Column", "Marginal", "consistent_tables", "gaussian_rho", "project_simplex", "round_keeping_sum",
+           "round_matrix_keeping_margins", "stability_histogram", "workload"]
 
 
 @dataclass(frozen=True)
@@ -98,48 +98,6 @@ def workload(n_columns: int, spec: int | Sequence[Sequence[int]]) -> list[tuple[
         raise DPTrainError(f"tabulate.marginals={spec!r} is not allowed: a non-empty list of distinct, non-empty "
                            "column lists")
     return sets
-
-
-def budget_weights(cells: Sequence[int], *, mechanism: str, split: str) -> np.ndarray:
-    """Each marginal's share of the budget (module docstring): ``cells`` -> c^(1/2) (gaussian,
-    shares of rho) or c^(1/3) (laplace, shares of epsilon); ``equal`` -> the same. Sums to 1."""
-    c = np.asarray(cells, dtype=np.float64)
-    if split == "equal":
-        w = np.ones_like(c)
-    elif split == "cells":
-        w = c ** (0.5 if mechanism == "gaussian" else 1.0 / 3.0)
-    else:
-        raise DPTrainError(f"tabulate.split={split!r} is not allowed: cells | equal")
-    return w / w.sum()
-
-
-def gaussian_rho(epsilon: float, delta: float, *, rtol: float = 1e-4) -> float:
-    """The largest total rho whose zCDP release is (epsilon, delta)-DP by the RDP accountant (the
-    project's one calibration routine over the scale s = 1 / sqrt(2 rho))."""
-    def epsilon_of(s: float) -> float:
-        return history_epsilon([(zcdp_event(1.0 / (2.0 * s * s)), 1)], delta=delta, accountant="rdp")
-
-    s = smallest_noise(epsilon_of, target=float(epsilon), rtol=rtol, lower=SIGMA_RANGE[0], upper=SIGMA_RANGE[1])
-    return 1.0 / (2.0 * s * s)
-
-
-def measure(counts: list[np.ndarray], shares: np.ndarray, *, mechanism: str, budget: float) -> list[np.ndarray]:
-    """Each exact count table plus its mechanism's noise: ``budget`` is epsilon (laplace) or rho
-    (gaussian), marginal k gets ``shares[k]`` of it."""
-    out = []
-    for table, share in zip(counts, shares):
-        if mechanism == "laplace":
-            out.append(discrete_laplace(table, 1.0 / (share * budget)))
-        else:
-            out.append(discrete_gaussian(table, math.sqrt(1.0 / (2.0 * share * budget))))
-    return out
-
-
-def noise_variance(share: float, *, mechanism: str, budget: float) -> float:
-    """One raw cell's noise variance (the continuous laws' values: the weights of step 1)."""
-    if mechanism == "laplace":
-        return 2.0 / (share * budget) ** 2
-    return 1.0 / (2.0 * share * budget)
 
 
 def _project(table: np.ndarray, columns: tuple[int, ...], onto: tuple[int, ...]) -> np.ndarray:
