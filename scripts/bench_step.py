@@ -15,8 +15,8 @@ logistic loss, ReLU, on N = max(50 B, 100,000) rows of random data (``--rows`` o
 * ``mlp1024-b4096``: MLP 1024-1024-1024-1 at B = 4,096 (N = 204,800 rows of 1024 floats: 0.84 GB);
 * ``mlp4096-b16384``: MLP 1024-4096-4096-1 at B = 16,384 (N = 819,200 rows: 3.4 GB);
 * ``preset-logit`` / ``preset-mlp``: the model and expected batch of ``experiment=logit`` /
-  ``experiment=mlp`` (composed from conf/ with Hydra; width = dptrain.training.fit.public_feature_count
-  of the preset's data, 112 for Adult; B = trainer.batch_size), on random rows of that width.
+  ``experiment=mlp`` (composed from conf/ with Hydra; width = the feature count of the preset's
+  public schema, dptrain.data.public_schema, 111 for Adult; B = trainer.batch_size), on random rows of that width.
 
 Default cases: on ``--device cpu`` the six logit/mlp256 cases (the numbers of
 experiments/performance/README.md stay comparable; the 1024-wide cases are opt-in there); on
@@ -196,8 +196,8 @@ ALL_CASE_NAMES = [*CASES, *PRESETS]
 CPU_DEFAULT_CASES = ["logit-b256", "logit-b1024", "logit-b4096", "mlp256-b256", "mlp256-b1024", "mlp256-b4096"]
 CUDA_DEFAULT_CASES = ["mlp256-b1024", "mlp256-b4096", "mlp1024-b4096", "mlp4096-b16384", "preset-logit", "preset-mlp"]
 # if the presets cannot be composed (a checkout without Hydra configs): experiment=logit / mlp on
-# Adult, 112 encoded features (5 numeric + 8 categorical columns with their labels and "other")
-PRESET_FALLBACK = {"logit": (112, None, 1024), "mlp": (112, (64, 64), 1024)}
+# Adult, 111 encoded features (5 numeric + 8 categorical columns with their labels and "other")
+PRESET_FALLBACK = {"logit": (111, None, 1024), "mlp": (111, (64, 64), 1024)}
 
 
 def preset_cases(names: list[str]) -> dict[str, Case]:
@@ -207,8 +207,8 @@ def preset_cases(names: list[str]) -> dict[str, Case]:
     try:
         from hydra import compose, initialize_config_module
 
+        from dptrain.data import public_schema
         from dptrain.tasks.registry import register_configs
-        from dptrain.training.fit import public_feature_count
 
         register_configs()
         with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
@@ -217,7 +217,7 @@ def preset_cases(names: list[str]) -> dict[str, Case]:
                 cfg = compose(config_name="config", overrides=[f"experiment={exp}"])
                 target = str(cfg.model["_target_"])
                 hidden = tuple(int(h) for h in cfg.model["hidden"]) if target.endswith(".mlp") else None
-                out[name] = Case(name, public_feature_count(cfg.data), hidden, int(cfg.trainer.batch_size),
+                out[name] = Case(name, len(public_schema(cfg.data).feature_names), hidden, int(cfg.trainer.batch_size),
                                  str(cfg.model.get("activation", "relu")), f"composed from experiment={exp}")
     except Exception as exc:  # noqa: BLE001  (documented constants instead; the run says so)
         for name in names:

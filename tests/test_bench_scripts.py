@@ -93,9 +93,9 @@ def test_quick_cpu_run_writes_a_table_and_json_with_every_case_mode_and_ratio(tm
     assert machine["loadavg_start"] and machine["loadavg_end"] and machine["cpu"]
     records = {r["case"]["name"]: r for r in data["records"]}
     assert set(records) == {"mlp256-b1024", "preset-logit"}
-    # the preset's model and batch come from conf/ (experiment=logit on Adult: 112 features, B = 1024)
+    # the preset's model and batch come from conf/ (experiment=logit on Adult: 111 features, B = 1024)
     preset = records["preset-logit"]["case"]
-    assert (preset["in_features"], preset["hidden"], preset["batch"]) == (112, None, 1024)
+    assert (preset["in_features"], preset["hidden"], preset["batch"]) == (111, None, 1024)
     assert preset["source"] == "composed from experiment=logit"
     assert records["mlp256-b1024"]["case"]["hidden"] == [256, 256]
     for rec in records.values():

@@ -224,6 +224,13 @@ def test_the_claim_reads_the_folder_and_overwrite_empties_only_run_folders(tmp_p
     assert ownership.config_differences({"a": 1, "trainer": {"resume": None, "lr": 1}, "overwrite": False},
                                         {"a": 1, "trainer": {"resume": "auto", "lr": 2}, "overwrite": True}) == \
         ["trainer.lr"]
+    # a budget is a stop condition: a run stopped by privacy.max_epsilon resumes under another one or
+    # none (tests/test_distributed.py resumes that way); any other privacy setting is another run
+    assert ownership.config_differences({"privacy": {"max_epsilon": 0.5, "noise_multiplier": 1.0}},
+                                        {"privacy": {"max_epsilon": None, "noise_multiplier": 1.0}}) == []
+    assert ownership.config_differences({"privacy": {"max_epsilon": 0.5, "noise_multiplier": 1.0}},
+                                        {"privacy": {"max_epsilon": 0.5, "noise_multiplier": 2.0}}) == \
+        ["privacy.noise_multiplier"]
 
 
 def test_a_resume_of_another_configuration_is_refused(tmp_path):

@@ -12,7 +12,7 @@ entry (``tables/``): a report accounting for one table vouched for sixty. Now:
   ``overwrite=true`` (then :func:`empty_run_folder` removes every file of the old run first: the
   files its report vouched for, the unvouched ones, its private files; the new run's lock stays)
   or the launch resumes a run of the same configuration (``trainer.resume``; the old
-  ``.hydra/config.yaml`` must equal the new one but for ``trainer.resume`` and ``overwrite``).
+  ``.hydra/config.yaml`` must equal the new one but for :data:`RESUME_KEYS`).
   ``overwrite`` empties only a folder that looks like a run folder (:func:`is_run_folder`).
 * :func:`snapshot` (when the run takes its lock, after the claim): the publishable area's files as
   they are before the run writes. :func:`untouched` (when the run writes FILES.txt) names those the
@@ -42,8 +42,11 @@ HYDRA_RECORD, HYDRA_RECORD_PRIVATE = ".hydra/hydra.yaml", f"{PRIVATE_DIR}/hydra.
 LOCK_NAME = f"{PRIVATE_DIR}/run.lock"  # under private/: the top holds publishable files only
 #: files that only a dptrain run folder holds: ``overwrite=true`` empties nothing else
 RUN_MARKERS = (MANIFEST, ".hydra/config.yaml", LOCK_NAME, f"{PRIVATE_DIR}/dptrain.log", f"{PRIVATE_DIR}/checkpoint.pt")
-#: keys whose change does not make a resumed run another configuration
-RESUME_KEYS = ("trainer.resume", "overwrite")
+#: keys whose change does not make a resumed run another configuration: the resume itself, and the
+#: budget, a stop condition (a run stopped by ``privacy.max_epsilon`` continues under a larger one
+#: or none; the accountant's whole history still counts, and a checkpoint that already spent more
+#: than the new budget is refused by the training loop)
+RESUME_KEYS = ("trainer.resume", "overwrite", "privacy.max_epsilon")
 
 
 class FolderNotOwned(DPTrainError):
