@@ -181,6 +181,9 @@ def test_numbers_written_with_separators_are_read_with_predicts_own_settings(mod
         _predict([f"run={model_run}", f"data.path={tmp_path / 'eu.csv'}", "data.thousands=','",
                   "data.decimal=','"], tmp_path / "both")
     assert stop.value.code == 2 and "data.thousands=',' and data.decimal=','" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        _predict([f"run={model_run}", f"data.path={tmp_path / 'eu.csv'}", "data.thousands=x"], tmp_path / "x")
+    assert stop.value.code == 2 and "data.thousands='x' is not allowed: must be one of" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("override", "advice"), [
@@ -208,3 +211,27 @@ def test_the_issues_command_line_gets_the_right_advice(model_run, tmp_path):
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "data.nonfinite (a missing, infinite or non-numeric entry" in res.stderr
     assert "predict.missing: refuse (the default) or nan" in res.stderr and "data=NAME" not in res.stderr
+
+
+@pytest.mark.parametrize("kind", ["multinomial", "linear"])
+def test_the_nan_policy_for_multinomial_and_linear_models(kind, holed, tmp_path):
+    """The class's name (multinomial) and the prediction in original units (linear) are empty too,
+    the other rows scored as the API scores them."""
+    path, df = holed
+    train = _table(300, 4).assign(y=lambda t: np.where(t.z > 6, "hi", np.where(t.z > 3, "mid", "lo")),
+                                  w=lambda t: t.x / 10)
+    train.to_csv(tmp_path / "train.csv", index=False)
+    declare = {"multinomial": ["objective=multinomial", "data.target=y", "data.classes=[lo,mid,hi]"],
+               "linear": ["objective=linear", "data.target=w", "++data.target_bounds={lower: 0, upper: 100}"]}[kind]
+    schema = [s for s in SCHEMA if not s.startswith(("data.target=", "data.positive", "data.negative"))]
+    cli.run(_compose([*QUICK, *schema, *declare, "data.positive=null", f"data.path={tmp_path / 'train.csv'}"]),
+            run_dir=tmp_path / "run")
+    _predict([f"run={tmp_path / 'run'}", f"data.path={path}", "predict.missing=nan"], tmp_path / "pred")
+    out = pd.read_csv(tmp_path / "pred" / "private" / "predictions.csv")
+    label = "label" if kind == "multinomial" else "prediction"
+    assert len(out) == 30 and out.loc[[1, 3, 5]].isna().all().all() and out.drop(index=[1, 3, 5]).notna().all().all()
+    expected = load_model(tmp_path / "run").prediction_frame(pd.read_csv(path), missing="nan")
+    assert out[label].drop(index=[1, 3, 5]).tolist() == expected[label].drop(index=[1, 3, 5]).tolist()
+    if kind == "multinomial":
+        assert set(out[label].dropna()) <= {"lo", "mid", "hi"} and pd.isna(expected[label][1])
+        assert load_model(tmp_path / "run").predict(pd.read_csv(path), missing="nan")[1] is None

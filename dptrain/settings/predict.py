@@ -11,7 +11,6 @@ from dptrain.core.validation import (
     one_of,
     setting,
 )
-from dptrain.data.schema import DECIMALS, THOUSANDS
 from dptrain.runfolder.tracking import MODEL_FILENAME, model_path_in
 from dptrain.settings.common import TASKS_ALLOWED, RunBase, check_common
 from dptrain.settings.data import DATA_SOURCES, check_delimiter
@@ -101,7 +100,8 @@ class PredictRunConfig(RunBase):
 
 def validate_predict(cfg: Any) -> None:
     """Value checks of a predict run, before any row is read: the run folder holds a model.pt,
-    the rows' file is named."""
+    the rows' file is named (data.thousands / data.decimal are checked with the model's, which
+    they override: :func:`dptrain.tasks.predict.run_task`)."""
     run = cfg.run
     if not isinstance(run, str) or not run.strip():
         raise bad("run", run, "give the training run folder whose model.pt scores the rows: run=outputs/DATE/TIME")
@@ -113,11 +113,6 @@ def validate_predict(cfg: Any) -> None:
         raise bad("data.path", d.path, "give the CSV, Parquet or .dta file of the rows to score")
     one_of("data.format", d.format, ("auto", "csv", "parquet", "dta"))
     check_delimiter(d.delimiter)
-    if d.thousands is not None and d.thousands not in ("", *THOUSANDS):
-        raise bad("data.thousands", d.thousands, "must be null (as the model's training file), '' (none) or one of "
-                  "',', '.', ' ', \"'\" (the digit-group separator of the rows' numbers)")
-    if d.decimal is not None and d.decimal not in DECIMALS:
-        raise bad("data.decimal", d.decimal, "must be null (as the model's training file), '.' or ','")
     one_of("predict.missing", cfg.predict.missing, MISSING)
     flag("data.public", d.public)
     flag("trust_model_target", cfg.trust_model_target)

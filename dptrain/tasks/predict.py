@@ -168,7 +168,7 @@ class TrainedModel:
     def _encode(self, rows: Any, origin: str, missing: str) -> tuple[np.ndarray, dict[str, Any]]:
         df = _frame(rows, origin)
         check_columns(list(df.columns), self.schema, origin)
-        numeric, bad, counts = _numeric_features(df, self.schema, origin, missing)
+        numeric, bad, counts = _numeric_features(df, self.schema, origin, missing)  # refused, or rows marked
         x = encode_features(df, self.schema, None, numeric)
         x[bad] = np.nan
         return x, counts
@@ -188,9 +188,6 @@ class TrainedModel:
         z[bad] = np.nan  # whatever the model makes of zeros: the row has no prediction
         return z, counts
 
-    def _columns(self, rows: Any, missing: str = "refuse", origin: str = "the rows") -> dict[str, Any]:
-        return self._scored(rows, origin, missing)[0]
-
     def _scored(self, rows: Any, origin: str, missing: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """(the objective's prediction columns, a row kept by ``missing="nan"`` empty in each;
         the PRIVATE counts of such entries per numeric column)."""
@@ -209,7 +206,7 @@ class TrainedModel:
         if name not in ("binary", "multinomial"):
             raise DPTrainError(f"predict_proba needs objective=binary or multinomial; this model's objective is "
                                f"{name!r}: use predict")
-        cols = self._columns(rows, missing)
+        cols = self._scored(rows, "the rows", missing)[0]
         if name == "binary":
             p = np.asarray(cols["probability"], dtype=np.float64)
             return np.column_stack([1.0 - p, p])
@@ -220,7 +217,7 @@ class TrainedModel:
         multinomial the declared name of the most probable class; linear the prediction in the
         target's original units (a row kept by ``missing="nan"``: NaN, None for multinomial).
         :meth:`prediction_frame` writes a binary target's declared labels instead of 0/1."""
-        cols = self._columns(rows, missing)
+        cols = self._scored(rows, "the rows", missing)[0]
         return np.asarray(cols["prediction"] if "prediction" in cols else cols["label"])
 
     def prediction_frame(self, rows: Any, *, keep: list[str] | tuple[str, ...] = (), origin: str = "the rows",
