@@ -348,7 +348,7 @@ def test_readme_first_own_data_walkthrough_runs_as_written(tmp_path):
     metrics = json.loads((run / "private" / "metrics.json").read_text())
     assert metrics["test/acc"] > metrics["baseline/majority_acc"] + 0.03
     preds = pd.read_csv(scored / "private" / "predictions.csv")
-    assert len(preds) == 50 and set(preds.label) <= {0, 1}
+    assert len(preds) == 50 and set(preds.label_01) <= {0, 1} and set(preds.label) <= {">50K", "<=50K"}
     assert not (scored / "predictions.csv").exists()  # the scored rows are private by default
     api = load_model(run).predict_proba(pd.read_csv(work / "new_people.csv"))[:, 1]
     np.testing.assert_allclose(preds.probability.to_numpy(), api, rtol=1e-6, atol=1e-6)

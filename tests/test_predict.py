@@ -121,12 +121,13 @@ def test_cli_predictions_equal_the_api_predictions(logit_run, new_rows, tmp_path
     assert res.returncode == 0, res.stderr[-3000:]
     out = pd.read_csv(tmp_path / "pred" / "private" / "predictions.csv")
     rows = pd.read_csv(new_rows)
-    assert list(out.columns) == ["id", "score", "probability", "label"] and len(out) == len(rows)
+    assert list(out.columns) == ["id", "score", "probability", "label", "label_01"] and len(out) == len(rows)
     model = load_model(logit_run)
     assert np.array_equal(out["id"].to_numpy(), rows["id"].to_numpy())
     assert np.array_equal(out["score"].to_numpy(), model.decision_function(rows))
     assert np.array_equal(out["probability"].to_numpy(), model.predict_proba(rows)[:, 1])
-    assert np.array_equal(out["label"].to_numpy(), model.predict(rows))
+    assert np.array_equal(out["label_01"].to_numpy(), model.predict(rows))  # the API's predict: 0/1 (classes_)
+    assert out["label"].tolist() == np.where(out["label_01"] == 1, ">50K", "<=50K").tolist()  # the declared labels
     files = (tmp_path / "pred" / "FILES.txt").read_text()
     private_part = files.split("PRIVATE:")[1]
     assert "private/predictions.csv" in private_part and "computed from those rows" in private_part
@@ -142,7 +143,7 @@ def _predict_inprocess(overrides: list[str], run_dir: Path) -> float:
 def test_public_rows_give_publishable_predictions(logit_run, new_rows, tmp_path):
     _predict_inprocess([f"run={logit_run}", f"data.path={new_rows}", "data.public=true"], tmp_path)
     out = pd.read_csv(tmp_path / "predictions.csv")
-    assert list(out.columns) == ["score", "probability", "label"]
+    assert list(out.columns) == ["score", "probability", "label", "label_01"]
     assert "predictions.csv" in (tmp_path / "FILES.txt").read_text().split("PRIVATE:")[0]
 
 

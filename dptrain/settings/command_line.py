@@ -103,6 +103,18 @@ def _suggestion(path: str, siblings: list[str], everywhere: list[str], cfg: Any)
     return f" (did you mean {best[0]}?)" if best else ""
 
 
+def _refused_why(schema: type, path: str) -> str | None:
+    """Why the section of ``path`` refuses its key, when its dataclass says (``REFUSED_KEYS``: {key:
+    why}, e.g. task=predict's data section for the training data sources' keys), else None."""
+    *sections, last = path.split(".")
+    for name in sections:
+        kind, inner = _schema_of(typing.get_type_hints(schema).get(name, Any), None)
+        if kind != "dataclass":
+            return None
+        schema = inner
+    return getattr(schema, "REFUSED_KEYS", {}).get(last)
+
+
 def check_known_keys(cfg: Any, schemas: Mapping[str, type]) -> None:
     """Refuse any key of the composed config that its task's schema (``schemas[task]``) does not
     have (however it was added), naming it and the closest valid key. Runs before anything else."""
@@ -114,7 +126,8 @@ def check_known_keys(cfg: Any, schemas: Mapping[str, type]) -> None:
     if not unknown:
         return
     everywhere = _all_paths(schema)
-    parts = [f"{path}{_suggestion(path, siblings, everywhere, cfg)}" for path, siblings in unknown]
+    parts = [f"{path} ({why})" if (why := _refused_why(schema, path)) else
+             f"{path}{_suggestion(path, siblings, everywhere, cfg)}" for path, siblings in unknown]
     level = unknown[0][1]
     raise ConfigError(
         f"{', '.join(parts)}: not a setting of task={task}, refused (a key added with + or ++ is checked too); "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from dptrain.core.validation import (
     bad,
@@ -13,7 +13,30 @@ from dptrain.core.validation import (
 )
 from dptrain.runfolder.tracking import MODEL_FILENAME, model_path_in
 from dptrain.settings.common import TASKS_ALLOWED, RunBase, check_common
-from dptrain.settings.data import check_delimiter
+from dptrain.settings.data import DATA_SOURCES, check_delimiter
+
+#: predict.missing: what a row with a missing, infinite or non-numeric entry in a numeric feature column gets
+MISSING = ("refuse", "nan")
+
+_DECLARED = ("the model's declaration: task=predict encodes the rows with the one stored in run=...'s model.pt "
+             "(features, bounds, labels, the target's labels); a different one needs a new model (task=train)")
+_SPLIT = "task=predict splits nothing: every row of data.path is scored (data.public says whether they are public)"
+_DECLARATION = ("schema", "target", "positive", "negative", "classes", "target_bounds", "exclude", "numeric",
+                "categorical")
+_GENERATED = ("a setting of a training data source (task=train's data=NAME), not of task=predict: the rows scored are "
+              "read from data.path")
+#: the training data sources' keys task=predict refuses, with why (the command line's refusal quotes it)
+_NOT_FOR_SCORING = {
+    "name": "task=predict reads one file, data.path (data.format: its format), whatever the model was trained on",
+    "nonfinite": "a missing, infinite or non-numeric entry in a numeric feature column of the rows scored follows "
+                 "predict.missing: refuse (the default) or nan (the row is scored as NaN and kept)",
+    "unlisted": "a blank or an undeclared label in a categorical feature column is scored through that column's "
+                "<other> slot, as data.unlisted=other encodes it in training",
+    "label_map": "the model's stored data.label_map applies to the rows scored, as in training; " + _DECLARED,
+    **dict.fromkeys(("split_column", "test_fraction", "split_key", "test_public"), _SPLIT),
+    **dict.fromkeys(("cache", "sharding"), "not used when scoring: the rows of data.path are read once, in this "
+                                           "process"),
+}
 
 
 @dataclass
@@ -31,8 +54,32 @@ class PredictDataConfig:
     public: bool = setting(False, help="true only when the rows scored are PUBLIC: the predictions are then "
                            "publishable (predictions.csv at the top of the run folder); false: they are as private "
                            "as the rows (private/predictions.csv)", allowed="true | false")
+    thousands: str | None = setting(None, help="the digit-group separator of the numbers in the rows' numeric "
+                                    "columns, e.g. ',' for 60,366 (null: as the model's training file wrote them, "
+                                    "stored in model.pt; '': none)", allowed="null | '' | one of ',' '.' ' ' \"'\" "
+                                    "(an apostrophe), other than the decimal mark")
+    decimal: str | None = setting(None, help="the decimal mark of the numbers in the rows' numeric columns (null: "
+                                  "as the model's training file wrote them, stored in model.pt)",
+                                  allowed="null | '.' | ','")
     keep_columns: list[str] = setting(help="input columns copied into the predictions (e.g. an id)",
                                       allowed="a list of column names of the file", factory=list)
+
+    #: the training data sources' other keys, refused with why (dptrain.settings.command_line)
+    REFUSED_KEYS: ClassVar[dict[str, str]] = {
+        key: _NOT_FOR_SCORING.get(key, _DECLARED if key in _DECLARATION else _GENERATED)
+        for source in DATA_SOURCES.values()
+        for key in source.__dataclass_fields__ if key not in ("path", "format", "delimiter", "thousands", "decimal")}
+
+
+@dataclass
+class PredictOptions:
+    """How task=predict scores the rows."""
+
+    missing: str = setting("refuse", help="a row with a missing, infinite or non-numeric entry in a numeric feature "
+                           "column: refuse (the file is refused, naming the column; no prediction is written) or nan "
+                           "(the row is kept, its prediction columns empty (NaN); how many such rows, per column: "
+                           "private/predict_counts.json, PRIVATE). A blank or undeclared label in a categorical "
+                           "column is scored through its <other> slot under either", allowed="refuse | nan")
 
 
 @dataclass
@@ -48,11 +95,13 @@ class PredictRunConfig(RunBase):
                                        "builder (building it runs that code: only for a file you trust)",
                                        allowed="true | false")
     data: PredictDataConfig = setting(help="the rows to score", factory=PredictDataConfig)
+    predict: PredictOptions = setting(help="how the rows are scored", factory=PredictOptions)
 
 
 def validate_predict(cfg: Any) -> None:
     """Value checks of a predict run, before any row is read: the run folder holds a model.pt,
-    the rows' file is named."""
+    the rows' file is named (data.thousands / data.decimal are checked with the model's, which
+    they override: :func:`dptrain.tasks.predict.run_task`)."""
     run = cfg.run
     if not isinstance(run, str) or not run.strip():
         raise bad("run", run, "give the training run folder whose model.pt scores the rows: run=outputs/DATE/TIME")
@@ -64,6 +113,7 @@ def validate_predict(cfg: Any) -> None:
         raise bad("data.path", d.path, "give the CSV, Parquet or .dta file of the rows to score")
     one_of("data.format", d.format, ("auto", "csv", "parquet", "dta"))
     check_delimiter(d.delimiter)
+    one_of("predict.missing", cfg.predict.missing, MISSING)
     flag("data.public", d.public)
     flag("trust_model_target", cfg.trust_model_target)
     flag("overwrite", cfg.overwrite)
