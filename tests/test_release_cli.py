@@ -134,8 +134,8 @@ def test_user_table_release(tmp_path):
 
 
 @pytest.mark.parametrize("extra,needle", [
-    (["release.epsilon=0"], "release.epsilon"),
-    (["release.epsilon=-1"], "release.epsilon"),
+    (["release.epsilon_per_statistic=0"], "release.epsilon_per_statistic"),
+    (["release.epsilon_per_statistic=-1"], "release.epsilon_per_statistic"),
     (["release.x=nope"], "release.x"),
     (["release.cells=[nope]"], "release.cells"),
     (["release.min_n=1"], "release.min_n"),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -222,8 +223,8 @@ def run_release(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, *, ran
     if r.statistic == "custom":
         return run_custom(run, conf.release.stat_fn)
     method = RELEASE_METHODS.get(r.method)
-    log.info("release: method=%s, statistic=%s, release.epsilon=%g per released statistic (the total is on the "
-             "last line); cells: %s", r.method, r.statistic, r.epsilon, run.est.listed.description)
+    planned = planned_total(r, method, run.est.listed)
+    log.info("%s", first_line(r, method, planned, run.est.listed))
     warning = method.warning(r.method, r)
     if warning:
         log.warning("%s", warning)
@@ -236,7 +237,7 @@ def run_release(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, *, ran
               bar_format="{desc}: {n_fmt}/{total_fmt} methods{postfix}") as bar:
         for name in names:
             bar.set_postfix_str(name)
-            results[name] = run_method(name, run.est, epsilon=r.epsilon,
+            results[name] = run_method(name, run.est, epsilon=r.epsilon_per_statistic,
                                        rng=run.randomness.numpy(f"release-{name}"), config=r)
             bar.update()
     say_if_nothing_released(results[r.method], r.method)
@@ -249,11 +250,53 @@ def run_release(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, *, ran
         files, rmse = write_evaluation(eval_dir, run, results)
         folder.record({f"{PRIVATE_DIR}/{EVALUATION_DIR}/{p.name}": why for p, why in files.items()})
         log.warning("private evaluation (exact values, every method) written to %s: never publish it", eval_dir)
+    check_total(planned, facts.get("total") or {}, r.method)
     covered = method.has_guarantee and finite_epsilon((facts.get("total") or {}).get("epsilon"))
     folder.finish(guarantee=report.guarantee_line(facts), finite_guarantee=covered, report=Report(
         "release.json", facts, "the facts of that release: method, neighbours, epsilon, delta, guarantee"))
     log.info("release written: release.csv, release.json (%s%s)", total_epsilon_text(facts), facts["guarantee"])
     return rmse
+
+
+def planned_total(r: ReleaseSpec, method: ReleaseMethod, listed: CellDomain) -> dict:
+    """The release's TOTAL as release.json will state it ("total": epsilon, delta, note): the
+    method's own budget at release.epsilon_per_statistic (:meth:`ReleaseMethod.budget`), composed
+    with a private cell selection; known before the method runs."""
+    eps, delta = method.budget(r.epsilon_per_statistic, r)
+    rel = method.relation(r)
+    return report.composed_total(None if rel is None else rel.value, eps, delta, listed.selection)
+
+
+def first_line(r: ReleaseSpec, method: ReleaseMethod, total: dict, listed: CellDomain) -> str:
+    """The release's first console line: its TOTAL epsilon and delta for release.method (the
+    per-statistic setting after it), the statistic and where the cells come from."""
+    eps = r.epsilon_per_statistic
+    setting = f"release.method={r.method} at release.epsilon_per_statistic={eps:g}"
+    if total["epsilon"] is None:
+        head = "no epsilon: NOT differentially private, the released values are EXACT"
+        setting = f"release.method={r.method} (release.epsilon_per_statistic is not used)"
+    else:
+        rel = method.relation(r)
+        head = (f"epsilon {total['epsilon']:g}, delta {total['delta']:g} in all"
+                + (" with the private cell selection" if listed.selection else "")
+                + (f" ({rel.value} neighbours)" if method.has_guarantee else
+                   " (conditional on chi: NOT differentially private)"))
+        if method.run_epsilon(eps, r) != eps:
+            setting += f" (run at {method.run_epsilon(eps, r):g}: the comparison convention of {rel.value} methods)"
+    return f"release: {head}; {setting}, statistic={r.statistic}; cells: {listed.description}"
+
+
+def check_total(planned: dict, stated: dict, name: str) -> None:
+    """The total the first line gave must be release.json's: a method whose ``budget`` says
+    otherwise than its output (a plugin's) gets a warning naming both."""
+    pairs = [(planned.get(k), stated.get(k)) for k in ("epsilon", "delta")]
+    same = all((p is None and s is None) or (p is not None and s is not None and math.isclose(p, s, rel_tol=1e-9))
+               for p, s in pairs)
+    if not same:
+        log.warning("release.method=%s: the total on the first line (epsilon %s, delta %s) is not release.json's "
+                    "(epsilon %s, delta %s): release.json's is the one its output satisfies; the method's budget() "
+                    "disagrees with it", name, planned.get("epsilon"), planned.get("delta"), stated.get("epsilon"),
+                    stated.get("delta"))
 
 
 def total_epsilon_text(facts: dict) -> str:
@@ -282,9 +325,9 @@ def say_if_nothing_released(result: MethodResult, name: str) -> None:
 #: per reason a cell was not released (release.csv's reason column), the settings that would help
 HELPS = {
     REASON_SMALL: "cells with more rows, or a lower release.min_n (the eligibility threshold is also at least "
-                  "k* + 4, which a larger release.epsilon or release.dp_mos_split.test lowers)",
-    REASON_TEST: "a larger release.epsilon or release.dp_mos_split.test, or release.dp_mos_chi_quantile closer to 1 "
-                 "(a larger chi: more cells pass, each with more noise)",
+                  "k* + 4, which a larger release.epsilon_per_statistic or release.dp_mos_split.test lowers)",
+    REASON_TEST: "a larger release.epsilon_per_statistic or release.dp_mos_split.test, or "
+                 "release.dp_mos_chi_quantile closer to 1 (a larger chi: more cells pass, each with more noise)",
     REASON_NO_CHI: "cells with more rows, or a lower release.min_n (no cell of the group was eligible)",
 }
 
@@ -326,8 +369,13 @@ def run_custom(run: ReleaseRun, stat_fn: str) -> float:
         raise ReleaseError("release.chi_by is not supported with release.statistic=custom; allowed: []")
     if r.method != "mos":
         raise ReleaseError(f"release.method={r.method!r} is not allowed with release.statistic=custom: mos")
+    total = report.composed_total("add_remove", 2 * r.epsilon_per_statistic, 0.0, run.est.listed.selection)
+    log.info("release: epsilon %g, delta 0 in all%s (conditional on chi: NOT differentially private); theta and N "
+             "each at release.epsilon_per_statistic=%g, statistic=custom (%s); cells: %s", total["epsilon"],
+             " with the private cell selection" if run.est.listed.selection else "", r.epsilon_per_statistic,
+             stat_fn, run.est.listed.description)
     log.warning("release.statistic=custom (MOS): %s", NOT_DP)
-    rel = release_custom(run.est.cells, load_stat_fn(stat_fn), epsilon=r.epsilon, neighbors=r.neighbors,
+    rel = release_custom(run.est.cells, load_stat_fn(stat_fn), epsilon=r.epsilon_per_statistic, neighbors=r.neighbors,
                          rng=run.randomness.numpy("release-mos-custom"))
     folder = RunFolder.of(run.run_dir)
     folder.write_text("release.csv", rel.to_frame().to_csv(index=False), "the released cells (MOS, custom statistic)")
