@@ -166,3 +166,27 @@ def test_a_method_whose_budget_disagrees_with_its_output_is_named(tmp_path, capl
     assert _total(tmp_path)["epsilon"] == 1.0 and Overspender.neighbours is Neighbours.ADD_REMOVE
     assert any("the total on the first line (epsilon 0.5, delta 0.0) is not release.json's (epsilon 1.0" in m
                for m in said), said
+
+
+def test_the_total_comes_before_any_row_is_read(tmp_path, caplog):
+    """On a user's table the first line is the total, before the rows' counts (the data holder's
+    line, PRIVATE) and before a refusal of the data: it depends on the settings only."""
+    caplog.set_level(logging.INFO, logger="dptrain")
+    table = tmp_path / "rows.csv"
+    table.write_text("x,y,cell\n" + "".join(f"{(i % 7) / 7},{(i % 5) / 5},{i % 3}\n" for i in range(60))
+                     + "oops,0.5,1\n")
+    run_task(_compose(["task=release", "data=table", f"data.path={table}", "data.nonfinite=drop",
+                       "release.cell_values={cell: [0, 1, 2]}", "release.domain={x_lo: 0, x_hi: 1, y_lo: 0, y_hi: 1}",
+                       "release.method=ss_laplace", "release.epsilon_per_statistic=0.5"]), run_dir=tmp_path / "run")
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith("release: epsilon 0.5, delta 0 in all (add_remove neighbours)"), said
+    data_line = next(i for i, m in enumerate(said) if m.startswith("release data (PRIVATE counts"))
+    cells_line = next(i for i, m in enumerate(said) if m.startswith("release cells: declared"))
+    assert 0 < data_line and 0 < cells_line < len(said) - 1
+
+    caplog.clear()
+    with pytest.raises(DPTrainError):  # a bad file: refused after the total, which needs no row
+        run_task(_compose(["task=release", "data=table", f"data.path={tmp_path / 'missing.csv'}",
+                           "release.cell_values={cell: [0, 1, 2]}",
+                           "release.domain={x_lo: 0, x_hi: 1, y_lo: 0, y_hi: 1}"]), run_dir=tmp_path / "run2")
+    assert caplog.records[0].getMessage().startswith("release: epsilon 3, delta 0 in all (conditional on chi")

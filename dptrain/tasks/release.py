@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,9 +58,16 @@ from dptrain.release.methods import (
 from dptrain.release.mos import NOT_DP
 from dptrain.release.prepared import ReleaseRun
 from dptrain.release.spec import ReleaseSpec
+from dptrain.release.total import first_line, planned_total, total_disagreement
 from dptrain.runfolder.folder import PRIVATE_DIR, Report, RunFolder
 from dptrain.runfolder.tracking import finite_epsilon
-from dptrain.settings.release import ReleaseRunConfig, release_spec, resolved_domain, validate_release_run
+from dptrain.settings.release import (
+    ReleaseConfig,
+    ReleaseRunConfig,
+    release_spec,
+    resolved_domain,
+    validate_release_run,
+)
 
 log = logging.getLogger(__name__)
 
@@ -218,13 +224,15 @@ def methods_to_run(r: ReleaseSpec, evaluate: bool) -> list[str]:
 def run_release(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, *, randomness: Randomness) -> float:
     """Run one release. Returns the released method's RMSE against the reference (truth, else
     OLS) when the private evaluation ran, else NaN (nothing exact leaves the evaluation)."""
+    selection = planned_selection(conf.release)
+    planned = planned_total(spec, selection)
+    log.info("%s", first_line(spec, planned, selection, conf.release.stat_fn))  # before any row is read
     run = prepare(conf, spec, Path(run_dir), randomness)
+    log.info("release cells: %s", run.est.listed.description)
     r = run.spec
     if r.statistic == "custom":
         return run_custom(run, conf.release.stat_fn)
     method = RELEASE_METHODS.get(r.method)
-    planned = planned_total(r, method, run.est.listed)
-    log.info("%s", first_line(r, method, planned, run.est.listed))
     warning = method.warning(r.method, r)
     if warning:
         log.warning("%s", warning)
@@ -250,7 +258,9 @@ def run_release(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, *, ran
         files, rmse = write_evaluation(eval_dir, run, results)
         folder.record({f"{PRIVATE_DIR}/{EVALUATION_DIR}/{p.name}": why for p, why in files.items()})
         log.warning("private evaluation (exact values, every method) written to %s: never publish it", eval_dir)
-    check_total(planned, facts.get("total") or {}, r.method)
+    disagreement = total_disagreement(planned, facts.get("total") or {}, r.method)
+    if disagreement:
+        log.warning("%s", disagreement)
     covered = method.has_guarantee and finite_epsilon((facts.get("total") or {}).get("epsilon"))
     folder.finish(guarantee=report.guarantee_line(facts), finite_guarantee=covered, report=Report(
         "release.json", facts, "the facts of that release: method, neighbours, epsilon, delta, guarantee"))
@@ -258,45 +268,12 @@ def run_release(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, *, ran
     return rmse
 
 
-def planned_total(r: ReleaseSpec, method: ReleaseMethod, listed: CellDomain) -> dict:
-    """The release's TOTAL as release.json will state it ("total": epsilon, delta, note): the
-    method's own budget at release.epsilon_per_statistic (:meth:`ReleaseMethod.budget`), composed
-    with a private cell selection; known before the method runs."""
-    eps, delta = method.budget(r.epsilon_per_statistic, r)
-    rel = method.relation(r)
-    return report.composed_total(None if rel is None else rel.value, eps, delta, listed.selection)
-
-
-def first_line(r: ReleaseSpec, method: ReleaseMethod, total: dict, listed: CellDomain) -> str:
-    """The release's first console line: its TOTAL epsilon and delta for release.method (the
-    per-statistic setting after it), the statistic and where the cells come from."""
-    eps = r.epsilon_per_statistic
-    setting = f"release.method={r.method} at release.epsilon_per_statistic={eps:g}"
-    if total["epsilon"] is None:
-        head = "no epsilon: NOT differentially private, the released values are EXACT"
-        setting = f"release.method={r.method} (release.epsilon_per_statistic is not used)"
-    else:
-        rel = method.relation(r)
-        head = (f"epsilon {total['epsilon']:g}, delta {total['delta']:g} in all"
-                + (" with the private cell selection" if listed.selection else "")
-                + (f" ({rel.value} neighbours)" if method.has_guarantee else
-                   " (conditional on chi: NOT differentially private)"))
-        if method.run_epsilon(eps, r) != eps:
-            setting += f" (run at {method.run_epsilon(eps, r):g}: the comparison convention of {rel.value} methods)"
-    return f"release: {head}; {setting}, statistic={r.statistic}; cells: {listed.description}"
-
-
-def check_total(planned: dict, stated: dict, name: str) -> None:
-    """The total the first line gave must be release.json's: a method whose ``budget`` says
-    otherwise than its output (a plugin's) gets a warning naming both."""
-    pairs = [(planned.get(k), stated.get(k)) for k in ("epsilon", "delta")]
-    same = all((p is None and s is None) or (p is not None and s is not None and math.isclose(p, s, rel_tol=1e-9))
-               for p, s in pairs)
-    if not same:
-        log.warning("release.method=%s: the total on the first line (epsilon %s, delta %s) is not release.json's "
-                    "(epsilon %s, delta %s): release.json's is the one its output satisfies; the method's budget() "
-                    "disagrees with it", name, planned.get("epsilon"), planned.get("delta"), stated.get("epsilon"),
-                    stated.get("delta"))
+def planned_selection(r: ReleaseConfig) -> dict | None:
+    """The private cell selection's (epsilon, delta) as its settings give them; None for declared
+    cells (they cost nothing)."""
+    if r.cell_selection != "private":
+        return None
+    return {"epsilon": float(r.selection_epsilon), "delta": float(r.selection_delta)}
 
 
 def total_epsilon_text(facts: dict) -> str:
@@ -369,11 +346,6 @@ def run_custom(run: ReleaseRun, stat_fn: str) -> float:
         raise ReleaseError("release.chi_by is not supported with release.statistic=custom; allowed: []")
     if r.method != "mos":
         raise ReleaseError(f"release.method={r.method!r} is not allowed with release.statistic=custom: mos")
-    total = report.composed_total("add_remove", 2 * r.epsilon_per_statistic, 0.0, run.est.listed.selection)
-    log.info("release: epsilon %g, delta 0 in all%s (conditional on chi: NOT differentially private); theta and N "
-             "each at release.epsilon_per_statistic=%g, statistic=custom (%s); cells: %s", total["epsilon"],
-             " with the private cell selection" if run.est.listed.selection else "", r.epsilon_per_statistic,
-             stat_fn, run.est.listed.description)
     log.warning("release.statistic=custom (MOS): %s", NOT_DP)
     rel = release_custom(run.est.cells, load_stat_fn(stat_fn), epsilon=r.epsilon_per_statistic, neighbors=r.neighbors,
                          rng=run.randomness.numpy("release-mos-custom"))
