@@ -5,8 +5,8 @@
 Reads every ``<run>/private/evaluation/comparison.csv`` (the private evaluation a release run
 writes for simulated data) and ``<run>/.hydra/overrides.yaml`` below MULTIRUN_DIR and writes
 ``summary.csv`` (long: overrides, method, band, metrics) and ``summary.md`` (for each metric and
-each setting other than epsilon: method x epsilon on all cells, and method x band at each
-epsilon) into --out (default: MULTIRUN_DIR).
+each setting other than epsilon, i.e. ``release.epsilon_per_statistic``: method x epsilon on all
+cells, and method x band at each epsilon) into --out (default: MULTIRUN_DIR).
 
 The summary is computed from exact values: on simulated data (data=atlas) it is a study result;
 on real data it would be as private as the comparisons it reads.
@@ -22,6 +22,10 @@ import yaml
 
 from dptrain.release.evaluate import to_markdown
 
+#: the override that gives the "epsilon" column (per released statistic): release.epsilon_per_statistic, or
+#: release.epsilon in the folders of a sweep run before that setting was renamed
+EPSILON_KEYS = ("epsilon_per_statistic", "epsilon")
+
 
 def load(sweep: Path) -> pd.DataFrame:
     frames = []
@@ -31,7 +35,8 @@ def load(sweep: Path) -> pd.DataFrame:
         for item in overrides:
             key, _, value = item.partition("=")
             if key.startswith("release.") and key != "release.tail_epsilons":
-                table[key.removeprefix("release.")] = value
+                name = key.removeprefix("release.")
+                table["epsilon" if name in EPSILON_KEYS else name] = value
             elif key == "data.generator":
                 table["generator"] = value
         frames.append(table)

@@ -17,6 +17,11 @@ name). Like a run folder, the output (--out, default: MULTIRUN_DIR) is split in 
   non-private baseline) and diffprivlib's LogisticRegression fitted on the sweep's private training
   rows at the sweep's epsilons (privacy spent outside every run's report), and a ``FILES.txt``.
 
+summary.png plots the --metric against epsilon: the mean over seeds, with error bars of +/- 1
+sample sd over the seeds of each setting where a sweep repeats seeds (its title says what the
+bars are and their largest sd). Progress goes to stderr: a line per step, a bar over
+diffprivlib's fits (the slow part: one fit per epsilon and seed on the private training rows).
+
 Columns of summary.csv: model, the varying overrides (one column each, as written on the command
 line), private, target_epsilon, noise_multiplier (mean over seeds), epsilon (mean over seeds of
 the headline epsilon), epsilon_max, accountant, delta, n_seeds, seeds, then for test/acc,
@@ -36,6 +41,7 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
+from tqdm import tqdm
 
 from dptrain.runfolder.folder import RunFolder
 from dptrain.runfolder.tracking import MANIFEST, PRIVATE_DIR, private_dir
@@ -117,13 +123,18 @@ def public_view(runs: list[dict]) -> list[dict]:
     return [{**r, **{m: r["public"].get(m) for m in METRIC_KEYS}} for r in runs]
 
 
+def progress(message: str) -> None:
+    """One progress line on stderr (the summary of a long sweep takes minutes)."""
+    print(f"summarize_sweep.py: {message}", file=sys.stderr, flush=True)
+
+
 def load_runs(sweep: Path, exclude: Path | None = None) -> list[dict]:
     """Every job folder of ``sweep`` except ``exclude`` (the output folder) and its private/."""
     skip = {exclude.resolve(), (exclude / PRIVATE_DIR).resolve()} if exclude is not None else set()
+    folders = [p for p in sorted(sweep.iterdir()) if p.is_dir() and p.resolve() not in skip]
+    progress(f"reading {len(folders)} run folder{'s' * (len(folders) != 1)} of {sweep}")
     runs = []
-    for run in sorted(p for p in sweep.iterdir() if p.is_dir()):
-        if run.resolve() in skip:
-            continue
+    for run in tqdm(folders, desc="runs read", unit="run", file=sys.stderr, disable=len(folders) < 20):
         record = _read_run(run)
         if record is not None:
             runs.append(record)
@@ -253,31 +264,47 @@ def write_markdown(table: pd.DataFrame, path: Path, sweep: Path, *, public: bool
     path.write_text("\n".join(text))
 
 
-def plot(table: pd.DataFrame, metric: str, path: Path) -> None:
-    import matplotlib
+def error_bar_text(table: pd.DataFrame, metric: str, span: float | None = None) -> str:
+    """What the figure's error bars are, in words: +/- 1 sample sd over the seeds of each setting
+    (the table's ``_std`` column) and the largest one, said to be smaller than the markers when it
+    is under 1% of the y axis' ``span``; or that a sweep with one seed per setting has none."""
+    std = pd.to_numeric(table.get(f"{metric}_std", pd.Series(dtype=float)), errors="coerce").dropna()
+    seeds = pd.to_numeric(table.get("n_seeds", pd.Series(dtype=float)), errors="coerce").dropna()
+    if std.empty:
+        return "one seed per setting: no error bars (repeat seeds, e.g. seed=0,1,2, to draw them)"
+    n = f"{int(seeds.min())}" if seeds.min() == seeds.max() else f"{int(seeds.min())}-{int(seeds.max())}"
+    small = ", smaller than the markers" if span and std.max() < 0.01 * span else ""
+    return f"error bars: mean \u00b1 1 sd over {n} seeds per setting (largest sd {std.max():.2g}{small})"
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+def _lines(ax, table: pd.DataFrame, metric: str) -> None:
+    """One error-bar line per model (and per override that varies among the private rows): the
+    mean over seeds, +/- 1 sd where a setting has several seeds."""
     mean_c, std_c = f"{metric}_mean", f"{metric}_std"
     priv = table[table["private"].astype(bool) & (table["epsilon"] > 0)]
-    # one line per model, split further only by overrides that vary among the private rows
     varying = [
         k for k in table.attrs.get("varying", [])
         if k not in ("experiment", "model", "privacy.target_epsilon", "privacy.noise_multiplier")
         and priv[k].astype(str).nunique() > 1
     ]
-    line_keys = ["model", *varying]
-    for key, grp in priv.groupby(line_keys, dropna=False, sort=True):
+    for key, grp in priv.groupby(["model", *varying], dropna=False, sort=True):
         key = key if isinstance(key, tuple) else (key,)
         label = str(key[0]) + "".join(f", {k}={v}" for k, v in zip(varying, key[1:]))
         grp = grp.sort_values("epsilon")
         if mean_c not in grp or grp[mean_c].isna().all():
             continue
         name = label if label.startswith("diffprivlib") else f"DP-SGD {label}"
-        ax.errorbar(grp["epsilon"], grp[mean_c], yerr=grp[std_c].fillna(0.0),
-                    marker="o", capsize=3, label=name)
+        ax.errorbar(grp["epsilon"], grp[mean_c], yerr=grp[std_c].fillna(0.0) if std_c in grp else None,
+                    marker="o", capsize=5, elinewidth=1.5, label=name)
+    if len(priv):
+        ax.set_xscale("log")
+
+
+def _baselines(ax, table: pd.DataFrame, metric: str) -> None:
+    """The non-private runs, sklearn's fit and the majority-class rate as horizontal lines."""
+    import matplotlib.pyplot as plt
+
+    mean_c = f"{metric}_mean"
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     nonpriv = table[~table["private"].astype(bool)]
     for i, (model, grp) in enumerate(nonpriv.groupby("model", sort=True)):
@@ -292,16 +319,36 @@ def plot(table: pd.DataFrame, metric: str, path: Path) -> None:
         maj = table.get("baseline/majority_acc_mean", pd.Series(dtype=float)).dropna()
         if len(maj):
             ax.axhline(maj.mean(), linestyle=":", color="grey", label=MAJORITY_LABEL)
-    if len(priv):
-        ax.set_xscale("log")
+
+
+def figure(table: pd.DataFrame, metric: str):
+    """The privacy-utility figure (a matplotlib Figure): ``metric`` against epsilon, with error
+    bars of +/- 1 sd over seeds where a setting repeats seeds (:func:`error_bar_text` says so on
+    the figure)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    _lines(ax, table, metric)
+    _baselines(ax, table, metric)
     ax.set_xlabel("epsilon (mean over seeds, log scale)")
-    ax.set_ylabel(f"{metric} (mean ± std over seeds)")
-    ax.set_title(f"{metric} vs epsilon", fontsize=11)
+    ax.set_ylabel(f"{metric} (mean over seeds)")
+    low, high = ax.get_ylim()
+    ax.set_title(f"{metric} vs epsilon; {error_bar_text(table, metric, high - low)}", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     fig.text(0.5, 0.01, CAVEAT, ha="center", va="bottom", fontsize=8, wrap=True)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return fig
+
+
+def plot(table: pd.DataFrame, metric: str, path: Path) -> None:
+    fig = figure(table, metric)
+    import matplotlib.pyplot as plt
+
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -354,24 +401,29 @@ def diffprivlib_rows(sweep: Path, table: pd.DataFrame, runs: list[dict]) -> pd.D
         raise SystemExit(f"summarize_sweep.py: diffprivlib cannot be imported for the comparison ({err}); install "
                          "the versions pyproject.toml pins or rerun with --no-diffprivlib to skip it") from None
 
+    progress(f"loading the data of {runs[0]['run']} for diffprivlib's fits (--no-diffprivlib skips them)")
     data, norm = _sweep_data(sweep / runs[0]["run"])
     seeds = sorted({int(r["seed"]) for r in runs if r["seed"] is not None}) or [0]
     eps_values = sorted({round(float(e), 6) for e in table.loc[table["private"].astype(bool), "epsilon"].dropna()})
     rows = []
+    bar = tqdm(total=len(eps_values) * len(seeds), desc="diffprivlib fits", unit="fit", file=sys.stderr)
     for eps in eps_values:
         accs = []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for seed in seeds:
+                bar.set_postfix_str(f"epsilon {eps:g}, seed {seed}")
                 clf = LogisticRegression(epsilon=eps, data_norm=norm, random_state=seed, max_iter=1000)
                 clf.fit(data.x_train.numpy(), data.y_train.numpy())
                 accs.append(clf.score(data.x_test.numpy(), data.y_test.numpy()))
+                bar.update()
         a = pd.Series(accs, dtype=float)
         rows.append({"model": "diffprivlib LogisticRegression", "private": True, "epsilon": eps,
                      "accountant": "diffprivlib (pure eps, replace-one)", "delta": 0.0, "n_seeds": len(accs),
                      "seeds": ";".join(map(str, seeds)), "test/acc_mean": a.mean(),
                      "test/acc_std": a.std(ddof=1) if len(a) > 1 else float("nan"),
                      "test/acc_min": a.min(), "test/acc_max": a.max()})
+    bar.close()
     return pd.DataFrame(rows)
 
 
@@ -399,6 +451,7 @@ def _private_manifest(*, diffprivlib: bool) -> str:
 
 def write_private(out: Path, runs: list[dict], sweep: Path, *, metric: str, diffprivlib: bool) -> pd.DataFrame:
     """``out/private/``: every metric of private/metrics.json (and diffprivlib) with its FILES.txt."""
+    progress(f"summarising {len(runs)} runs")
     table = summarize(runs)
     if diffprivlib and table["private"].astype(bool).any():
         extra = diffprivlib_rows(sweep, table, runs)
@@ -407,6 +460,7 @@ def write_private(out: Path, runs: list[dict], sweep: Path, *, metric: str, diff
         table.attrs.update(attrs)
         table.attrs["diffprivlib"] = True
     folder = private_dir(out)
+    progress(f"writing the private summary and figure in {folder}")
     table.to_csv(folder / "summary.csv", index=False)
     write_markdown(table, folder / "summary.md", sweep, public=False)
     plot(table, metric, folder / "summary.png")
@@ -470,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no complete runs found under {sweep}", file=sys.stderr)
         return 1
     private = write_private(out, runs, sweep, metric=args.metric, diffprivlib=not args.no_diffprivlib)
+    progress("writing the publishable summary and figure")
     public = write_public(out, runs, sweep, metric=args.metric)
     extra = " and diffprivlib's fits" if private.attrs.get("diffprivlib") else ""
     print(f"{counts(runs, public)}: publishable summary and {MANIFEST} in {out}; "

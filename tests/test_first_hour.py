@@ -603,7 +603,8 @@ def test_round2_item14_the_release_console_states_the_total_epsilon(tmp_path, ca
     said = [r.getMessage() for r in caplog.records]
     total = json.loads((tmp_path / "run" / "release.json").read_text())["epsilon"]["total"]
     assert total == 3.0
-    assert any("release.epsilon=1 per released statistic" in m for m in said)
+    assert any(m.startswith("release: epsilon 3, delta 0 in all") and "release.epsilon_per_statistic=1" in m
+               for m in said)
     assert any(m.startswith("release written") and "epsilon 3 in all (theta 1 + se 1 + n 1)" in m for m in said)
 
 
@@ -646,11 +647,12 @@ def test_round2_item4_dp_mos_on_small_groups_is_refused_and_predictions_stay_in_
     path = _release_table(tmp_path / "r.csv", per_cell=500, cells=8)
     domain = "release.domain={x_lo: 0, x_hi: 1, y_lo: 0, y_hi: 1}"
     with pytest.raises(SystemExit) as stop:
-        cli.run(_compose(_release(path, domain, "release.method=dp_mos", "release.epsilon=1")),
+        cli.run(_compose(_release(path, domain, "release.method=dp_mos", "release.epsilon_per_statistic=1")),
                 run_dir=tmp_path / "run")
     err = capsys.readouterr().err
     assert stop.value.code == 2 and "too small for a private chi" in err and not (tmp_path / "run").exists()
-    for setting in ("release.epsilon of at least", "release.dp_mos_split.chi", "release.chi_by", "cells per group"):
+    for setting in ("release.epsilon_per_statistic of at least", "release.dp_mos_split.chi", "release.chi_by",
+                    "cells per group"):
         assert setting in err, err
     df = pd.read_csv(path)
     est = fit_cells(df, x="x", y="y", cells=["cell"], cell_keys=pd.DataFrame({"cell": range(8)}))

@@ -118,7 +118,8 @@ def test_release_of_a_table_and_its_neighbour_runs_alike(case, tmp_path, capsys)
         outcome = _outcome(["task=release", "data=table", f"data.path={path}", "release.x=x", "release.y=y",
                             "release.cells=[cell]", "release.cell_values={cell: [1, 2, 3]}", "release.min_n=3",
                             "release.domain={x_lo: 0, x_hi: 1, y_lo: 0, y_hi: 1}",
-                            "release.method=ss_laplace", "release.epsilon=4", "release.private_evaluation=false"],
+                            "release.method=ss_laplace", "release.epsilon_per_statistic=4",
+                            "release.private_evaluation=false"],
                            run, capsys)
         assert outcome == "ran", (name, outcome)
         released.append(pd.read_csv(run / "release.csv"))

@@ -44,7 +44,8 @@ EXPECT = {
     "Sweeps, TensorBoard and a summary": [r"4 runs, 4 settings, 1 seed each"],
     "Private hyperparameter search (`task=tune`)": [r"tune: selected .*epsilon 0\.99\d* for the whole search"],
     "Releasing small-cell statistics (MOS, DP-MOS and baselines)": [
-        r"MOS is NOT differentially private", r"release written: .*end to end.* at epsilon 12, delta 1e-06"],
+        r"MOS is NOT differentially private", r"release written: .*end to end.* at epsilon 12, delta 1e-06",
+        r"(?m)^release: epsilon 12, delta 1e-06 in all .*release.epsilon_per_statistic=4"],  # the total first
     "One-shot releases: tables, TopDown, synthetic data": [
         r"tables: 91 marginals", r"topdown: nation 1, state 4, county 300", r"synthetic: \d+ rows .*\(mst\)",
         r"published log_laplace: \(0\.1, 4\)-er_ee"],

@@ -134,8 +134,8 @@ def test_user_table_release(tmp_path):
 
 
 @pytest.mark.parametrize("extra,needle", [
-    (["release.epsilon=0"], "release.epsilon"),
-    (["release.epsilon=-1"], "release.epsilon"),
+    (["release.epsilon_per_statistic=0"], "release.epsilon_per_statistic"),
+    (["release.epsilon_per_statistic=-1"], "release.epsilon_per_statistic"),
     (["release.x=nope"], "release.x"),
     (["release.cells=[nope]"], "release.cells"),
     (["release.min_n=1"], "release.min_n"),
@@ -183,7 +183,8 @@ def test_bad_rows_are_left_out_by_rule_and_counted(tmp_path, capsys, caplog):
     assert not (tmp_path / "run" / "strict" / "release.csv").exists()
 
 
-def test_custom_statistic_through_the_cli(tmp_path, monkeypatch):
+def test_custom_statistic_through_the_cli(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="dptrain")
     (tmp_path / "userstats.py").write_text(
         "import numpy as np\n\ndef mean_y(x, y):\n    return float(np.mean(y))\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -193,6 +194,10 @@ def test_custom_statistic_through_the_cli(tmp_path, monkeypatch):
     meta = json.loads((tmp_path / "out" / "release.json").read_text())
     assert "NOT differentially private" in meta["privacy"] and meta["stat_fn"] == "userstats:mean_y"
     assert len(rel) == 30 and (tmp_path / "out" / "FILES.txt").exists()
+    # issue 46: the first line gives the total (theta and N, no SE: 2 x release.epsilon_per_statistic), release.json's
+    first = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("release"))
+    assert first.startswith("release: epsilon 2, delta 0 in all (conditional on chi: NOT differentially private)")
+    assert meta["total"]["epsilon"] == 2.0
     # the mean of y in [0, 1] moves by at most 1/(n+1) (add) or 1/(n-1) (remove): N LS <= n/(n-1) <= 1.5
     assert rel.chi.dropna().max() <= 1.5 + 1e-9
     with pytest.raises(SystemExit):

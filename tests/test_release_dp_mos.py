@@ -346,7 +346,7 @@ def test_release_json_states_the_end_to_end_guarantee(tmp_path):
     register_configs()
     with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=["experiment=mos_atlas", "release.method=dp_mos",
-                                                       "release.epsilon=4", "data.n_cells=300",
+                                                       "release.epsilon_per_statistic=4", "data.n_cells=300",
                                                        "release.private_evaluation=false"])
     run_task(cfg, run_dir=tmp_path)
     info = json.loads((tmp_path / "release.json").read_text())

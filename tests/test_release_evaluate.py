@@ -242,13 +242,14 @@ def test_bench_script_small(tmp_path):
 
 
 def test_summarize_release_sweep_reads_private_evaluations(tmp_path):
-    """scripts/summarize_release_sweep.py reads each run's private/evaluation/comparison.csv."""
+    """scripts/summarize_release_sweep.py reads each run's private/evaluation/comparison.csv; its
+    epsilon column is release.epsilon_per_statistic (release.epsilon in a sweep run before the rename)."""
     kw = dict(ols_theta=OLS, ols_se=np.full(10, 0.1), n=N, truth=TRUTH, covariate=COV)
-    for eps in (1, 2):
-        run = tmp_path / "sweep" / f"release.epsilon={eps}"
+    for eps, key in ((1, "release.epsilon_per_statistic"), (2, "release.epsilon")):
+        run = tmp_path / "sweep" / f"{key}={eps}"
         (run / "private" / "evaluation").mkdir(parents=True)
         (run / ".hydra").mkdir()
-        (run / ".hydra" / "overrides.yaml").write_text(f"- release.epsilon={eps}\n")
+        (run / ".hydra" / "overrides.yaml").write_text(f"- {key}={eps}\n")
         compare_methods({"mos": frame(0.2), "ss_laplace": frame()}, **kw).to_csv(
             run / "private" / "evaluation" / "comparison.csv", index=False)
     out = subprocess.run([sys.executable, str(ROOT / "scripts/summarize_release_sweep.py"), str(tmp_path / "sweep"),

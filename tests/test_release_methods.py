@@ -86,7 +86,7 @@ def test_toy_method_registered_selected_and_run_end_to_end(tmp_path, toy):
 
 def test_epsilon_normalisation_is_generic(tmp_path, toy):
     """A replace-one method runs at 2 epsilon by its declaration alone, and says so."""
-    run_task(_compose([*SMALL, "release.method=toy_replace_one", "release.epsilon=0.5",
+    run_task(_compose([*SMALL, "release.method=toy_replace_one", "release.epsilon_per_statistic=0.5",
                        "release.private_evaluation=false"]), run_dir=tmp_path)
     meta = json.loads((tmp_path / "release.json").read_text())
     assert meta["neighbours"] == "replace_one" and meta["epsilon"] == 1.0

@@ -212,7 +212,7 @@ def test_epsilon_accounting():
 def test_bad_epsilon_refused_by_name(eps):
     c = make_data([20, 30], seed=8)
     ls = stub([0.01, 0.01])
-    with pytest.raises(ReleaseError, match="release.epsilon"):
+    with pytest.raises(ReleaseError, match="release.epsilon_per_statistic"):
         mos(c, statistic="p25", epsilon=eps, seed=0, sensitivity=ls, se_sensitivity=ls)
 
 

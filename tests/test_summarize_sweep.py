@@ -245,7 +245,10 @@ def test_readme_sweep_does_not_crash(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(_QuickDPLogit, "calls", [])
     assert _load_module().main([str(sweep)]) == 0
     # not "4 runs -> 8 settings" (issue 32, 14)
-    assert capsys.readouterr().out.startswith("4 runs, 4 settings, 1 seed each: ")
+    said = capsys.readouterr()
+    assert said.out.startswith("4 runs, 4 settings, 1 seed each: ")
+    # issue 46: the fits (the slow part: 82 s on a larger sweep) show their progress, one per epsilon and seed
+    assert "loading the data of" in said.err and "diffprivlib fits: 100%" in said.err and "4/4" in said.err
     calls = _QuickDPLogit.calls
     assert [c["epsilon"] for c in calls] == [1, 2, 4, 8]  # one fit per epsilon of the sweep, one seed
     # the logit preset's Adult: 4 numeric (education_num excluded: one coding of education), 8 categorical
@@ -370,3 +373,63 @@ def test_readme_sweep_as_written(tmp_path):
         assert sorted(dpl["epsilon"]) == pytest.approx(sorted(dpsgd["epsilon"]), rel=1e-5)
         assert dpl["test/acc_mean"].between(0.5, 1).all() and (dpl["n_seeds"] == 1).all()
         assert "diffprivlib" in (sweep / "private" / "FILES.txt").read_text()
+
+
+def _error_bars(ax) -> list[tuple[list[float], list[float]]]:
+    """Per error-bar line of the figure: its y values and the length of each vertical bar."""
+    from matplotlib.container import ErrorbarContainer
+
+    out = []
+    for c in ax.containers:
+        if isinstance(c, ErrorbarContainer) and c.has_yerr:
+            line, _, (bars, *_) = c
+            out.append((list(line.get_ydata()), [abs(seg[1][1] - seg[0][1]) for seg in bars.get_segments()]))
+    return out
+
+
+@pytest.mark.filterwarnings("ignore:skipping")  # the fixture's incomplete run folder
+def test_the_figure_has_error_bars_of_one_sd_over_repeated_seeds(sweep):
+    """issue 46, item 7: a sweep that repeats seeds gets error bars of +/- 1 sample sd (the table's
+    _std column) on its figure, and the title says what they are; a sweep of one seed per setting
+    says it has none."""
+    import matplotlib.pyplot as plt
+
+    mod = _load_module()
+    table = mod.summarize(mod.public_view(mod.load_runs(sweep)))
+    fig = mod.figure(table, "test/acc")
+    ax = fig.axes[0]
+    ((means, lengths),) = _error_bars(ax)
+    assert means == pytest.approx([0.72, 0.82]) and lengths == pytest.approx([2 * 0.04 / math.sqrt(2)] * 2)
+    assert "error bars: mean \u00b1 1 sd over 2 seeds per setting (largest sd 0.028)" in ax.get_title()
+    plt.close(fig)
+
+    one = table.assign(**{"test/acc_std": float("nan"), "n_seeds": 1})
+    fig = mod.figure(one, "test/acc")
+    assert "one seed per setting: no error bars" in fig.axes[0].get_title()
+    assert all(max(lengths) == 0 for _, lengths in _error_bars(fig.axes[0]))
+    plt.close(fig)
+
+
+@pytest.mark.filterwarnings("ignore:skipping")  # the fixture's incomplete run folder
+def test_bars_shorter_than_the_markers_are_said_to_be(sweep):
+    """Seeds that barely move the metric (sd 0.0005 on an axis of 0.1, as on Adult) draw bars
+    hidden by the markers: the title says so, with the largest sd."""
+    import matplotlib.pyplot as plt
+
+    mod = _load_module()
+    table = mod.summarize(mod.public_view(mod.load_runs(sweep))).assign(**{"test/acc_std": 0.0005})
+    fig = mod.figure(table, "test/acc")
+    assert "(largest sd 0.0005, smaller than the markers)" in fig.axes[0].get_title()
+    plt.close(fig)
+
+
+@pytest.mark.filterwarnings("ignore:skipping")  # the fixture's incomplete run folder
+def test_progress_lines_while_reading_a_sweep(sweep, capsys):
+    """issue 46, item 7: the summary said nothing for 82 s; it now says what it reads and writes."""
+    assert _load_module().main([str(sweep), "--no-diffprivlib"]) == 0
+    err = capsys.readouterr().err
+    steps = [f"summarize_sweep.py: reading 5 run folders of {sweep}", "summarize_sweep.py: summarising 4 runs",
+             "summarize_sweep.py: writing the private summary and figure in",
+             "summarize_sweep.py: writing the publishable summary and figure"]
+    assert all(step in err for step in steps), err
+    assert [err.index(step) for step in steps] == sorted(err.index(step) for step in steps)

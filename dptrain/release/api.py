@@ -357,7 +357,7 @@ def release_custom(cells: Cells | CellEstimates, stat_fn: Callable[[np.ndarray, 
         cells.check_listed()
         cells = cells.cells
     if not (isinstance(epsilon, (int, float)) and np.isfinite(epsilon) and epsilon > 0):
-        raise ReleaseError(f"release.epsilon={epsilon!r} is not allowed: must be a finite number > 0")
+        raise ReleaseError(f"release.epsilon_per_statistic={epsilon!r} is not allowed: must be a finite number > 0")
     order = np.argsort(cells.codes, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(np.bincount(cells.codes, minlength=cells.n_cells))])
     with warnings.catch_warnings():  # a user statistic may warn on degenerate neighbours

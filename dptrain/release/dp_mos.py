@@ -63,7 +63,7 @@ def stage_epsilons(epsilon: float, split: dict) -> dict[str, float]:
     """epsilon times each stage's share; refuses a split that is not exactly the five stages."""
     if not isinstance(split, dict) or set(map(str, split)) != set(STAGES):
         raise ReleaseError(f"release.dp_mos_split={split!r} is not allowed: a mapping with exactly the keys "
-                           f"{list(STAGES)} (shares of release.epsilon, each > 0)")
+                           f"{list(STAGES)} (shares of release.epsilon_per_statistic, each > 0)")
     out = {}
     for k in STAGES:
         v = split[k]
@@ -123,11 +123,11 @@ def check_chi_groups(cells: Cells, statistic: str, *, epsilon: float, cfg: DPMOS
     need_cells = math.ceil(loss / CHI_MAX_LOSS_SHARE)
     raise ReleaseError(
         f"release.method=dp_mos: a chi group of {smallest} listed cells is too small for a private chi at "
-        f"release.epsilon={epsilon:g} (chi's share {eps_chi:g}): the exponential mechanism's choice is off by up "
-        f"to {loss:.0f} cells ({CHI_CONFIDENCE:.0%}), more than half the group, so chi would be nearly a "
+        f"release.epsilon_per_statistic={epsilon:g} (chi's share {eps_chi:g}): the exponential mechanism's choice "
+        f"is off by up to {loss:.0f} cells ({CHI_CONFIDENCE:.0%}), more than half the group, so chi would be nearly a "
         f"random point of its grid and the released values mostly noise; refused before any noise is drawn. "
-        f"Allowed: release.epsilon of at least {need_eps:.3g}, a larger chi share (release.dp_mos_split.chi), "
-        f"fewer chi groups (release.chi_by) or at least {need_cells} cells per group")
+        f"Allowed: release.epsilon_per_statistic of at least {need_eps:.3g}, a larger chi share "
+        f"(release.dp_mos_split.chi), fewer chi groups (release.chi_by) or at least {need_cells} cells per group")
 
 
 @dataclass(frozen=True)
@@ -252,7 +252,7 @@ def release_dp_mos(cells: Cells, *, statistic: str, epsilon: float, delta: float
     Args:
         cells: the listed cells (rows clipped into the public domain).
         statistic: "p25" | "p75" | "slope".
-        epsilon: release.epsilon; stage s gets epsilon * config.split[s] (default total 3 epsilon).
+        epsilon: release.epsilon_per_statistic; stage s gets epsilon * config.split[s] (default total 3 epsilon).
         delta: the release's delta (the propose-test-release stage's), in (0, 1).
         rng: the method's own secret stream (draws in stage order: N, SE statistics, chi, test, theta).
         config: :class:`DPMOSConfig`.

@@ -73,7 +73,7 @@ def _relations(run: ReleaseRun, results: dict[str, MethodResult]) -> str:
         method = RELEASE_METHODS.get(name)
         rel = method.relation(r)
         parts.append(f"{name} (no noise: EXACT values, not private)" if rel is None else
-                     f"{name} ({rel.value}, epsilon {method.run_epsilon(r.epsilon, r):g})")
+                     f"{name} ({rel.value}, epsilon {method.run_epsilon(r.epsilon_per_statistic, r):g})")
     return ", ".join(parts)
 
 
@@ -84,7 +84,7 @@ def comparison_markdown(table: pd.DataFrame, run: ReleaseRun, results: dict[str,
             "coverage95", "interval_share", "ci_width"]
     cols = [c for c in cols if c in table.columns and not table[c].isna().all()]
     lines = [
-        f"# PRIVATE evaluation: statistic {r.statistic}, epsilon {r.epsilon} per statistic",
+        f"# PRIVATE evaluation: statistic {r.statistic}, release.epsilon_per_statistic {r.epsilon_per_statistic}",
         "",
         ("This table is computed from EXACT private values (per-cell OLS, true N, simulated truth): keep it "
          "with the data, never publish it."),

@@ -121,7 +121,7 @@ class MOSInputs:
 def _epsilons(epsilon: float | dict, split: tuple) -> dict[str, float]:
     if isinstance(epsilon, dict):
         if set(epsilon) != {"theta", "se", "n"}:
-            raise ReleaseError(f"release.epsilon keys {sorted(map(str, epsilon))} are not allowed: "
+            raise ReleaseError(f"release.epsilon_per_statistic keys {sorted(map(str, epsilon))} are not allowed: "
                                "exactly theta, se, n")
         if tuple(split) != (1, 1, 1):
             raise ReleaseError(f"release.epsilon_split={tuple(split)!r} is not allowed with a dict epsilon: "
@@ -135,12 +135,13 @@ def _epsilons(epsilon: float | dict, split: tuple) -> dict[str, float]:
         if len(split) != 3 or not all(np.isfinite(s) and s > 0 for s in split):
             raise ReleaseError(f"release.epsilon_split={split!r} is not allowed: three finite numbers > 0")
         if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.integer, np.floating)):
-            raise ReleaseError(f"release.epsilon={epsilon!r} is not allowed: a finite number > 0 or a dict theta/se/n")
+            raise ReleaseError(f"release.epsilon_per_statistic={epsilon!r} is not allowed: a finite number > 0 or a "
+                               "dict theta/se/n")
         eps = {k: float(epsilon) * s for k, s in zip(("theta", "se", "n"), split)}
     for k, e in eps.items():
         is_number = isinstance(e, (int, float, np.integer, np.floating)) and not isinstance(e, bool)
         if not (is_number and np.isfinite(e) and e > 0):
-            raise ReleaseError(f"release.epsilon[{k}]={e!r} is not allowed: a finite number > 0")
+            raise ReleaseError(f"release.epsilon_per_statistic[{k}]={e!r} is not allowed: a finite number > 0")
     return {k: float(e) for k, e in eps.items()}
 
 

@@ -107,7 +107,7 @@ def calibrate(sensitivity: np.ndarray | float, epsilon: float) -> tuple[np.ndarr
     Infinite or NaN sensitivity gives t = +inf (the value will come out NaN)."""
     d = np.asarray(sensitivity, dtype=np.float64)
     if not (np.isfinite(epsilon) and epsilon > 0):
-        raise ReleaseError(f"release.epsilon={epsilon!r} is not allowed: a finite number > 0")
+        raise ReleaseError(f"release.epsilon_per_statistic={epsilon!r} is not allowed: a finite number > 0")
     bad = ~np.isfinite(d)
     dd = np.where(bad, 0.0, d)
     if np.any(dd < 0):

@@ -21,14 +21,15 @@ from typing import Any
 @dataclass(frozen=True)
 class ReleaseSpec:
     """The settings of one small-cell release that its methods, its report and its evaluation
-    read (docs/release.md names each ``release.*`` setting). ``epsilon`` is per statistic;
+    read (docs/release.md names each ``release.*`` setting). ``epsilon_per_statistic`` is the
+    epsilon of each released statistic (``release.epsilon_per_statistic``);
     ``method_settings`` are the chosen method's own (``ReleaseMethod.settings``), empty for its
     defaults."""
 
     method: str
     method_settings: Mapping[str, Any]
     statistic: str
-    epsilon: float
+    epsilon_per_statistic: float
     delta: float
     neighbors: str
     noise: str

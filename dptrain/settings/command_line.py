@@ -115,6 +115,31 @@ def _refused_why(schema: type, path: str) -> str | None:
     return getattr(schema, "REFUSED_KEYS", {}).get(last)
 
 
+def renamed_settings(schema: type, prefix: str = "") -> dict[str, tuple[str, str]]:
+    """{old path: (new path, why)} of every setting a schema renamed: a dataclass's ``RENAMED``
+    class attribute ({old key: (new key, why)}), in the schema and its nested sections."""
+    out = {f"{prefix}{old}": (f"{prefix}{new}", why) for old, (new, why) in getattr(schema, "RENAMED", {}).items()}
+    for f in dataclasses.fields(schema):
+        kind, inner = _schema_of(typing.get_type_hints(schema)[f.name], None)
+        if kind == "dataclass":
+            out.update(renamed_settings(inner, f"{prefix}{f.name}."))
+    return out
+
+
+def check_renamed(cfg: Any, schema: type, unknown: list[str]) -> None:
+    """Refuse a renamed setting by its old name, with the new name and why it changed (never
+    accepted silently: a key that changed meaning must be rewritten by the user)."""
+    renamed = renamed_settings(schema)
+    old = next((path for path in unknown if path in renamed), None)
+    if old is None:
+        return
+    new, why = renamed[old]
+    value = OmegaConf.select(OmegaConf.create(cfg) if not isinstance(cfg, DictConfig) else cfg, old, default=None)
+    shown = f"{old}={value}" if value is not None else old
+    raise ConfigError(f"{shown} is refused: the setting was renamed {new} ({why}). Write {new}="
+                      f"{value if value is not None else 'VALUE'} instead (in a sweep: {new}=A,B,...)")
+
+
 def check_known_keys(cfg: Any, schemas: Mapping[str, type]) -> None:
     """Refuse any key of the composed config that its task's schema (``schemas[task]``) does not
     have (however it was added), naming it and the closest valid key. Runs before anything else."""
@@ -125,6 +150,7 @@ def check_known_keys(cfg: Any, schemas: Mapping[str, type]) -> None:
     unknown = unknown_settings(cfg, schema)
     if not unknown:
         return
+    check_renamed(cfg, schema, [path for path, _ in unknown])
     everywhere = _all_paths(schema)
     parts = [f"{path} ({why})" if (why := _refused_why(schema, path)) else
              f"{path}{_suggestion(path, siblings, everywhere, cfg)}" for path, siblings in unknown]

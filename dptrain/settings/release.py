@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 from dptrain.core.errors import ReleaseError
 from dptrain.core.validation import (
@@ -91,10 +91,17 @@ def resolved_domain(r: ReleaseConfig, data_name: str) -> tuple[float, float, flo
 
 @dataclass
 class ReleaseConfig:
-    """Small-cell regression releases (docs/release.md). ``epsilon`` is PER STATISTIC (theta, SE, N
-    each get it; a cell costs 3 epsilon; disjoint cells compose in parallel). The cells come from
+    """Small-cell regression releases (docs/release.md). ``epsilon_per_statistic`` is PER STATISTIC
+    (theta, SE, N each get it; a cell costs 3 of it; disjoint cells compose in parallel). The cells come from
     a public declaration (``cell_values`` / ``cell_keys_file``) or a private selection
     (``cell_selection=private``), never from the rows present."""
+
+    #: settings renamed: the old key is refused by name, pointing to the new one and saying why
+    #: (:func:`dptrain.settings.command_line.check_known_keys`)
+    RENAMED: ClassVar[Mapping[str, tuple[str, str]]] = MappingProxyType({
+        "epsilon": ("epsilon_per_statistic", "it is the epsilon of EACH released statistic: theta, its SE and N "
+                    "each get it, so a mos or dp_mos cell spends 3 of it by default; the console's first line "
+                    "of a release gives the release's total")})
 
     x: str = setting("x", help="the regressor column (e.g. parent income rank)", allowed="a numeric column")
     y: str = setting("y", help="the outcome column (e.g. child income rank)", allowed="a numeric column")
@@ -120,8 +127,11 @@ class ReleaseConfig:
                                    "checks them (check_settings) before any row is read, and release.json records "
                                    "them. The built-in methods declare none", allowed="a mapping of the chosen "
                                    "method's own settings | null (its defaults)")
-    epsilon: float = setting(1.0, help="epsilon PER STATISTIC (theta, its SE and N each get it: a MOS cell costs 3 "
-                             "epsilon; disjoint cells compose in parallel)", allowed="a number > 0")
+    epsilon_per_statistic: float = setting(1.0, help="the epsilon of EACH released statistic (theta, its SE and N "
+                                           "each get it: a MOS or DP-MOS cell spends 3 of it by default; disjoint "
+                                           "cells compose in parallel); the console's first line gives the "
+                                           "release's total for release.method (formerly release.epsilon)",
+                                           allowed="a number > 0")
     min_n: int = setting(3, help="cells with N < min_n are not released and do not enter chi (a suppression rule "
                          "on the PRIVATE N)", allowed="an integer >= 3")
     chi_by: list[str] = setting(help="MOS and DP-MOS: [] = one chi over all cells; e.g. [state] = one chi per state",
@@ -156,12 +166,12 @@ class ReleaseConfig:
                                  "non-events", allowed="true | false")
     delta: float = setting(1e-6, help="delta of the (epsilon, delta) baselines (DP-GD, DP-SGD)",
                            allowed="a number in (0, 1)")
-    dp_mos_split: Any = setting(help="DP-MOS: the share of release.epsilon each stage spends (n: noisy N; se: the "
-                                "noisy Sxx, Syy and sum of x behind the SE; chi: its exponential mechanism; test: "
-                                "the stability test; theta); the total is their sum times release.epsilon (3 "
-                                "epsilon by default, as MOS)", allowed="a mapping with exactly n, se, chi, test, "
-                                "theta, each a number > 0", factory=lambda: {"n": 0.25, "se": 0.5, "chi": 0.25,
-                                                                           "test": 1.0, "theta": 1.0})
+    dp_mos_split: Any = setting(help="DP-MOS: the share of release.epsilon_per_statistic each stage spends (n: "
+                                "noisy N; se: the noisy Sxx, Syy and sum of x behind the SE; chi: its exponential "
+                                "mechanism; test: the stability test; theta); the total is their sum times "
+                                "release.epsilon_per_statistic (3 of it by default, as MOS)",
+                                allowed="a mapping with exactly n, se, chi, test, theta, each a number > 0",
+                                factory=lambda: {"n": 0.25, "se": 0.5, "chi": 0.25, "test": 1.0, "theta": 1.0})
     dp_mos_chi_quantile: float = setting(0.75, help="DP-MOS: the share of eligible cells chi aims to cover (cells "
                                          "above it fail the stability test and are not released)",
                                          allowed="a number in (0, 1]")
@@ -193,7 +203,7 @@ def validate_release(cfg: Any) -> None:
 
 def check_release_settings(r: ReleaseConfig) -> None:
     """The ``release.*`` values that do not depend on the data source."""
-    _finite_positive("release.epsilon", r.epsilon)
+    _finite_positive("release.epsilon_per_statistic", r.epsilon_per_statistic)
     if not (0 < r.delta < 1):
         raise _bad("release.delta", r.delta, "must be in (0, 1)")
     if not r.cells:
@@ -279,7 +289,8 @@ def release_spec(r: ReleaseConfig) -> ReleaseSpec:
     (:class:`~dptrain.release.spec.ReleaseSpec`): lists become tuples, mappings read-only."""
     return ReleaseSpec(
         method=r.method, method_settings=MappingProxyType(dict(r.method_settings or {})), statistic=r.statistic,
-        epsilon=float(r.epsilon), delta=float(r.delta), neighbors=r.neighbors, noise=r.noise, min_n=int(r.min_n),
+        epsilon_per_statistic=float(r.epsilon_per_statistic), delta=float(r.delta), neighbors=r.neighbors,
+        noise=r.noise, min_n=int(r.min_n),
         chi_by=tuple(r.chi_by), dp_mos_split=MappingProxyType({str(k): v for k, v in dict(r.dp_mos_split).items()}),
         dp_mos_chi_quantile=float(r.dp_mos_chi_quantile), suppression_k=tuple(r.suppression_k),
         rate_outcome=bool(r.rate_outcome), theil_sen_variant=r.theil_sen_variant, theil_sen_k=int(r.theil_sen_k),

@@ -58,9 +58,16 @@ from dptrain.release.methods import (
 from dptrain.release.mos import NOT_DP
 from dptrain.release.prepared import ReleaseRun
 from dptrain.release.spec import ReleaseSpec
+from dptrain.release.total import first_line, planned_total, total_disagreement
 from dptrain.runfolder.folder import PRIVATE_DIR, Report, RunFolder
 from dptrain.runfolder.tracking import finite_epsilon
-from dptrain.settings.release import ReleaseRunConfig, release_spec, resolved_domain, validate_release_run
+from dptrain.settings.release import (
+    ReleaseConfig,
+    ReleaseRunConfig,
+    release_spec,
+    resolved_domain,
+    validate_release_run,
+)
 
 log = logging.getLogger(__name__)
 
@@ -217,13 +224,15 @@ def methods_to_run(r: ReleaseSpec, evaluate: bool) -> list[str]:
 def run_release(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, *, randomness: Randomness) -> float:
     """Run one release. Returns the released method's RMSE against the reference (truth, else
     OLS) when the private evaluation ran, else NaN (nothing exact leaves the evaluation)."""
+    selection = planned_selection(conf.release)
+    planned = planned_total(spec, selection)
+    log.info("%s", first_line(spec, planned, selection, conf.release.stat_fn))  # before any row is read
     run = prepare(conf, spec, Path(run_dir), randomness)
+    log.info("release cells: %s", run.est.listed.description)
     r = run.spec
     if r.statistic == "custom":
         return run_custom(run, conf.release.stat_fn)
     method = RELEASE_METHODS.get(r.method)
-    log.info("release: method=%s, statistic=%s, release.epsilon=%g per released statistic (the total is on the "
-             "last line); cells: %s", r.method, r.statistic, r.epsilon, run.est.listed.description)
     warning = method.warning(r.method, r)
     if warning:
         log.warning("%s", warning)
@@ -236,7 +245,7 @@ def run_release(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, *, ran
               bar_format="{desc}: {n_fmt}/{total_fmt} methods{postfix}") as bar:
         for name in names:
             bar.set_postfix_str(name)
-            results[name] = run_method(name, run.est, epsilon=r.epsilon,
+            results[name] = run_method(name, run.est, epsilon=r.epsilon_per_statistic,
                                        rng=run.randomness.numpy(f"release-{name}"), config=r)
             bar.update()
     say_if_nothing_released(results[r.method], r.method)
@@ -249,11 +258,22 @@ def run_release(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, *, ran
         files, rmse = write_evaluation(eval_dir, run, results)
         folder.record({f"{PRIVATE_DIR}/{EVALUATION_DIR}/{p.name}": why for p, why in files.items()})
         log.warning("private evaluation (exact values, every method) written to %s: never publish it", eval_dir)
+    disagreement = total_disagreement(planned, facts.get("total") or {}, r.method)
+    if disagreement:
+        log.warning("%s", disagreement)
     covered = method.has_guarantee and finite_epsilon((facts.get("total") or {}).get("epsilon"))
     folder.finish(guarantee=report.guarantee_line(facts), finite_guarantee=covered, report=Report(
         "release.json", facts, "the facts of that release: method, neighbours, epsilon, delta, guarantee"))
     log.info("release written: release.csv, release.json (%s%s)", total_epsilon_text(facts), facts["guarantee"])
     return rmse
+
+
+def planned_selection(r: ReleaseConfig) -> dict | None:
+    """The private cell selection's (epsilon, delta) as its settings give them; None for declared
+    cells (they cost nothing)."""
+    if r.cell_selection != "private":
+        return None
+    return {"epsilon": float(r.selection_epsilon), "delta": float(r.selection_delta)}
 
 
 def total_epsilon_text(facts: dict) -> str:
@@ -282,9 +302,9 @@ def say_if_nothing_released(result: MethodResult, name: str) -> None:
 #: per reason a cell was not released (release.csv's reason column), the settings that would help
 HELPS = {
     REASON_SMALL: "cells with more rows, or a lower release.min_n (the eligibility threshold is also at least "
-                  "k* + 4, which a larger release.epsilon or release.dp_mos_split.test lowers)",
-    REASON_TEST: "a larger release.epsilon or release.dp_mos_split.test, or release.dp_mos_chi_quantile closer to 1 "
-                 "(a larger chi: more cells pass, each with more noise)",
+                  "k* + 4, which a larger release.epsilon_per_statistic or release.dp_mos_split.test lowers)",
+    REASON_TEST: "a larger release.epsilon_per_statistic or release.dp_mos_split.test, or "
+                 "release.dp_mos_chi_quantile closer to 1 (a larger chi: more cells pass, each with more noise)",
     REASON_NO_CHI: "cells with more rows, or a lower release.min_n (no cell of the group was eligible)",
 }
 
@@ -327,7 +347,7 @@ def run_custom(run: ReleaseRun, stat_fn: str) -> float:
     if r.method != "mos":
         raise ReleaseError(f"release.method={r.method!r} is not allowed with release.statistic=custom: mos")
     log.warning("release.statistic=custom (MOS): %s", NOT_DP)
-    rel = release_custom(run.est.cells, load_stat_fn(stat_fn), epsilon=r.epsilon, neighbors=r.neighbors,
+    rel = release_custom(run.est.cells, load_stat_fn(stat_fn), epsilon=r.epsilon_per_statistic, neighbors=r.neighbors,
                          rng=run.randomness.numpy("release-mos-custom"))
     folder = RunFolder.of(run.run_dir)
     folder.write_text("release.csv", rel.to_frame().to_csv(index=False), "the released cells (MOS, custom statistic)")

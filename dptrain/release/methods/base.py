@@ -88,6 +88,16 @@ class ReleaseMethod:
         rel = self.relation(config)
         return float(epsilon) if rel is None else comparison_epsilon(epsilon, rel)
 
+    def budget(self, epsilon: float, config: ReleaseSpec) -> tuple[float | None, float | None]:
+        """The (epsilon, delta) this method's release.json states as its own (before a private cell
+        selection is composed in) when it is run at ``release.epsilon_per_statistic=epsilon``:
+        the console's first line gives it before the method runs. (None, None) for a method
+        without noise (exact values). Default: the run epsilon, delta 0; a method that spends
+        more or less (several statistics, a delta, part of its budget) overrides it."""
+        if self.relation(config) is None:
+            return None, None
+        return self.run_epsilon(epsilon, config), 0.0
+
     def in_evaluation(self, config: ReleaseSpec) -> bool:
         """Whether the private evaluation runs this method."""
         return True
@@ -121,6 +131,10 @@ class CellFunction(ReleaseMethod):
     def __init__(self, fn: Callable[..., tuple[pd.DataFrame, dict]], *, neighbours: Neighbours,
                  tail_figure: bool = False, with_delta: bool = False) -> None:
         self.fn, self.neighbours, self.tail_figure, self.with_delta = fn, neighbours, tail_figure, with_delta
+
+    def budget(self, epsilon: float, config: ReleaseSpec) -> tuple[float | None, float | None]:
+        eps, _ = super().budget(epsilon, config)
+        return eps, config.delta if self.with_delta else 0.0
 
     def run(self, est: CellEstimates, *, epsilon: float, rng: np.random.Generator,
             config: ReleaseSpec) -> MethodResult:

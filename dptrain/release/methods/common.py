@@ -36,7 +36,7 @@ def check_statistic(statistic: str) -> None:
         raise ReleaseError(f"release.statistic={statistic!r} is not allowed: one of {list(STATISTICS)}")
 
 
-def check_epsilon(epsilon: float, name: str = "release.epsilon") -> float:
+def check_epsilon(epsilon: float, name: str = "release.epsilon_per_statistic") -> float:
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.integer, np.floating)) \
             or not (math.isfinite(epsilon) and epsilon > 0):
         raise ReleaseError(f"{name}={epsilon!r} is not allowed: a finite number > 0")
@@ -199,4 +199,4 @@ def calibrate_sigma(eps_g: float, *, q: float, steps: int, delta: float) -> floa
     try:
         return calibrate_noise_multiplier(target_epsilon=eps_g, sample_rate=q, steps=steps, delta=delta)
     except AccountingError as err:
-        raise ReleaseError(f"release.epsilon: {err}") from None
+        raise ReleaseError(f"release.epsilon_per_statistic: {err}") from None

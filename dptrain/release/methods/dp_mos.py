@@ -14,7 +14,7 @@ import pandas as pd
 from dptrain.core.neighbours import Neighbours
 from dptrain.release.api import CellEstimates
 from dptrain.release.cell_domain import chi_group_labels
-from dptrain.release.dp_mos import GUARANTEE, DPMOSConfig, DPMOSRelease, release_dp_mos
+from dptrain.release.dp_mos import GUARANTEE, DPMOSConfig, DPMOSRelease, release_dp_mos, stage_epsilons
 from dptrain.release.methods.base import RELEASE_METHODS, MethodResult, ReleaseMethod
 from dptrain.release.report import RunFacts, cell_counts, composed_total, declared_selection
 from dptrain.release.spec import ReleaseSpec
@@ -53,6 +53,11 @@ class DPMOS(ReleaseMethod):
         meta = {"method": "dp_mos", "statistic": config.statistic, "neighbours": "add_remove",
                 "epsilon": rel.epsilon["total"], "delta": rel.delta, "guarantee": GUARANTEE}
         return MethodResult(frame=rel.frame, meta=meta, detail=rel)
+
+    def budget(self, epsilon: float, config: ReleaseSpec) -> tuple[float, float]:
+        """epsilon times the sum of the five stages' shares (release.dp_mos_split), release.delta."""
+        split = {str(k): v for k, v in dict(config.dp_mos_split).items()}
+        return float(sum(stage_epsilons(epsilon, split).values())), float(config.delta)
 
     def published(self, est: CellEstimates, result: MethodResult) -> pd.DataFrame:
         return pd.concat([est.cells.keys.reset_index(drop=True), result.frame.reset_index(drop=True)], axis=1)

@@ -88,6 +88,10 @@ class MOS(ReleaseMethod):
     def warning(self, name: str, config: ReleaseSpec) -> str:
         return f"release.method={name}: {NOT_DP}"
 
+    def budget(self, epsilon: float, config: ReleaseSpec) -> tuple[float, float]:
+        """theta, its SE and N each get epsilon: 3 epsilon per cell (conditional on chi: NOT DP)."""
+        return float(sum(MOSConfig().epsilon_split)) * self.run_epsilon(epsilon, config), 0.0
+
     def run(self, est: CellEstimates, *, epsilon: float, rng: np.random.Generator,
             config: ReleaseSpec) -> MethodResult:
         sens, se_sens = mos_sensitivities(est, config)

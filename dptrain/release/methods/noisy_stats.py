@@ -23,6 +23,7 @@ from dptrain.release.methods.common import (
     widths,
 )
 from dptrain.release.noise import add_noise, calibrate
+from dptrain.release.spec import ReleaseSpec
 
 
 def _noisy_moments(cells: Cells, eps: float, rng: np.random.Generator) -> tuple:
@@ -154,4 +155,12 @@ def noisy_stats(cells: Cells, *, statistic: str, epsilon: float,
         interval=INTERVAL.format(b=N_BOOT), interval_sigma_bound=sigma_bound(cells))
 
 
-RELEASE_METHODS.register("noisy_stats", CellFunction(noisy_stats, neighbours=Neighbours.REPLACE_ONE, tail_figure=True))
+class NoisyStats(CellFunction):
+    """NoisyStats: a slope release draws no intercept and so spends 2/3 of its epsilon."""
+
+    def budget(self, epsilon: float, config: ReleaseSpec) -> tuple[float | None, float | None]:
+        eps, delta = super().budget(epsilon, config)
+        return (2 * eps / 3 if config.statistic == "slope" else eps), delta
+
+
+RELEASE_METHODS.register("noisy_stats", NoisyStats(noisy_stats, neighbours=Neighbours.REPLACE_ONE, tail_figure=True))
