@@ -5,6 +5,7 @@ scripts/bench_refusal.py (docs/performance.md), not here."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -115,3 +116,45 @@ def test_the_entry_module_checks_before_it_imports_the_tasks():
     function: docs/architecture.md)."""
     text = (REPO / "dptrain" / "__main__.py").read_text()
     assert text.index("check_before_tasks(sys.argv[1:])") < text.index("from dptrain.tasks.cli import")
+
+
+# ------------------------------------------------------------------------------ scripts/bench_refusal.py
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_refusal_under_test", REPO / "scripts" / "bench_refusal.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_refusal_interleaves_the_two_commands_and_reports_their_ratio(monkeypatch, capsys, tmp_path):
+    """The script alternates the import and the refusal, and prints each pair's ratio, the load, the
+    thread settings and the medians (the processes are stand-ins here: no timing is measured)."""
+    bench = _bench()
+    calls = []
+
+    def fake(args):
+        calls.append(args)
+        refusal = args[:2] == ["-m", "dptrain"]
+        seconds = 1.0 if refusal else 4.0 + len(calls)
+        return seconds, subprocess.CompletedProcess(args, 2 if refusal else 0, "",
+                                                    "dptrain: error: trainer.epoch ...\n" if refusal else "")
+
+    monkeypatch.setattr(bench, "timed", fake)
+    assert bench.main(["-r", "3", "--json", str(tmp_path / "b.json")]) == 0
+    kinds = ["refusal" if a[:2] == ["-m", "dptrain"] else "import" for a in calls]
+    assert kinds == ["import", "refusal"] * 4  # a warm-up pair, then three pairs
+    assert calls[1] == ["-m", "dptrain", "trainer.epoch=2"]
+    out = capsys.readouterr().out
+    assert "threads: OMP_WAIT_POLICY=" in out and out.count("load ") == 3
+    s = json.loads((tmp_path / "b.json").read_text())["summary"]
+    assert s["median_import_s"] == 9.0 and s["median_refusal_s"] == 1.0  # imports: 7, 9, 11 s
+    assert abs(s["ratio_of_medians"] - 1 / 9) < 1e-12 and abs(s["median_of_ratios"] - 1 / 9) < 1e-12
+
+
+def test_bench_refusal_stops_when_the_mistake_is_not_refused(monkeypatch):
+    bench = _bench()
+    monkeypatch.setattr(bench, "timed", lambda args: (1.0, subprocess.CompletedProcess(args, 0, "", "")))
+    with pytest.raises(SystemExit, match="trainer.epochs=2 was not refused"):
+        bench.main(["-r", "1", "--", "trainer.epochs=2"])
