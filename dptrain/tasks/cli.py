@@ -25,7 +25,9 @@ folder that holds a finished run or any other run's files outside private/ (unle
 without Hydra (:mod:`dptrain.runfolder.verify`, :mod:`dptrain.runfolder.publish`).
 
 Importing this module imports every task (and so torch and pandas): there is one import graph,
-with no module imported inside a function (docs/architecture.md).
+with no module imported inside a function (docs/architecture.md). ``python -m dptrain`` checks the
+command line's keys and types with the light schemas first (:mod:`dptrain.settings.launch`) and
+imports this module after (:mod:`dptrain.__main__`): a typo is refused before torch loads.
 ``python -m dptrain`` ends with :func:`exit_now`, which skips the interpreter's teardown.
 """
 
