@@ -58,16 +58,17 @@ def test_importing_the_command_line_and_its_config_pulls_in_no_heavy_library(mod
 
 
 def test_a_refused_command_line_imports_no_heavy_library_and_still_exits_2(tmp_path):
-    """A key the schema does not have is refused by the launch checks, before any heavy library a
-    run may need (dp-accounting, opacus, scipy...) is imported; the exit status and the message are
-    those of a normal exit, and nothing is written."""
+    """A key the schema does not have is refused by the light first check (dptrain.settings.launch),
+    before the tasks, torch, pandas and any library a run may need (dp-accounting, opacus, scipy...)
+    are imported; the exit status and the message are those of a normal exit, nothing is written."""
     run = tmp_path / "run"
     res = subprocess.run([sys.executable, "-X", "importtime", "-m", "dptrain", "experiment=logit", "+bogus=1",
                           f"hydra.run.dir={run}"], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert res.returncode == 2
     assert "dptrain: error: bogus: not a setting of task=train" in res.stderr
     imported = _imported_modules(res.stderr)
-    assert "dptrain.tasks.cli" in imported and "hydra" in imported
+    assert "dptrain.settings.launch" in imported and "hydra" in imported
+    assert "dptrain.tasks.cli" not in imported and not imported & {"torch", "pandas"}
     assert _heavy(imported) == []
     assert not run.exists()
 

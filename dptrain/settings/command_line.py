@@ -20,7 +20,7 @@ from dptrain.core.validation import (
     bad,
     closest,
 )
-from dptrain.settings.data import DATA_SOURCES
+from dptrain.settings.schemas.data import DATA_SOURCES
 
 
 def _schema_of(hint: Any, value: Any) -> tuple[str, Any]:

@@ -2,49 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from dptrain.core.validation import bad, integer, one_of, setting
+from dptrain.core.validation import bad, integer, one_of
 from dptrain.release.oneshot import mechanism_for
 from dptrain.release.oneshot.synthesis import SynthesisSettings
 from dptrain.settings.common import (
-    TASKS_ALLOWED,
-    ReleaseBudget,
-    TableReleaseBase,
     check_budget,
     check_common,
     check_table_source,
 )
-
-
-@dataclass
-class SynthesizePrivacyConfig(ReleaseBudget):
-    """The release's budget (selection, measurements and the noisy N together)."""
-
-
-@dataclass
-class SynthesizeConfig:
-    """The synthesizer and the domain it works on."""
-
-    method: str = setting("mst", help="mst: a spanning tree of 2-way marginals (select, measure, generate) | mwem: "
-                          "multiplicative weights over the workload of marginals", allowed="mst | mwem")
-    bins: int = setting(8, help="equal-width bins of each numeric column within its PUBLIC bounds; synthetic values "
-                        "are drawn uniformly within their bin", allowed="an integer in 2..200")
-    rounds: int = setting(30, help="mwem: the number of select-measure-update rounds", allowed="an integer >= 1")
-    workload: int = setting(3, help="mwem: the largest marginal order in its workload (2: every 2-way marginal; 3: "
-                            "and every 3-way); the evaluation uses 2- and 3-way", allowed="2 | 3")
-
-
-@dataclass
-class SynthesizeRunConfig(TableReleaseBase):
-    """task=synthesize: a synthetic file with the input's declared schema (docs/synthesis.md)."""
-
-    task: str = setting("synthesize", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
-    seed: int = setting(0, help="seeds data=synthetic's generator; NEVER the noise, the selections or the sampling "
-                        "(the operating system's CSPRNG)", allowed="an integer >= 0")
-    privacy: SynthesizePrivacyConfig = setting(help="the budget", factory=SynthesizePrivacyConfig)
-    synthesize: SynthesizeConfig = setting(help="the synthesizer", factory=SynthesizeConfig)
+from dptrain.settings.schemas.tables import (  # the schemas: no torch, no pandas
+    SynthesizeConfig,
+    SynthesizeRunConfig,  # noqa: F401
+)
 
 
 def validate_synthesize(cfg: Any) -> None:

@@ -2,49 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from dptrain.core.validation import bad, integer, one_of, setting
+from dptrain.core.validation import bad, integer, one_of
 from dptrain.release.oneshot.topdown import GeographySettings
 from dptrain.release.tables.topdown import INVARIANTS
 from dptrain.settings.common import (
-    TASKS_ALLOWED,
-    ReleaseBudget,
-    RunBase,
     check_budget,
     check_common,
 )
-
-
-@dataclass
-class TopDownConfig:
-    """The simulated geography, the budget split over its levels and the invariants."""
-
-    states: int = setting(4, help="states of the simulated nation", allowed="an integer >= 1")
-    counties: int = setting(300, help="counties in all (right-skewed populations)", allowed="an integer >= states")
-    population: int = setting(4_000_000, help="the nation's population", allowed="an integer >= 1000")
-    shares: list[float] = setting(help="the share of rho of each level: nation, state, county, tract",
-                                  allowed="four numbers >= 0, at least one > 0", factory=lambda: [0.1, 0.2, 0.3, 0.4])
-    invariants: str = setting("states", help="totals released exactly by policy: none | nation | states (each "
-                              "state's population, and so the nation's)", allowed="none | nation | states")
-
-
-@dataclass
-class TopDownPrivacyConfig(ReleaseBudget):
-    """The release's budget (the invariants are outside it: exact by policy)."""
-
-    epsilon: float = setting(5.0, help="the release's epsilon (the invariants are outside it: exact by policy)",
-                             allowed="a number in (0, 100]")
-
-
-@dataclass
-class TopDownRunConfig(RunBase):
-    """task=topdown: noisy counts at every level of a simulated geography, made consistent top down."""
-
-    task: str = setting("topdown", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
-    seed: int = setting(0, help="seeds the geography simulator (PUBLIC); NEVER the noise", allowed="an integer >= 0")
-    privacy: TopDownPrivacyConfig = setting(help="the budget", factory=TopDownPrivacyConfig)
-    topdown: TopDownConfig = setting(help="the geography and the budget split", factory=TopDownConfig)
+from dptrain.settings.schemas.tables import (  # the schemas: no torch, no pandas
+    TopDownConfig,
+    TopDownRunConfig,
+)
 
 
 def validate_topdown(cfg: TopDownRunConfig) -> None:

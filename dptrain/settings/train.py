@@ -7,7 +7,6 @@ import math
 import numbers
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,24 +23,25 @@ from dptrain.core.validation import (
     is_finite,
     is_real,
     real,
-    setting,
 )
 from dptrain.models.objectives import OBJECTIVES, build_objective
 from dptrain.models.optimizers import build_optimizer
 from dptrain.privacy.accounting import ACCOUNTANTS, SIGMA_RANGE
-from dptrain.privacy.accounting import DEFAULT as DEFAULT_ACCOUNTANT
 from dptrain.privacy.curves import resolve_loss_bound
 from dptrain.privacy.dpsgd.engine import ENGINES
 from dptrain.settings.common import (
-    DATA_HELP,
-    SEED_HELP,
-    TASKS_ALLOWED,
-    RunBase,
     check_common,
     check_noise_seed_file,
 )
 from dptrain.settings.data import check_data
-from dptrain.settings.inference import EstimatorConfig
+from dptrain.settings.schemas.train import (  # the schemas: no torch, no pandas
+    ObjectiveConfig,
+    PrivacyConfig,
+    TrainerConfig,
+    TrainRunConfig,
+    sigma_unless_target,  # noqa: F401
+    value_if_private,  # noqa: F401
+)
 
 
 def _build_error(setting_name: str, value: Any, exc: BaseException, allowed: str) -> ConfigError:
@@ -93,56 +93,8 @@ def check_optim(optim: Any) -> None:
         raise _build_error("optim", dict(optim), exc, f"arguments that {optim['_target_']} accepts") from None
 
 
-@dataclass
-class ObjectiveConfig:
-    """What the model predicts and how it is scored (``objective=NAME``; dptrain.models.objectives)."""
-
-    name: str = setting("binary", help="the objective: binary = one logit, binary cross-entropy, test metrics acc, "
-                        "loss, auc; multinomial = K class scores (data.classes), softmax cross-entropy, test metrics "
-                        "acc, loss, macro one-vs-rest auc; linear = one output, squared error on a continuous target "
-                        "(data.target_bounds), test metrics rmse, r2, mae, loss",
-                        allowed="binary | multinomial | linear, or a name a plugin registers in "
-                        "dptrain.models.objectives.OBJECTIVES")
-
-
 def check_objective(o: ObjectiveConfig) -> None:
     OBJECTIVES.get(o.name)
-
-
-@dataclass
-class PrivacyConfig:
-    """DP-SGD settings (docs/privacy.md).
-
-    Exactly one of ``noise_multiplier`` (sigma) and ``target_epsilon`` must be set when
-    ``enabled``. ``delta: null`` picks a default well below 1/N (see :func:`default_delta`).
-    ``accountant`` names the accountant that produces the headline epsilon and calibrates
-    sigma; RDP and PLD are always reported.
-    """
-
-    enabled: bool = setting(True, help="train with DP-SGD; false trains without privacy (no clipping, no noise, "
-                            "no epsilon) and says so; the other privacy settings must then be left unset",
-                            allowed="true | false")
-    noise_multiplier: float | None = setting(
-        None, help="sigma: the Gaussian noise's standard deviation is sigma * C; a preset's sigma steps aside when "
-        "target_epsilon is set", allowed=f"0 (no noise, NO guarantee) or a number in [{SIGMA_RANGE[0]:g}, "
-        f"{SIGMA_RANGE[1]:g}]; exactly one of noise_multiplier and target_epsilon")
-    target_epsilon: float | None = setting(None, help="calibrate sigma so that the run ends at this epsilon",
-                                           allowed="a number in (0, 100] | null")
-    max_grad_norm: float = setting(1.0, help="C: each example's gradient is clipped to this L2 norm (flat, over all "
-                                   "parameters)", allowed="a number in [1e-06, 1e+06]")
-    delta: float | None = setting(None, help="delta of (epsilon, delta)-DP; null: the largest power of ten <= "
-                                  "1/(10 N)", allowed="a number in (0, 1/N) | null")
-    accountant: str = setting(DEFAULT_ACCOUNTANT.name, help="the accountant of the headline epsilon and of "
-                              "calibration (RDP and PLD are both always reported)",
-                              allowed="rdp | pld, or a name a plugin registers")
-    calibration_rtol: float = setting(1e-3, help="relative tolerance on sigma when calibrating to target_epsilon",
-                                      allowed="a number in (0, 0.1)")
-    max_epsilon: float | None = setting(None, help="a budget: training stops at the last step whose epsilon "
-                                        "(headline accountant) is <= it", allowed="a number > 0 | null")
-    noise_seed_file: str | None = setting(
-        None, help="opt-in reproducible noise: a secret file (python -m dptrain.privacy.randomness PATH) from which "
-        "the noise and the sampler are derived; null: fresh from the OS CSPRNG for every run",
-        allowed="the path of a secret file outside the run folder | null")
 
 
 MAX_TARGET_EPSILON = 100.0  # privacy.target_epsilon
@@ -191,62 +143,6 @@ def check_privacy(p: PrivacyConfig) -> None:
         finite_positive("privacy.max_epsilon", p.max_epsilon)
 
 
-@dataclass
-class TrainerConfig:
-    """The training loop. ``batch_size`` is the EXPECTED batch size B of Poisson sampling
-    (q = B / N); ``epochs`` may be fractional (steps = round(epochs / q))."""
-
-    epochs: float = setting(5.0, help="passes over the data; steps = round(epochs * N / batch_size)",
-                            allowed="a number > 0 (at most 10,000,000 steps)")
-    batch_size: int = setting(1024, help="the EXPECTED batch size B of Poisson sampling (q = B / N)",
-                              allowed="an integer in [1, N]")
-    engine: str = setting("auto", help="how clipped per-example gradients are computed: auto = the fast engine "
-                          "when the model allows, else Opacus", allowed="auto | fast | opacus, or a registered name")
-    average: float = setting(0.0, help="the published model is the mean of the iterates of the last "
-                             "(average x steps) steps (Polyak-Ruppert tail averaging: a function of iterates the "
-                             "guarantee already covers, so no privacy cost; it averages the noise out of the final "
-                             "model); 0: the last iterate", allowed="a number in [0, 1)")
-    eval_every: int = setting(50, help="steps between test-set evaluations", allowed="an integer > 0")
-    eval_rows: int = setting(1_000_000, help="the test rows each evaluation DURING training uses (the first this "
-                             "many, for the TensorBoard test/ curves; 0: every one); the final test metrics always use "
-                             "every test row", allowed="an integer >= 0")
-    log_every: int = setting(10, help="steps between TensorBoard scalars (with trainer.dp_curves, also between "
-                             "releases of the dp/ curve, each paid for in epsilon)", allowed="an integer > 0")
-    baseline: bool = setting(False, help="also fit a NON-private sklearn baseline on the same features (its "
-                             "numbers stay in private/); off by default: it imports scikit-learn and "
-                             "scipy.stats (about a second); fitted on every training row up to 1,000,000, beyond "
-                             "that on a random 1,000,000 of them drawn with the seed (baseline/fit_rows says how "
-                             "many)",
-                             allowed="true | false")
-    progress: bool = setting(True, help="show a progress bar", allowed="true | false")
-    threads: int = setting(0, help="torch threads; 0 leaves torch's default", allowed="an integer >= 0")
-    checkpoint_every: int = setting(100, help="steps between crash-safe checkpoints (one is always written at the "
-                                    "end)", allowed="an integer >= 0 (0: only at the end)")
-    resume: str | None = setting(None, help="continue a run from its checkpoint (auto: this run folder's, if any)",
-                                 allowed="null (a fresh run) | auto | the path of a checkpoint or run folder")
-    distributed: bool = setting(False, help="one job across torchrun processes (torchrun ... -m dptrain ... "
-                                "trainer.distributed=true); gloo on the CPU, NCCL on GPUs", allowed="true | false")
-    device: str = setting("auto", help="where the model, the rows, the Poisson sampler and the noise live: auto = "
-                          "the first CUDA device when torch sees one (cuda:LOCAL_RANK in a distributed run), else "
-                          "the CPU (docs/devices.md)", allowed="auto | cpu | cuda | cuda:N")
-    cuda_graph: bool = setting(True, help="on a CUDA device, replay each step that logs nothing as one CUDA graph "
-                               "over a fixed number of rows, B + 3 sqrt(B) + 8, the batch padded with rows of weight "
-                               "0 (a larger batch and the logged steps run as usual): the same mechanism with far "
-                               "less host work per step; no effect on the CPU, with the Opacus engine or in a "
-                               "distributed run (docs/devices.md)", allowed="true | false")
-    dp_curves: bool = setting(True, help="log dp/train_loss on the logged steps: the training loss released with "
-                              "Gaussian noise, its privacy cost included in epsilon (docs/privacy.md, 'DP curves'); "
-                              "no effect without privacy, in task=audit or on subsample_aggregate's parts",
-                              allowed="true | false")
-    curve_loss_bound: float | None = setting(None, help="L of the dp/ curve: each example's loss is clipped into "
-                                             "[0, L] (the curve's sensitivity); null: the objective's default "
-                                             "(binary 2, multinomial log(K) + 1, linear 0.5)",
-                                             allowed="a finite number > 0 | null")
-    curve_budget_share: float = setting(0.05, help="the share of the run's epsilon the dp/ curve may take (with "
-                                        "privacy.target_epsilon the gradients get the rest; with an explicit "
-                                        "noise_multiplier it comes on top)", allowed="a number in (0, 0.5]")
-
-
 MAX_STEPS = 10_000_000  # steps = round(epochs * N / B): the training loop and the accountants
 
 
@@ -289,35 +185,6 @@ def check_trainer(t: TrainerConfig) -> None:
         ENGINES.get(t.engine)
 
 
-@dataclass
-class LoggerConfig:
-    """Where a run's curves go."""
-
-    tensorboard: bool = setting(True, help="TensorBoard events in <run>/private/tb (private: diagnostics on "
-                                "training rows)", allowed="true | false")
-
-
-@dataclass
-class TrainRunConfig(RunBase):
-    """task=train: a DP-SGD (or non-private) training run."""
-
-    task: str = setting("train", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
-    seed: int = setting(0, help=SEED_HELP, allowed="an integer >= 0")
-    # one schema per source (DATA_SOURCES): each conf/data/NAME.yaml extends its own
-    data: Any = setting(None, help=DATA_HELP, allowed="adult | table | synthetic")
-    model: Any = setting(None, help="the model, a config group (free-form: the keys its _target_ takes): "
-                         "model=logit | mlp", allowed="logit | mlp, or any _target_ building an nn.Module")
-    optim: Any = setting(None, help="the optimiser, a config group (free-form: the keys its _target_ takes): "
-                         "optim=sgd | adam", allowed="sgd | adam, or any torch.optim class as optim._target_")
-    objective: ObjectiveConfig = setting(help="what the model predicts", factory=ObjectiveConfig)
-    privacy: PrivacyConfig = setting(help="DP-SGD", factory=PrivacyConfig)
-    trainer: TrainerConfig = setting(help="the training loop", factory=TrainerConfig)
-    logger: LoggerConfig = setting(help="TensorBoard", factory=LoggerConfig)
-    estimator: EstimatorConfig = setting(help="how coefficients and their intervals are estimated (linear models; "
-                                         "docs/inference.md), a config group: estimator=dpsgd | subsample_aggregate "
-                                         "| ssp", factory=EstimatorConfig)
-
-
 Config = TrainRunConfig  # the training run's config (the type most functions take)
 
 
@@ -343,19 +210,6 @@ def validate_against_size(cfg: Any, n: int) -> float:
     if delta >= 1.0 / n:
         raise bad("privacy.delta", delta, f"must be < 1/N = {1.0 / n:.3g} (N = {n} training rows)")
     return delta
-
-
-def sigma_unless_target(sigma: float | None, target_epsilon: float | None) -> float | None:
-    """Resolver ``${unless_target:SIGMA,${privacy.target_epsilon}}``: a preset's default noise
-    multiplier that steps aside when the user asks for a target epsilon instead, so that
-    ``experiment=logit privacy.target_epsilon=1`` works. Setting both explicitly is refused."""
-    return None if target_epsilon is not None else sigma
-
-
-def value_if_private(value: Any, enabled: bool) -> Any:
-    """Resolver ``${if_private:VALUE,${privacy.enabled}}``: a preset's target epsilon that steps
-    aside when the user switches privacy off (``experiment=linreg privacy=none``)."""
-    return value if enabled else None
 
 
 def check_training(cfg: Any) -> None:

@@ -3,7 +3,6 @@ of the number of candidates)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from dptrain.core.validation import (
@@ -11,44 +10,12 @@ from dptrain.core.validation import (
     integer,
     one_of,
     real,
-    setting,
 )
-from dptrain.settings.common import TASKS_ALLOWED, check_common
-from dptrain.settings.train import TrainRunConfig, check_training
-
-
-@dataclass
-class TuneConfig:
-    """task=tune: a private hyperparameter search (:mod:`dptrain.tasks.tune`, docs/tuning.md)."""
-
-    space: dict[str, Any] = setting(help="the searched settings and their values, nested like the config: "
-                                    "{optim: {lr: [0.5, 1, 2]}, privacy: {max_grad_norm: [0.5, 1]}}; each candidate "
-                                    "draws one value per setting uniformly (secret randomness)",
-                                    allowed="lists of values of searchable settings (optim.*, model.*, "
-                                    "privacy.max_grad_norm, trainer.threads)", factory=dict)
-    candidates: str = setting("truncated_negative_binomial", help="the law of the number of candidates K "
-                              "(Papernot & Steinke 2022); K stays secret", allowed="truncated_negative_binomial | "
-                              "poisson")
-    mean: float = setting(10.0, help="the expected number of candidates E[K]", allowed="a number >= 1")
-    shape: float = setting(1.0, help="truncated_negative_binomial's shape: 0 logarithmic, 1 geometric; larger: more "
-                           "concentrated around the mean, and more privacy spent on the selection",
-                           allowed="a number >= 0")
-    validation_fraction: float = setting(0.2, help="the share of the training rows (keyed hash of each row) that "
-                                         "scores the candidates; the rest trains them", allowed="a number in (0, 0.5]")
-    score_noise: float = setting(20.0, help="sd of the Gaussian noise added to the validation score's sum over "
-                                 "rows (each row adds at most 1): the score's accuracy is this / validation rows",
-                                 allowed="a number > 0")
-    max_expected_candidates: int = setting(100, help="a guard: tune.mean above it is refused (a typo could train "
-                                           "thousands of models)", allowed="an integer >= 1")
-
-
-@dataclass
-class TuneRunConfig(TrainRunConfig):
-    """task=tune: a private search over training settings; ONE model released."""
-
-    task: str = setting("tune", help="what the run does (a config group)", allowed=TASKS_ALLOWED)
-    tune: TuneConfig = setting(help="the private search", factory=TuneConfig)
-
+from dptrain.settings.common import check_common
+from dptrain.settings.schemas.train import (  # the schemas: no torch, no pandas
+    TuneRunConfig,  # noqa: F401
+)
+from dptrain.settings.train import check_training
 
 #: the laws of the number of candidates (``tune.candidates``)
 LAWS = ("truncated_negative_binomial", "poisson")

@@ -25,7 +25,9 @@ folder that holds a finished run or any other run's files outside private/ (unle
 without Hydra (:mod:`dptrain.runfolder.verify`, :mod:`dptrain.runfolder.publish`).
 
 Importing this module imports every task (and so torch and pandas): there is one import graph,
-with no module imported inside a function (docs/architecture.md).
+with no module imported inside a function (docs/architecture.md). ``python -m dptrain`` checks the
+command line's keys and types with the light schemas first (:mod:`dptrain.settings.launch`) and
+imports this module after (:mod:`dptrain.__main__`): a typo is refused before torch loads.
 ``python -m dptrain`` ends with :func:`exit_now`, which skips the interpreter's teardown.
 """
 
@@ -33,12 +35,10 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import difflib
 import importlib.resources
 import importlib.util
 import logging
 import os
-import re
 import sys
 import tempfile
 import threading
@@ -47,14 +47,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import hydra
-from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, OverrideParseException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+from omegaconf.errors import OmegaConfBaseException
 
 from dptrain.core.errors import DPTrainError
 from dptrain.core.registry import load_plugins
@@ -62,9 +61,11 @@ from dptrain.core.validation import ConfigError
 from dptrain.runfolder import ownership, publish, runlock, verify
 from dptrain.runfolder.folder import RunFolder, take_lock
 from dptrain.runfolder.stopping import EXIT_STOPPED, RunStopped, resume_hint
+from dptrain.settings import launch
 from dptrain.settings.command_line import check_command_line
+from dptrain.settings.launch import command_line_plugins, override_value
 from dptrain.tasks import check as table_check
-from dptrain.tasks.registry import TASKS, check_known_keys, register_configs
+from dptrain.tasks.registry import TASKS, check_known_keys, register_configs, task_schemas
 from dptrain.training.distributed import env_rank
 
 log = logging.getLogger("dptrain")
@@ -304,27 +305,6 @@ def _rank() -> int:
     return env_rank() if "RANK" in os.environ else 0
 
 
-def command_line_plugins(argv: list[str]) -> list[str]:
-    """The modules named by ``plugins=[...]`` (``+plugins``, ``++plugins``; every value of a sweep
-    ``plugins=[a],[a,b]``) among the command-line arguments ``argv``, in order, each once. A
-    malformed override gives none here: Hydra refuses it by name when it composes."""
-    items = [a for a in argv if not a.startswith("-") and a.lstrip("+").partition("=")[0].strip() == "plugins"]
-    if not items:
-        return []
-    try:
-        parsed = OverridesParser.create().parse_overrides(items)
-    except OverrideParseException:
-        return []
-    modules: list[str] = []
-    for override in parsed:
-        values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
-        for value in values:
-            for module in value if isinstance(value, list) else [value]:
-                if isinstance(module, str) and module not in modules:
-                    modules.append(module)
-    return modules
-
-
 def preload_plugins(argv: list[str]) -> None:
     """Import the command line's ``plugins`` before Hydra composes the config, then register the
     config schemas again (:func:`dptrain.tasks.registry.register_configs`): a plugin task's
@@ -339,38 +319,6 @@ def preload_plugins(argv: list[str]) -> None:
         print(f"dptrain: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     register_configs()
-
-
-def _first_of_sweeps(argv: list[str]) -> list[str] | None:
-    """The command line's overrides for one composition: Hydra's own (hydra.*) dropped, a sweep
-    replaced by its first value; None when Hydra must see the command line itself (--help,
-    --cfg, --config-dir, ... or an override it cannot parse: its message then is the answer)."""
-    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
-        return None
-    texts = [a for a in argv if not a.startswith("-")]
-    try:
-        parsed = OverridesParser.create().parse_overrides(texts)
-    except (OverrideParseException, HydraException):
-        return None
-    out = []
-    for text, override in zip(texts, parsed):
-        if override.is_hydra_override():
-            continue
-        if not override.is_sweep_override():
-            out.append(text)
-            continue
-        try:
-            first = next(iter(override.sweep_iterator()))
-        except (HydraException, StopIteration):
-            continue
-        out.append(f"{override.get_key_element()}={_override_value(first)}")
-    return out
-
-
-def _override_value(value: Any) -> str:
-    text = str(value)
-    return text if isinstance(value, (int, float, bool)) or text.replace("_", "").replace("-", "").replace(
-        ".", "").replace("/", "").isalnum() else "'" + text.replace("'", "\\'") + "'"
 
 
 #: the longest name of one folder on the file systems a run folder lives on (ext4, xfs, btrfs)
@@ -404,7 +352,7 @@ def check_sweep_folders(argv: list[str]) -> None:
     for text, override in zip(texts, parsed):
         if override.is_hydra_override() or override.key_or_group in excluded:
             continue
-        values = [_override_value(v) for v in override.sweep_iterator()] if override.is_sweep_override() else None
+        values = [override_value(v) for v in override.sweep_iterator()] if override.is_sweep_override() else None
         items.append(text if values is None else f"{text.split('=', 1)[0]}={max(values, key=len)}")
     longest = max((len(part.encode()) for part in ",".join(sorted(items)).split("/")), default=0)
     if longest > MAX_FOLDER_NAME:
@@ -423,62 +371,9 @@ def _packaged_config() -> DictConfig:
 
 
 def check_composition(argv: list[str]) -> None:
-    """Compose the command line's config before Hydra does, so that every mistake Hydra would
-    report in its own words (a misspelt key written ``key=value``, a value of the wrong type, a
-    key of another task or data source, a group option that does not exist) gets dptrain's one
-    error style, exit 2: a key the config does not have is checked as if written ``++key=value``
-    (the schema's check, which names the closest key and where the key belongs), any other
-    failure is Hydra's message without its advice to add ``+`` (which would be the wrong fix)."""
-    overrides = _first_of_sweeps(argv)
-    if overrides is None:
-        return
-    try:
-        with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
-            compose(config_name="config", overrides=overrides)
-        return
-    except (HydraException, OmegaConfBaseException, ValueError) as err:
-        failure = err
-    message = _composition_message(failure, overrides)
-    print(f"dptrain: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def _composition_message(err: Exception, overrides: list[str]) -> str:
-    """dptrain's words for a composition failure (:func:`check_composition`)."""
-    cause = err.__cause__ or err
-    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
-    full_key = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("full_key:")), None)
-    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and full_key is not None:
-        forced = [f"++{o}" if (o.split("=", 1)[0] + ".").startswith(full_key + ".") else o for o in overrides]
-        try:
-            with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
-                check_known_keys(compose(config_name="config", overrides=forced))
-        except DPTrainError as known:
-            return str(known).replace("refused (a key added with + or ++ is checked too)", "refused")
-        except (HydraException, OmegaConfBaseException, ValueError):
-            pass
-    missing = re.search(r"Could not find '([^/']+)/([^']+)'", str(err))
-    if missing:
-        group, option = missing.groups()
-        options = [line for line in str(err).split("Available options in")[-1].split("Config search path")[0]
-                   .splitlines()[1:] if line.strip()] if "Available options" in str(err) else []
-        options = [o.strip() for o in options]
-        close = difflib.get_close_matches(option, options, n=1)
-        return (f"{group}={option}" + (f" (did you mean {group}={close[0]}?)" if close else "")
-                + f": no such option of {group}; allowed: {', '.join(options) or 'see python -m dptrain --help'}")
-    detail = [line for line in lines if not line.startswith(("full_key:", "reference_type=", "object_type=",
-                                                             "To append to your config use", "Config search path",
-                                                             "provider="))]
-    value = next((o.split("=", 1)[1] for o in overrides if full_key and o.lstrip("+").split("=", 1)[0] == full_key),
-                 None)
-    where = f"{full_key}={value}: " if value is not None else (f"{full_key}: " if full_key else "")
-    typed = re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", detail[0]) if detail else None
-    if typed:
-        kind = {"Float": "number", "Integer": "whole number", "Boolean": "true or false"}.get(typed.group(2),
-                                                                                            typed.group(2))
-        detail = [f"{typed.group(1)!r} is not a {kind}; {full_key} takes a {kind}"]
-    return (f"{where}{'; '.join(detail) or str(err)}. Every setting, its type and allowed values: docs/settings.md "
-            "(python -m dptrain --help)")
+    """:func:`dptrain.settings.launch.check_composition` with every registered task's schema,
+    plugins' included (a command line the light first step already checked is not composed again)."""
+    launch.check_composition(argv, task_schemas())
 
 
 def main() -> None:

@@ -14,21 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
-
 from dptrain.core.registry import Registry
 from dptrain.core.validation import one_of
 from dptrain.settings import command_line
 from dptrain.settings.audit import AuditRunConfig, validate_audit
-from dptrain.settings.data import DATA_SOURCES
+from dptrain.settings.launch import register_schemas
 from dptrain.settings.lodes import LodesRunConfig, validate_lodes
 from dptrain.settings.predict import PredictRunConfig, validate_predict_run
 from dptrain.settings.release import ReleaseRunConfig, validate_release_run
 from dptrain.settings.synthesize import SynthesizeRunConfig, validate_synthesize
 from dptrain.settings.tabulate import TabulateRunConfig, validate_tabulate
 from dptrain.settings.topdown import TopDownRunConfig, validate_topdown
-from dptrain.settings.train import TrainRunConfig, sigma_unless_target, validate_train, value_if_private
+from dptrain.settings.train import TrainRunConfig, validate_train
 from dptrain.settings.tune import TuneRunConfig, validate_tune
 from dptrain.tasks import audit, lodes, predict, release, synthesize, tabulate, topdown, train, tune
 
@@ -80,15 +77,6 @@ def check_known_keys(cfg: Any) -> None:
 
 
 def register_configs() -> None:
-    """Register each task's schema (``schema/NAME``) that ``conf/task/NAME.yaml`` extends, each
-    data source's schema (``schema/data/NAME``) that ``conf/data/NAME.yaml`` extends, and the
-    ``unless_target`` and ``if_private`` resolvers the privacy presets use."""
-    store = ConfigStore.instance()
-    for name, schema in task_schemas().items():
-        store.store(group="schema", name=name, node=schema)
-    for name, schema in DATA_SOURCES.items():  # conf/data/NAME.yaml: defaults [/schema/data/NAME@_here_]
-        store.store(group="schema/data", name=name, node=schema)
-    if not OmegaConf.has_resolver("unless_target"):
-        OmegaConf.register_new_resolver("unless_target", sigma_unless_target)
-    if not OmegaConf.has_resolver("if_private"):
-        OmegaConf.register_new_resolver("if_private", value_if_private)
+    """Register every task's schema (``schema/NAME``), plugins' included, each data source's schema
+    and the presets' resolvers (:func:`dptrain.settings.launch.register_schemas`)."""
+    register_schemas(task_schemas())
