@@ -50,7 +50,7 @@ import hydra
 from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException, OverrideParseException
+from hydra.errors import CompactHydraException, HydraException, InstantiationException, OverrideParseException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -62,7 +62,13 @@ from dptrain.core.validation import ConfigError
 from dptrain.runfolder import ownership, publish, runlock, verify
 from dptrain.runfolder.folder import RunFolder, take_lock
 from dptrain.runfolder.stopping import EXIT_STOPPED, RunStopped, resume_hint
-from dptrain.settings.command_line import check_command_line
+from dptrain.runfolder.write_errors import folder_error, reason, write_error
+from dptrain.settings.command_line import (
+    check_command_line,
+    free_form_key_message,
+    override_syntax_message,
+    type_mismatch_message,
+)
 from dptrain.tasks import check as table_check
 from dptrain.tasks.registry import TASKS, check_known_keys, register_configs
 from dptrain.training.distributed import env_rank
@@ -194,6 +200,11 @@ class LaunchChecks(Callback):
         except DPTrainError as err:
             print(f"dptrain: error: {err}", file=sys.stderr)
             raise SystemExit(2) from None
+        except OSError as err:  # the folder cannot be made or locked: read-only, a file in the way, full
+            key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+            folder = OmegaConf.select(config, key, default=None)
+            print(f"dptrain: error: {folder_error(err, key=key, folder=Path(str(folder)))}", file=sys.stderr)
+            raise SystemExit(2) from None
 
 
 def run(cfg: DictConfig, *, run_dir: Path, started_ns: int | None = None) -> float:
@@ -222,9 +233,20 @@ def run(cfg: DictConfig, *, run_dir: Path, started_ns: int | None = None) -> flo
         if folder is not None:  # refused: leave no folder behind
             folder.discard()
         _fail(err)
+    except OSError as err:  # a write refused (full disk, read-only): what was written stays
+        _fail(write_error(err, folder=run_dir))
     finally:
         if folder is not None:
-            folder.close()  # the lock released, then every file stamped with the run's start
+            _close(folder)
+
+
+def _close(folder: RunFolder) -> None:
+    """Close the run folder (the lock released, then every file stamped with the run's start); a
+    folder that cannot be stamped any more (read-only, gone) keeps the times it has."""
+    try:
+        folder.close()
+    except OSError as err:
+        log.warning("the run folder's times could not be set: %s", reason(err), extra={"console": False})
 
 
 def _clear_old_runs(folder: Path, *, multirun: bool) -> None:
@@ -422,6 +444,25 @@ def _packaged_config() -> DictConfig:
         return OmegaConf.load(path)
 
 
+def check_override_syntax(argv: list[str]) -> None:
+    """An override Hydra's grammar cannot read (a label with letters outside ASCII, ``>50K``, an
+    unclosed bracket) is refused in dptrain's words, with the quoted form that works and the
+    config-file alternative (:func:`dptrain.settings.command_line.override_syntax_message`),
+    instead of Hydra's lexer error and its grammar link."""
+    parser = OverridesParser.create()
+    skip = False
+    for text in argv:
+        if skip or text.startswith("-"):
+            skip = text in _VALUE_OPTIONS
+            continue
+        try:
+            parser.parse_overrides([text])
+        except OverrideParseException as err:
+            message = override_syntax_message(text, err, lambda t: parser.parse_overrides([t]))
+            print(f"dptrain: error: {message}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+
 def check_composition(argv: list[str]) -> None:
     """Compose the command line's config before Hydra does, so that every mistake Hydra would
     report in its own words (a misspelt key written ``key=value``, a value of the wrong type, a
@@ -452,11 +493,14 @@ def _composition_message(err: Exception, overrides: list[str]) -> str:
         forced = [f"++{o}" if (o.split("=", 1)[0] + ".").startswith(full_key + ".") else o for o in overrides]
         try:
             with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
-                check_known_keys(compose(config_name="config", overrides=forced))
+                composed = compose(config_name="config", overrides=forced)
+            check_known_keys(composed)
         except DPTrainError as known:
             return str(known).replace("refused (a key added with + or ++ is checked too)", "refused")
         except (HydraException, OmegaConfBaseException, ValueError):
             pass
+        else:  # a free-form section (model, optim): its keys are its builder's arguments
+            return free_form_key_message(composed, full_key, overrides)
     missing = re.search(r"Could not find '([^/']+)/([^']+)'", str(err))
     if missing:
         group, option = missing.groups()
@@ -469,9 +513,15 @@ def _composition_message(err: Exception, overrides: list[str]) -> str:
     detail = [line for line in lines if not line.startswith(("full_key:", "reference_type=", "object_type=",
                                                              "To append to your config use", "Config search path",
                                                              "provider="))]
+    keys = [o.lstrip("+").split("=", 1)[0] for o in overrides]
+    if full_key and full_key not in keys:  # OmegaConf names a key relative to the node it was merged into
+        full_key = next((k for k in keys if k.endswith(f".{full_key}")), full_key)
     value = next((o.split("=", 1)[1] for o in overrides if full_key and o.lstrip("+").split("=", 1)[0] == full_key),
                  None)
     where = f"{full_key}={value}: " if value is not None else (f"{full_key}: " if full_key else "")
+    mismatch = type_mismatch_message(detail[0], full_key, value) if detail else None
+    if mismatch is not None:
+        return f"{mismatch}. Every setting, its type and allowed values: docs/settings.md (python -m dptrain --help)"
     typed = re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", detail[0]) if detail else None
     if typed:
         kind = {"Float": "number", "Integer": "whole number", "Boolean": "true or false"}.get(typed.group(2),
@@ -488,6 +538,7 @@ def main() -> None:
         raise SystemExit(publish.main(sys.argv[2:]))
     if sys.argv[1:2] == ["check"]:  # dptrain check SETTINGS: the data holder's check of a table (no run)
         raise SystemExit(table_check.main(sys.argv[2:]))
+    check_override_syntax(sys.argv[1:])
     check_launcher(sys.argv[1:])
     preload_plugins(sys.argv[1:])
     check_composition(sys.argv[1:])
@@ -499,7 +550,42 @@ def main() -> None:
                                                               "hydra/job_logging="))]
         sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout",
                      f"hydra.run.dir={Path(tempfile.gettempdir()) / 'dptrain-rank-unused'}"]
-    _hydra_main()
+    _hydra_in_our_words()
+
+
+def _hydra_in_our_words() -> None:
+    """Run Hydra's main with its errors raised to here (HYDRA_FULL_ERROR=1 while it runs, unless
+    the user set the variable): a write Hydra itself makes for the run (the folder, .hydra/, a
+    sweep's multirun.yaml) refused by the system, or a composition error the checks before did not
+    catch, ends in one ``dptrain: error:`` line and exit 2 instead of a traceback. A user who set
+    HYDRA_FULL_ERROR=1 gets Hydra's own behaviour. The log never raises on a full disk
+    (``logging.raiseExceptions``: a record that cannot be written is dropped, not a traceback)."""
+    logging.raiseExceptions = False
+    before = os.environ.get(FULL_ERROR_ENV)
+    if before == "1":
+        _hydra_main()
+        return
+    os.environ[FULL_ERROR_ENV] = "1"
+    try:
+        _hydra_main()
+    except InstantiationException:
+        raise
+    except CompactHydraException as err:  # before OSError: Hydra's MissingConfigException is an IOError
+        print(f"dptrain: error: {' '.join(str(err).split())}. Every setting, its type and allowed values: "
+              "docs/settings.md (python -m dptrain --help)", file=sys.stderr)
+        raise SystemExit(2) from None
+    except OSError as err:
+        print(f"dptrain: error: {write_error(err, folder=None)}", file=sys.stderr)
+        raise SystemExit(2) from None
+    finally:
+        if before is None:
+            os.environ.pop(FULL_ERROR_ENV, None)
+        else:
+            os.environ[FULL_ERROR_ENV] = before
+
+
+#: Hydra's switch between its short error report (unset) and raising the error (1)
+FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
 
 
 #: set to 1 to end ``python -m dptrain`` with the interpreter's full teardown instead of :func:`exit_now`
