@@ -531,6 +531,12 @@ def _composition_message(err: Exception, overrides: list[str]) -> str:
             "(python -m dptrain --help)")
 
 
+#: what the bare ``python -m dptrain`` says first (README, "Presets and overrides")
+NO_PRESET_NOTE = ("dptrain: no preset: task=train with every setting at its default (docs/settings.md: UCI Adult with "
+                  "all its codings, sigma 1.0, 5 epochs, delta from N), not the README's first run "
+                  "(python -m dptrain experiment=logit); python -m dptrain --help lists the presets")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["verify"]:  # dptrain verify RUN: check a run folder's digests (no Hydra)
         raise SystemExit(verify.main(sys.argv[2:]))
@@ -538,6 +544,8 @@ def main() -> None:
         raise SystemExit(publish.main(sys.argv[2:]))
     if sys.argv[1:2] == ["check"]:  # dptrain check SETTINGS: the data holder's check of a table (no run)
         raise SystemExit(table_check.main(sys.argv[2:]))
+    if not sys.argv[1:]:
+        print(NO_PRESET_NOTE, file=sys.stderr)
     check_override_syntax(sys.argv[1:])
     check_launcher(sys.argv[1:])
     preload_plugins(sys.argv[1:])
