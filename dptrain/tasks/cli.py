@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import difflib
 import importlib.resources
 import importlib.util
 import logging
@@ -58,7 +57,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from dptrain.core.errors import DPTrainError
 from dptrain.core.registry import load_plugins
-from dptrain.core.validation import ConfigError
+from dptrain.core.validation import ConfigError, closest
 from dptrain.runfolder import ownership, publish, runlock, verify
 from dptrain.runfolder.folder import RunFolder, take_lock
 from dptrain.runfolder.stopping import EXIT_STOPPED, RunStopped, resume_hint
@@ -490,7 +489,9 @@ def _composition_message(err: Exception, overrides: list[str]) -> str:
     lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
     full_key = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("full_key:")), None)
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and full_key is not None:
-        forced = [f"++{o}" if (o.split("=", 1)[0] + ".").startswith(full_key + ".") else o for o in overrides]
+        forced = [f"++{o}" if "=" in o and not o.startswith(("+", "~")) and (
+            "." in o.split("=", 1)[0] or (o.split("=", 1)[0] + ".").startswith(full_key + ".")) else o
+            for o in overrides]  # every dotted key: the schema's check then names each key this task lacks
         try:
             with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
                 composed = compose(config_name="config", overrides=forced)
@@ -501,13 +502,20 @@ def _composition_message(err: Exception, overrides: list[str]) -> str:
             pass
         else:  # a free-form section (model, optim): its keys are its builder's arguments
             return free_form_key_message(composed, full_key, overrides)
+    no_group = re.search(r"Could not override '([^']+)'. No match in the defaults list", str(err))
+    if no_group:
+        group = no_group.group(1)
+        task = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "task"), "train")
+        value = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == group), "...")
+        return (f"{group}={value} is not allowed: task={task} takes no {group}=NAME (no {group} group in this "
+                f"task); allowed: drop it; the keys task={task} has are listed in docs/settings.md")
     missing = re.search(r"Could not find '([^/']+)/([^']+)'", str(err))
     if missing:
         group, option = missing.groups()
         options = [line for line in str(err).split("Available options in")[-1].split("Config search path")[0]
                    .splitlines()[1:] if line.strip()] if "Available options" in str(err) else []
         options = [o.strip() for o in options]
-        close = difflib.get_close_matches(option, options, n=1)
+        close = closest(option, options, n=1)
         return (f"{group}={option}" + (f" (did you mean {group}={close[0]}?)" if close else "")
                 + f": no such option of {group}; allowed: {', '.join(options) or 'see python -m dptrain --help'}")
     detail = [line for line in lines if not line.startswith(("full_key:", "reference_type=", "object_type=",
