@@ -201,6 +201,8 @@ def test_item2_an_unclosed_bracket_gets_the_general_advice():
     msg = override_syntax_message("release.cells=[a,b", Exception("no viable alternative at input '[a,b'"),
                                   lambda t: OverridesParser.create().parse_overrides([t]))
     assert "every bracket closed" in msg and "YAML config file" in msg
+    for argv in (["experiment=logit", "--cfg", "job"], ["--info", "defaults"], ["-m", "seed=0,1"]):
+        cli.check_override_syntax(argv)  # Hydra's own options and sweeps pass
 
 
 # ------------------------------------------------------------------------------ 7. smaller items
@@ -284,8 +286,10 @@ def test_item7_the_bare_command_says_what_it_runs_as_the_readme_does(tmp_path, m
         "train", "adult", 1.0, 5, None)
     assert "sigma 1.0, 5 epochs" in cli.NO_PRESET_NOTE and "experiment=logit" in cli.NO_PRESET_NOTE
     readme = " ".join((REPO / "README.md").read_text().split())
-    assert "Without a preset, `python -m dptrain` runs `task=train` with every setting at its default" in readme
-    assert "sigma 1.0, 5 epochs, delta 1e-6" in readme
+    assert "No preset: every default, epsilon 3.8 at delta 1e-6, not the run above (it says so)" in readme
+    running = " ".join((REPO / "docs" / "running.md").read_text().split())
+    assert "Without a preset, `python -m dptrain` runs `task=train` with every setting at its default" in running
+    assert "sigma 1.0, 5 epochs of expected batch 1024, delta 1e-6 from N): epsilon 3.8" in running
     code, out = _main(["experiment=logit", "--cfg", "job"], tmp_path, monkeypatch, capsys)
     assert cli.NO_PRESET_NOTE not in out
 

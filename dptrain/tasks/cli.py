@@ -398,6 +398,8 @@ def _override_value(value: Any) -> str:
 MAX_FOLDER_NAME = 255
 #: options of Hydra's that take the next argument as their value
 _VALUE_OPTIONS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn")
+#: Hydra's other options that take the next argument as their value (--cfg job, --info defaults)
+_HYDRA_VALUE_OPTIONS = ("--cfg", "-c", "--package", "-p", "--info", "-i", "--experimental-rerun")
 
 
 def check_sweep_folders(argv: list[str]) -> None:
@@ -452,7 +454,9 @@ def check_override_syntax(argv: list[str]) -> None:
     skip = False
     for text in argv:
         if skip or text.startswith("-"):
-            skip = text in _VALUE_OPTIONS
+            skip = text in (*_VALUE_OPTIONS, *_HYDRA_VALUE_OPTIONS)
+            continue
+        if "=" not in text:  # not an override (Hydra says what it is)
             continue
         try:
             parser.parse_overrides([text])
