@@ -23,9 +23,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from dptrain.runfolder import folder as run_folder
-from dptrain.runfolder import tracking
+from dptrain.runfolder import publish, tracking
 from dptrain.runfolder.write_errors import folder_error, write_error
 from dptrain.settings.command_line import override_syntax_message
+from dptrain.tasks import check as table_check
 from dptrain.tasks import cli
 from dptrain.tasks.registry import TASKS
 
@@ -161,6 +162,25 @@ def test_item1_a_write_hydra_makes_itself_is_refused_in_one_line(tmp_path, monke
     _refused(code, out, f"cannot write {run / '.hydra' / 'config.yaml'}: no space left on the device",
              "free space on that disk")
     assert os.environ.get("HYDRA_FULL_ERROR") is None  # restored after the run
+
+
+def test_item1_publish_and_check_into_an_unwritable_folder_end_in_one_line(tmp_path, monkeypatch, capsys):
+    """``dptrain publish RUN DEST`` and ``dptrain check`` wrote their traceback (PermissionError)
+    when DEST or hydra.run.dir could not be written; the check now refuses before any row is read."""
+    readonly = _unwritable_folder(tmp_path)
+    if readonly is None:
+        pytest.skip("no folder on this machine refuses a write by this process")
+    monkeypatch.setattr(publish, "exported_files", lambda run_dir: {"privacy.json": b"{}\n"})
+    assert publish.main([str(tmp_path), str(readonly / "export")]) == 2
+    _refused(2, capsys.readouterr().err, "publish: cannot write", "nothing was published",
+             "a DEST in a folder you can write")
+    (tmp_path / "t.csv").write_text("y,a\n1,0.5\n0,0.2\n")
+    args = ["experiment=logit", "data=table", f"data.path={tmp_path / 't.csv'}", "data.target=y", "data.positive=1",
+            "data.negative=0", "++data.numeric={a: {lower: 0, upper: 1}}"]
+    assert table_check.main([*args, f"hydra.run.dir={readonly / 'check'}"]) == 2
+    _refused(2, capsys.readouterr().err, f"hydra.run.dir='{readonly / 'check'}' is not allowed")
+    assert table_check.main([*args, f"hydra.run.dir={tmp_path / 'new' / 'check'}", "data.target=z"]) == 2
+    assert not (tmp_path / "new").exists()  # the probe of the report's folder leaves nothing behind
 
 
 def test_item1_the_messages_name_the_setting_the_reason_and_the_fix(tmp_path, monkeypatch):
