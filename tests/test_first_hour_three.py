@@ -181,6 +181,9 @@ def test_item1_publish_and_check_into_an_unwritable_folder_end_in_one_line(tmp_p
     _refused(2, capsys.readouterr().err, f"hydra.run.dir='{readonly / 'check'}' is not allowed")
     assert table_check.main([*args, f"hydra.run.dir={tmp_path / 'new' / 'check'}", "data.target=z"]) == 2
     assert not (tmp_path / "new").exists()  # the probe of the report's folder leaves nothing behind
+    _refused(2, capsys.readouterr().err, "data.target: column 'z' is not in")
+    assert table_check.main([*args, "data.positive=Süd"]) == 2  # dptrain check reads Hydra's grammar too
+    _refused(2, capsys.readouterr().err, "as in 'data.positive=\"Süd\"'")
 
 
 def test_item1_the_messages_name_the_setting_the_reason_and_the_fix(tmp_path, monkeypatch):

@@ -21,7 +21,7 @@ from typing import Any
 
 from hydra import compose, initialize_config_module
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -36,6 +36,7 @@ from dptrain.release.cell_domain import from_table, from_values, read_keys_file
 from dptrain.release.cells import Domain
 from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json
 from dptrain.runfolder.write_errors import folder_error, reason
+from dptrain.settings.command_line import override_syntax_message
 from dptrain.settings.data import TRAIN_DATA, as_source, check_source
 from dptrain.settings.release import resolved_domain
 
@@ -67,8 +68,14 @@ def _arguments(argv: list[str]) -> tuple[list[str], Path | None, Path]:
 def _compose(overrides: list[str], config_dir: Path | None) -> Any:
     """The run's composed config (the data section is what the check reads); the config schemas
     are registered by the command line (:mod:`dptrain.tasks.cli`) that calls this."""
+    parser = OverridesParser.create()
+    for text in overrides:  # one Hydra cannot read: the quoted form that works, or a config file
+        try:
+            parser.parse_overrides([text])
+        except OverrideParseException as err:
+            raise ConfigError(override_syntax_message(text, err, lambda t: parser.parse_overrides([t]))) from None
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
+        parsed = parser.parse_overrides(overrides)
         if any(o.is_sweep_override() for o in parsed):
             raise ConfigError("a sweep (key=a,b) is not allowed with dptrain check: give the settings of ONE run")
         extra = [f"hydra.searchpath=[file://{config_dir}]"] if config_dir is not None else []
