@@ -34,7 +34,7 @@ def test_every_preset_composes_and_validates(name):
     cfg = _compose([f"experiment={name}"])
     conf: Config = OmegaConf.to_object(cfg)
     validate(conf)
-    if conf.task in ("train", "audit"):
+    if conf.task in ("train", "audit", "tune"):
         assert conf.model["_target_"].startswith("dptrain.models.networks.")
     elif conf.task == "release":
         assert conf.data.name in ("atlas", "table")

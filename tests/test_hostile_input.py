@@ -219,7 +219,8 @@ def test_model_and_optimiser_arguments_refused_by_name(base_conf):
     mlp = OmegaConf.to_object(_compose(["experiment=mlp", "data=synthetic"]))
     for hidden in ([-3], [0, 4], [True], ["64"], "64", [2.5]):
         refused(ConfigError, lambda h=hidden: validate(_with(mlp, "model.hidden", h)), "model.hidden", "> 0")
-    refused(ConfigError, lambda: validate(_with(mlp, "model.activation", "sigmoidal")), "model=", "activation")
+    refused(ConfigError, lambda: validate(_with(mlp, "model.activation", "sigmoidal")), "model.activation='sigmoidal'",
+            "relu, tanh")
     for model in (None, "logit", {"hidden": [3]}):
         refused(ConfigError, lambda m=model: validate(_with(base_conf, "model", m)), "model=", "model=logit")
     refused(ConfigError, lambda: validate(_with(base_conf, "optim.momentum", -1.0)), "optim=", "momentum")

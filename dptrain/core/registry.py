@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 from dptrain.core.errors import DPTrainError
+from dptrain.core.validation import did_you_mean
 
 T = TypeVar("T")
 
@@ -59,7 +60,7 @@ class Registry(Generic[T]):
             return self._items[name]
         except (KeyError, TypeError):
             raise RegistryError(f"{self.setting}={name!r} is not allowed: must be one of "
-                                f"{', '.join(self.names())}") from None
+                                f"{', '.join(self.names())}{did_you_mean(str(name), self.names())}") from None
 
     def names(self) -> list[str]:
         return list(self._items)

@@ -61,7 +61,8 @@ def flag(setting: str, value: Any) -> None:
 
 def one_of(setting: str, value: Any, allowed: tuple | list) -> None:
     if value not in allowed:
-        raise bad(setting, value, f"must be one of {', '.join(map(str, allowed))}")
+        hint = did_you_mean(str(value), allowed) if isinstance(value, str) else ""
+        raise bad(setting, value, f"must be one of {', '.join(map(str, allowed))}{hint}")
 
 
 def field_of(obj: Any, name: str, default: Any = None) -> Any:
@@ -69,8 +70,13 @@ def field_of(obj: Any, name: str, default: Any = None) -> Any:
 
 
 def closest(name: str, candidates: Any, *, n: int = 3) -> list[str]:
-    """The candidates closest to ``name`` (difflib), best first; [] when none is close."""
-    return difflib.get_close_matches(str(name), [str(c) for c in candidates], n=n, cutoff=0.6)
+    """The candidates closest to ``name`` (difflib, ignoring case: ``MLP`` finds ``mlp``), best
+    first; [] when none is close."""
+    by_lower: dict[str, str] = {}
+    for c in candidates:
+        by_lower.setdefault(str(c).lower(), str(c))
+    found = difflib.get_close_matches(str(name).lower(), list(by_lower), n=n, cutoff=0.6)
+    return [by_lower[f] for f in found]
 
 
 def did_you_mean(name: str, candidates: Any) -> str:

@@ -345,7 +345,8 @@ def _log_plan(plan: TrainingPlan, release: Any) -> None:
                 if b.target is not None else f"its epsilon is {share:g} of the run's total")
         log.info("coefficient intervals: released after DP-SGD (estimator.interval_share=%g: %s; %s)",
                  plan.estimator.interval_share, what, release.reason)
-    elif plan.estimator.interval_share > 0 and plan.estimator.name == "dpsgd":
+    elif plan.estimator.interval_share > 0 and plan.estimator.name == "dpsgd" and model_is_linear(plan):
+        # a model that cannot have a coefficient table (an MLP) gets no line about its intervals
         log.info("coefficient intervals: none (%s)%s", release.reason,
                  "; DP-SGD gets the whole epsilon" if release.noise_multiplier is not None else "")
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from dptrain.core.validation import did_you_mean
 from dptrain.privacy.dpsgd.layers import Squeeze
 
 __all__ = ["Squeeze", "logit", "mlp"]
@@ -51,6 +52,7 @@ def mlp(*, in_features: int, hidden: Sequence[int] = (64, 64), activation: str =
     if activation not in _ACTIVATIONS:
         raise ValueError(
             f"model.activation={activation!r} is not allowed: must be one of {', '.join(_ACTIVATIONS)}"
+            f"{did_you_mean(str(activation).lower(), _ACTIVATIONS)}"
         )
     widths = [in_features, *[int(h) for h in hidden]]
     if any(w <= 0 for w in widths[1:]):

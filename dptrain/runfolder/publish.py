@@ -40,6 +40,7 @@ from pathlib import Path
 
 from dptrain.core.errors import DPTrainError
 from dptrain.runfolder.verify import MANIFEST, parse_manifest_digests, report_of, verify_run
+from dptrain.runfolder.write_errors import reason
 
 #: every entry's modification (and a folder export's access) time: 2000-01-01T00:00:00Z
 FIXED_TIME = 946_684_800
@@ -185,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         names = publish(*args)
     except PublishRefused as err:
         print(f"dptrain: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # DEST's folder read-only, a full disk: the temporary export is removed
+        print(f"dptrain: error: publish: cannot write {err.filename or args[1]}: {reason(err)}; nothing was "
+              f"published (no part of the export is left). Allowed: a DEST in a folder you can write, on a disk "
+              "with space", file=sys.stderr)
         return 2
     print(f"published {len(names)} files of {args[0]} -> {args[1]} (verified against their digests; one time, "
           "2000-01-01T00:00:00Z, modes 0644/0755, no owner): publish this export, never the run folder")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import re
+import shlex
 import types
 import typing
 from collections.abc import Mapping
@@ -20,6 +22,7 @@ from dptrain.core.validation import (
     bad,
     closest,
 )
+from dptrain.settings.builders import closest_argument
 from dptrain.settings.schemas.data import DATA_SOURCES
 
 
@@ -253,3 +256,110 @@ def check_command_line(cfg: Any, *, overrides: Any, choices: Mapping, multirun: 
     if cfg.get("task") in ("train", "audit"):
         check_optimiser_change(cfg, keys, choices)
         check_privacy_off(cfg, keys)
+
+
+#: characters that end a word inside an override's value (Hydra's grammar: lists, dicts, key: value)
+_WORD_ENDS = " ,[]{}:=\"'"
+#: what a lexer error of Hydra's grammar starts with; its caret line points under the override
+_LEXER = "LexerNoViableAltException: "
+
+
+def _bad_position(text: str, message: str) -> int | None:
+    """The index in ``text`` of the character Hydra's lexer could not read (its caret line)."""
+    lines = message.splitlines()
+    if not lines or not lines[0].startswith(_LEXER) or len(lines) < 2 or "^" not in lines[1]:
+        return None
+    index = lines[1].index("^") - len(_LEXER)
+    return index if 0 <= index < len(text) else None
+
+
+def _quoted_at(text: str, index: int) -> str:
+    """``text`` with the word around ``index`` (its value part) put in double quotes."""
+    start = max(index, text.find("=") + 1)
+    while start > 0 and text[start - 1] not in _WORD_ENDS:
+        start -= 1
+    end = index
+    while end < len(text) and text[end] not in _WORD_ENDS:
+        end += 1
+    word = text[start:end].strip()
+    lead = len(text[start:end]) - len(text[start:end].lstrip())
+    return f"{text[:start + lead]}\"{word}\"{text[start + lead + len(word):]}"
+
+
+def quoted_override(text: str, parse: Any) -> str | None:
+    """``text`` with every word Hydra's lexer cannot read put in double quotes, when ``parse`` (a
+    callable that raises on a bad override) then reads it; None otherwise."""
+    fixed = text
+    for _ in range(20):
+        try:
+            parse(fixed)
+            return fixed if fixed != text else None
+        except Exception as err:  # noqa: BLE001 - Hydra's parse errors: only the message is read
+            index = _bad_position(fixed, str(err))
+            if index is None:
+                return None
+            fixed = _quoted_at(fixed, index)
+    return None
+
+
+def override_syntax_message(text: str, err: Exception, parse: Any) -> str:
+    """dptrain's words for an override Hydra's grammar cannot read: the character, the exact
+    quoted form that works (checked with ``parse``), or a config file."""
+    message = str(err)
+    index = _bad_position(text, message)
+    what = (f"{text[index]!r} cannot be written unquoted (Hydra's override grammar reads only ASCII letters, digits "
+            "and _-+./\\ and a few more outside quotes)" if index is not None
+            else " ".join(line for line in message.splitlines()[:2] if not line.startswith("See https")))
+    fixed = quoted_override(text, parse)
+    form = (f"quote the value, as in {shlex.quote(fixed)} (the double quotes for Hydra, the single quotes around "
+            "the whole argument for the shell)" if fixed is not None
+            else "put a value with spaces or other characters in double quotes inside the argument and the whole "
+            "argument in single quotes (data.positive='\"a b\"'), with every bracket closed")
+    return (f"the override {text!r} cannot be read: {what}. Allowed: {form}; or write the setting in a YAML config "
+            "file, where any label works (--config-dir DIR data=NAME with DIR/data/NAME.yaml, docs/quickstart.md)")
+
+
+def type_mismatch_message(detail: str, key: str | None, value: str | None) -> str | None:
+    """dptrain's words for OmegaConf's type errors at composition (``detail``: its first line) on
+    ``key`` (the full key, as OmegaConf names it) set to ``value`` (the override's text, when the
+    override names the key itself): a scalar where a list or a mapping is needed, a list where a
+    mapping is. None: not one of these."""
+    if key is None:
+        return None
+    last = key.rsplit(".", 1)[-1]
+    hinted = re.match(r"Value '(.*)' \(\w+\) is incompatible with type hint '.*List", detail)
+    listed = re.match(r"Invalid value assigned: \w+ is not a ListConfig, list or tuple", detail)
+    if hinted or listed:
+        text = hinted.group(1) if hinted else (value if value is not None else "...")
+        inside = (f"; inside a mapping: '++{key.rsplit('.', 1)[0]}={{{last}: [{text}]}}'" if "." in key and hinted
+                  else "")
+        return (f"{key}={text!r} is not allowed: {key} takes a list, e.g. {key}=[{text}] (one value is a list of one)"
+                f"{inside}")
+    subclass = re.match(r"Invalid type assigned: (\w+) is not a subclass of (\w+)\. value: (.*)", detail)
+    if subclass:
+        example = "{lower: 0, upper: 100}" if subclass.group(2) == "NumericColumn" else "{key: value, ...}"
+        return (f"{key}={subclass.group(3)!r} is not allowed: {key} takes a mapping ({subclass.group(2)}), e.g. "
+                f"{{{last}: {example}}}")
+    if detail.startswith("Cannot merge DictConfig with ListConfig"):
+        example = "{column: [value, ...]}" if key.startswith("data.categorical") else "{key: value, ...}"
+        return (f"{key}={value if value is not None else '[...]'} is not allowed: {key} takes a mapping, "
+                f"not a list, e.g. '++{key}={example}'")
+    return None
+
+
+def free_form_key_message(cfg: Any, key: str, overrides: Any) -> str:
+    """``model.activatoin=relu`` (no +) on a free-form section (model, optim: its keys are its
+    ``_target_``'s arguments): the key is not in the section; the closest key that is."""
+    parent, _, last = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent, default=None) if parent else None
+    siblings = [f"{parent}.{k}" for k in (node.keys() if isinstance(node, DictConfig) else []) if k != last]
+    value = override_keys(overrides).get(key, "...")
+    target = node.get("_target_") if isinstance(node, DictConfig) else None
+    owner = f"{parent} ({target})" if target else parent or "the config"
+    best = closest(key, [s for s in siblings if not s.endswith("._target_")], n=1)
+    argument = None if best else closest_argument(target, last)
+    hint = (f" (did you mean {best[0]}?)" if best else
+            f" (did you mean ++{parent}.{argument}={value}? {target} takes {argument})" if argument else "")
+    return (f"{key}={value} is not allowed: {owner} has no setting {last!r}{hint}; allowed: "
+            f"{', '.join(siblings) or 'none'}, or an argument its _target_ takes, added with ++{key}=VALUE. Every "
+            "setting: docs/settings.md (python -m dptrain --help)")

@@ -14,7 +14,6 @@ before. A command line that names ``plugins`` is checked after they are imported
 
 from __future__ import annotations
 
-import difflib
 import re
 import sys
 from collections.abc import Mapping
@@ -28,7 +27,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from dptrain.core.errors import DPTrainError
-from dptrain.settings.command_line import check_known_keys
+from dptrain.core.validation import closest
+from dptrain.settings.command_line import check_known_keys, free_form_key_message, type_mismatch_message
 from dptrain.settings.schemas.data import DATA_SOURCES
 from dptrain.settings.schemas.predict import PredictRunConfig
 from dptrain.settings.schemas.release import ReleaseRunConfig
@@ -165,29 +165,47 @@ def composition_message(err: Exception, overrides: list[str], schemas: Mapping[s
     lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
     full_key = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("full_key:")), None)
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and full_key is not None:
-        forced = [f"++{o}" if (o.split("=", 1)[0] + ".").startswith(full_key + ".") else o for o in overrides]
+        forced = [f"++{o}" if "=" in o and not o.startswith(("+", "~")) and (
+            "." in o.split("=", 1)[0] or (o.split("=", 1)[0] + ".").startswith(full_key + ".")) else o
+            for o in overrides]  # every dotted key: the schema's check then names each key this task lacks
         try:
             with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
-                check_known_keys(compose(config_name="config", overrides=forced), schemas)
+                composed = compose(config_name="config", overrides=forced)
+            check_known_keys(composed, schemas)
         except DPTrainError as known:
             return str(known).replace("refused (a key added with + or ++ is checked too)", "refused")
         except (HydraException, OmegaConfBaseException, ValueError):
             pass
+        else:  # a free-form section (model, optim): its keys are its builder's arguments
+            return free_form_key_message(composed, full_key, overrides)
+    no_group = re.search(r"Could not override '([^']+)'. No match in the defaults list", str(err))
+    if no_group:
+        group = no_group.group(1)
+        task = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "task"), "train")
+        value = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == group), "...")
+        return (f"{group}={value} is not allowed: task={task} takes no {group}=NAME (no {group} group in this "
+                f"task); allowed: drop it; the keys task={task} has are listed in docs/settings.md")
     missing = re.search(r"Could not find '([^/']+)/([^']+)'", str(err))
     if missing:
         group, option = missing.groups()
         options = [line for line in str(err).split("Available options in")[-1].split("Config search path")[0]
                    .splitlines()[1:] if line.strip()] if "Available options" in str(err) else []
         options = [o.strip() for o in options]
-        close = difflib.get_close_matches(option, options, n=1)
+        close = closest(option, options, n=1)
         return (f"{group}={option}" + (f" (did you mean {group}={close[0]}?)" if close else "")
                 + f": no such option of {group}; allowed: {', '.join(options) or 'see python -m dptrain --help'}")
     detail = [line for line in lines if not line.startswith(("full_key:", "reference_type=", "object_type=",
                                                              "To append to your config use", "Config search path",
                                                              "provider="))]
+    keys = [o.lstrip("+").split("=", 1)[0] for o in overrides]
+    if full_key and full_key not in keys:  # OmegaConf names a key relative to the node it was merged into
+        full_key = next((k for k in keys if k.endswith(f".{full_key}")), full_key)
     value = next((o.split("=", 1)[1] for o in overrides if full_key and o.lstrip("+").split("=", 1)[0] == full_key),
                  None)
     where = f"{full_key}={value}: " if value is not None else (f"{full_key}: " if full_key else "")
+    mismatch = type_mismatch_message(detail[0], full_key, value) if detail else None
+    if mismatch is not None:
+        return f"{mismatch}. Every setting, its type and allowed values: docs/settings.md (python -m dptrain --help)"
     typed = re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", detail[0]) if detail else None
     if typed:
         kind = {"Float": "number", "Integer": "whole number", "Boolean": "true or false"}.get(typed.group(2),

@@ -29,6 +29,7 @@ from dptrain.models.optimizers import build_optimizer
 from dptrain.privacy.accounting import ACCOUNTANTS, SIGMA_RANGE
 from dptrain.privacy.curves import resolve_loss_bound
 from dptrain.privacy.dpsgd.engine import ENGINES
+from dptrain.settings.builders import argument_suggestion, builder_suggestion
 from dptrain.settings.common import (
     check_common,
     check_noise_seed_file,
@@ -51,8 +52,15 @@ def _build_error(setting_name: str, value: Any, exc: BaseException, allowed: str
     extra = re.search(r"unexpected keyword argument '(\w+)'", str(cause))
     if extra:  # e.g. optim._target_=torch.optim.AdamW with a leftover key of another optimiser
         key = f"{setting_name}.{extra.group(1)}"
+        hint = argument_suggestion(value.get("_target_"), extra.group(1))
         return ConfigError(f"{key}={value.get(extra.group(1))!r} is not allowed: {value.get('_target_')} takes no "
-                           f"argument {extra.group(1)!r}; drop it with ~{key} on the command line; allowed: {allowed}")
+                           f"argument {extra.group(1)!r}{hint}; drop it with ~{key} on the command line; "
+                           f"allowed: {allowed}")
+    if str(cause).startswith(f"{setting_name}.") and " is not allowed: " in str(cause):
+        return ConfigError(str(cause))  # the builder named its own setting (model.activation='rleu' ...)
+    missing = builder_suggestion(setting_name, value, cause)
+    if missing:
+        return ConfigError(missing)
     return ConfigError(f"{setting_name}={value!r} is not allowed: {type(cause).__name__}: {cause}; allowed: {allowed}")
 
 

@@ -13,6 +13,7 @@ table was read (whatever it holds), 2 when the settings or the file cannot be us
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 
 from hydra import compose, initialize_config_module
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -34,6 +35,8 @@ from dptrain.release.api import estimates_for_listed
 from dptrain.release.cell_domain import from_table, from_values, read_keys_file
 from dptrain.release.cells import Domain
 from dptrain.runfolder.tracking import atomic_write_text, private_dir, write_json
+from dptrain.runfolder.write_errors import folder_error, reason
+from dptrain.settings.command_line import override_syntax_message
 from dptrain.settings.data import TRAIN_DATA, as_source, check_source
 from dptrain.settings.release import resolved_domain
 
@@ -65,8 +68,14 @@ def _arguments(argv: list[str]) -> tuple[list[str], Path | None, Path]:
 def _compose(overrides: list[str], config_dir: Path | None) -> Any:
     """The run's composed config (the data section is what the check reads); the config schemas
     are registered by the command line (:mod:`dptrain.tasks.cli`) that calls this."""
+    parser = OverridesParser.create()
+    for text in overrides:  # one Hydra cannot read: the quoted form that works, or a config file
+        try:
+            parser.parse_overrides([text])
+        except OverrideParseException as err:
+            raise ConfigError(override_syntax_message(text, err, lambda t: parser.parse_overrides([t]))) from None
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
+        parsed = parser.parse_overrides(overrides)
         if any(o.is_sweep_override() for o in parsed):
             raise ConfigError("a sweep (key=a,b) is not allowed with dptrain check: give the settings of ONE run")
         extra = [f"hydra.searchpath=[file://{config_dir}]"] if config_dir is not None else []
@@ -128,12 +137,25 @@ def _release_check(conf: Any) -> tuple[dict[str, Any], str]:
     return report, "\n".join(lines)
 
 
+def _probe_folder(folder: Path) -> None:
+    """Refuse a report folder that cannot be created or written before any row is read; what the
+    probe created is removed again (a refused check leaves no folder)."""
+    missing = [p for p in [folder, *folder.parents] if not p.exists()]
+    try:
+        private_dir(folder)
+    except OSError as err:
+        raise folder_error(err, key="hydra.run.dir", folder=folder) from None
+    if missing:
+        shutil.rmtree(missing[-1], ignore_errors=True)
+
+
 def run_check(argv: list[str]) -> int:
     """``dptrain check`` (module docstring); returns the exit status."""
     overrides, config_dir, folder = _arguments(argv)
     if (folder / "FILES.txt").exists():
         raise ConfigError(f"hydra.run.dir={str(folder)!r} holds a run; allowed: a new folder for the check's report")
     cfg = _compose(overrides, config_dir)
+    _probe_folder(folder)
     if cfg.get("task") == "release":
         report, text = _release_check(OmegaConf.to_object(cfg))
         origin = f"data.path={str(cfg.data.path)!r}"
@@ -162,4 +184,9 @@ def main(argv: list[str]) -> int:
         return run_check(argv)
     except DPTrainError as err:
         print(f"dptrain: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # the report cannot be written (a full disk): one line, no traceback
+        print(f"dptrain: error: dptrain check: cannot write {err.filename or 'its report'}: {reason(err)}; the "
+              "table was checked but its report is not complete. Allowed: a hydra.run.dir on a disk with space",
+              file=sys.stderr)
         return 2

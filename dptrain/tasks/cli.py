@@ -49,7 +49,7 @@ from typing import Any, NoReturn
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException, OverrideParseException
+from hydra.errors import CompactHydraException, HydraException, InstantiationException, OverrideParseException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -61,8 +61,9 @@ from dptrain.core.validation import ConfigError
 from dptrain.runfolder import ownership, publish, runlock, verify
 from dptrain.runfolder.folder import RunFolder, take_lock
 from dptrain.runfolder.stopping import EXIT_STOPPED, RunStopped, resume_hint
+from dptrain.runfolder.write_errors import folder_error, reason, write_error
 from dptrain.settings import launch
-from dptrain.settings.command_line import check_command_line
+from dptrain.settings.command_line import check_command_line, override_syntax_message
 from dptrain.settings.launch import command_line_plugins, override_value
 from dptrain.tasks import check as table_check
 from dptrain.tasks.registry import TASKS, check_known_keys, register_configs, task_schemas
@@ -195,6 +196,11 @@ class LaunchChecks(Callback):
         except DPTrainError as err:
             print(f"dptrain: error: {err}", file=sys.stderr)
             raise SystemExit(2) from None
+        except OSError as err:  # the folder cannot be made or locked: read-only, a file in the way, full
+            key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+            folder = OmegaConf.select(config, key, default=None)
+            print(f"dptrain: error: {folder_error(err, key=key, folder=Path(str(folder)))}", file=sys.stderr)
+            raise SystemExit(2) from None
 
 
 def run(cfg: DictConfig, *, run_dir: Path, started_ns: int | None = None) -> float:
@@ -223,9 +229,20 @@ def run(cfg: DictConfig, *, run_dir: Path, started_ns: int | None = None) -> flo
         if folder is not None:  # refused: leave no folder behind
             folder.discard()
         _fail(err)
+    except OSError as err:  # a write refused (full disk, read-only): what was written stays
+        _fail(write_error(err, folder=run_dir))
     finally:
         if folder is not None:
-            folder.close()  # the lock released, then every file stamped with the run's start
+            _close(folder)
+
+
+def _close(folder: RunFolder) -> None:
+    """Close the run folder (the lock released, then every file stamped with the run's start); a
+    folder that cannot be stamped any more (read-only, gone) keeps the times it has."""
+    try:
+        folder.close()
+    except OSError as err:
+        log.warning("the run folder's times could not be set: %s", reason(err), extra={"console": False})
 
 
 def _clear_old_runs(folder: Path, *, multirun: bool) -> None:
@@ -325,6 +342,8 @@ def preload_plugins(argv: list[str]) -> None:
 MAX_FOLDER_NAME = 255
 #: options of Hydra's that take the next argument as their value
 _VALUE_OPTIONS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn")
+#: Hydra's other options that take the next argument as their value (--cfg job, --info defaults)
+_HYDRA_VALUE_OPTIONS = ("--cfg", "-c", "--package", "-p", "--info", "-i", "--experimental-rerun")
 
 
 def check_sweep_folders(argv: list[str]) -> None:
@@ -370,10 +389,37 @@ def _packaged_config() -> DictConfig:
         return OmegaConf.load(path)
 
 
+def check_override_syntax(argv: list[str]) -> None:
+    """An override Hydra's grammar cannot read (a label with letters outside ASCII, ``>50K``, an
+    unclosed bracket) is refused in dptrain's words, with the quoted form that works and the
+    config-file alternative (:func:`dptrain.settings.command_line.override_syntax_message`),
+    instead of Hydra's lexer error and its grammar link."""
+    parser = OverridesParser.create()
+    skip = False
+    for text in argv:
+        if skip or text.startswith("-"):
+            skip = text in (*_VALUE_OPTIONS, *_HYDRA_VALUE_OPTIONS)
+            continue
+        if "=" not in text:  # not an override (Hydra says what it is)
+            continue
+        try:
+            parser.parse_overrides([text])
+        except OverrideParseException as err:
+            message = override_syntax_message(text, err, lambda t: parser.parse_overrides([t]))
+            print(f"dptrain: error: {message}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+
 def check_composition(argv: list[str]) -> None:
     """:func:`dptrain.settings.launch.check_composition` with every registered task's schema,
     plugins' included (a command line the light first step already checked is not composed again)."""
     launch.check_composition(argv, task_schemas())
+
+
+#: what the bare ``python -m dptrain`` says first (README, "Presets and overrides")
+NO_PRESET_NOTE = ("dptrain: no preset: task=train with every setting at its default (docs/settings.md: UCI Adult with "
+                  "all its codings, sigma 1.0, 5 epochs, delta from N), not the README's first run "
+                  "(python -m dptrain experiment=logit); python -m dptrain --help lists the presets")
 
 
 def main() -> None:
@@ -383,6 +429,9 @@ def main() -> None:
         raise SystemExit(publish.main(sys.argv[2:]))
     if sys.argv[1:2] == ["check"]:  # dptrain check SETTINGS: the data holder's check of a table (no run)
         raise SystemExit(table_check.main(sys.argv[2:]))
+    if not sys.argv[1:]:
+        print(NO_PRESET_NOTE, file=sys.stderr)
+    check_override_syntax(sys.argv[1:])
     check_launcher(sys.argv[1:])
     preload_plugins(sys.argv[1:])
     check_composition(sys.argv[1:])
@@ -394,7 +443,42 @@ def main() -> None:
                                                               "hydra/job_logging="))]
         sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout",
                      f"hydra.run.dir={Path(tempfile.gettempdir()) / 'dptrain-rank-unused'}"]
-    _hydra_main()
+    _hydra_in_our_words()
+
+
+def _hydra_in_our_words() -> None:
+    """Run Hydra's main with its errors raised to here (HYDRA_FULL_ERROR=1 while it runs, unless
+    the user set the variable): a write Hydra itself makes for the run (the folder, .hydra/, a
+    sweep's multirun.yaml) refused by the system, or a composition error the checks before did not
+    catch, ends in one ``dptrain: error:`` line and exit 2 instead of a traceback. A user who set
+    HYDRA_FULL_ERROR=1 gets Hydra's own behaviour. The log never raises on a full disk
+    (``logging.raiseExceptions``: a record that cannot be written is dropped, not a traceback)."""
+    logging.raiseExceptions = False
+    before = os.environ.get(FULL_ERROR_ENV)
+    if before == "1":
+        _hydra_main()
+        return
+    os.environ[FULL_ERROR_ENV] = "1"
+    try:
+        _hydra_main()
+    except InstantiationException:
+        raise
+    except CompactHydraException as err:  # before OSError: Hydra's MissingConfigException is an IOError
+        print(f"dptrain: error: {' '.join(str(err).split())}. Every setting, its type and allowed values: "
+              "docs/settings.md (python -m dptrain --help)", file=sys.stderr)
+        raise SystemExit(2) from None
+    except OSError as err:
+        print(f"dptrain: error: {write_error(err, folder=None)}", file=sys.stderr)
+        raise SystemExit(2) from None
+    finally:
+        if before is None:
+            os.environ.pop(FULL_ERROR_ENV, None)
+        else:
+            os.environ[FULL_ERROR_ENV] = before
+
+
+#: Hydra's switch between its short error report (unset) and raising the error (1)
+FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
 
 
 #: set to 1 to end ``python -m dptrain`` with the interpreter's full teardown instead of :func:`exit_now`

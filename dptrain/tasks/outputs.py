@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from dptrain.data import write_data_diagnostics
+from dptrain.inference.coefficients import linear_layer
 from dptrain.inference.run import coefficient_section, estimator_report
 from dptrain.privacy.accounting import PLD
 from dptrain.privacy.randomness import Randomness, settings_digest
@@ -130,9 +131,9 @@ def _coefficients(plan: TrainingPlan, result: Any, report: dict) -> dict | None:
     statistics only) and the estimator's section of the report (dptrain.inference); None for a
     model that is not linear."""
     table = coefficient_section(plan, result, report)
-    if table is None:
-        logging.getLogger(__name__).info("no coefficient table: the model is not linear (one Linear layer) or the "
-                                         "objective has no coefficient interpretation", extra={"console": False})
+    if table is None and linear_layer(result.model) is not None:  # an MLP cannot have one: nothing to say
+        logging.getLogger(__name__).info("no coefficient table: objective=%s has no coefficient interpretation",
+                                         plan.objective_name, extra={"console": False})
     report["estimator"] = estimator_report(plan, result, report, table)
     if table is not None:  # the same table inside model.pt and privacy.json: load_model(run).coefficients()
         frame = table["frame"].astype(object).where(table["frame"].notna(), None)
