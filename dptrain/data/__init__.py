@@ -144,7 +144,7 @@ def _synthetic_schema(settings: Any) -> tuple[int, int, dict[str, Any]]:
 
 DECLARATION_KEYS = ("target", "positive", "negative", "classes", "target_bounds", "numeric", "categorical",
                     "split_column", "nonfinite", "test_fraction", "split_key", "label_map", "unlisted", "thousands",
-                    "decimal")
+                    "decimal", "privacy_unit")
 
 
 def shipped_schema(key: Any) -> dict[str, Any]:
@@ -246,7 +246,7 @@ def data_source(settings: Any) -> DataSource:
     return DataSource(name=name, schema=schema, path=None if path is None else str(path),
                       format=field_of(settings, "format") or "auto", delimiter=field_of(settings, "delimiter") or ",",
                       cache=field_of(settings, "cache") or None, sharding=field_of(settings, "sharding") or "auto",
-                      n_rows=n_rows, n_features=n_features)
+                      n_rows=n_rows, n_features=n_features, privacy_unit=schema.privacy_unit)
 
 
 def public_schema(settings: Any) -> Schema:

@@ -16,6 +16,37 @@ from dptrain.core.validation import (
 )
 from dptrain.settings.data import as_source, check_source
 
+MAX_ROWS_PER_UNIT_HELP = ("with data.privacy_unit: k, the most rows of one unit that count (a unit with more keeps "
+                          "a uniformly random k of them, chosen with the run's SECRET randomness; how many rows were "
+                          "dropped goes to private/ only); the sensitivities and the guarantee are per unit of at "
+                          "most k rows. Required with data.privacy_unit (no default: k trades bias against noise)")
+
+
+MAX_ROWS_PER_UNIT_ALLOWED = "an integer >= 1, with data.privacy_unit (required then) | null without it"
+
+
+def max_rows_per_unit_setting() -> Any:
+    """The ``privacy.max_rows_per_unit`` field of a privacy section (training's and the releases'):
+    one definition, one help text (:data:`MAX_ROWS_PER_UNIT_HELP`)."""
+    return setting(None, help=MAX_ROWS_PER_UNIT_HELP, allowed=MAX_ROWS_PER_UNIT_ALLOWED)
+
+
+def check_unit_bound(privacy_unit: Any, max_rows_per_unit: Any) -> int | None:
+    """``privacy.max_rows_per_unit`` against ``data.privacy_unit``: required (an integer >= 1)
+    when a unit is declared, refused without one. Returns k (None without a unit). Raises
+    ConfigError naming the setting."""
+    if privacy_unit is None:
+        if max_rows_per_unit is not None:
+            raise bad("privacy.max_rows_per_unit", max_rows_per_unit, "needs data.privacy_unit (the column whose "
+                      "value is the unit of privacy); allowed without it: null (one row is the unit)")
+        return None
+    if max_rows_per_unit is None:
+        raise bad("privacy.max_rows_per_unit", max_rows_per_unit, f"is required with data.privacy_unit="
+                  f"{privacy_unit!r}: declare k, the most rows of one unit that count (e.g. "
+                  "privacy.max_rows_per_unit=5; dptrain check reports the rows per unit to the data holder)")
+    return integer("privacy.max_rows_per_unit", max_rows_per_unit, 1, "must be an integer >= 1 (the most rows of "
+                   "one unit that count)")
+
 
 def check_noise_seed_file(path: Any) -> None:
     if path is not None and not (isinstance(path, str) and path.strip()):

@@ -97,6 +97,17 @@ BOUNDS_HELP = ("a continuous target's PUBLIC bounds (objective=linear), e.g. {lo
 BOUNDS_ALLOWED = "{lower: L, upper: U} with finite L < U; both null (the default): no continuous target"
 
 
+PRIVACY_UNIT_HELP = ("the column whose value is the unit of privacy (a person, a household, an establishment id): the "
+                     "guarantee then covers ALL rows of one unit, each unit counting at most "
+                     "privacy.max_rows_per_unit rows (a secret random choice); the split is by unit; the column is "
+                     "never a feature. null: one row is the unit (a person with k rows is protected only at the "
+                     "group-privacy level for k; docs/privacy.md, Units of privacy)")
+
+
+PRIVACY_UNIT_ALLOWED = ("a column of the file that is not the target, a feature or data.split_column (a row without "
+                        "a unit id is refused) | null")
+
+
 @dataclass
 class AdultDataConfig:
     """data=adult: the shipped UCI Adult file (SHA-256 checked) with its public UCI schema."""
@@ -169,8 +180,11 @@ class TableDataConfig:
                                    "exactly)", allowed="a number in (0, 1)")
     split_key: list[str] | None = setting(None, help="the columns whose content keys the per-row hash split (e.g. "
                                           "[person_id]); null: every column of the file (the whole raw row), so "
-                                          "models with different feature sets split the rows alike",
-                                          allowed="a list of columns of the file | null")
+                                          "models with different feature sets split the rows alike; with "
+                                          "data.privacy_unit: the unit",
+                                          allowed="a list of columns of the file | null; with data.privacy_unit: "
+                                          "[that column] or null")
+    privacy_unit: str | None = setting(None, help=PRIVACY_UNIT_HELP, allowed=PRIVACY_UNIT_ALLOWED)
     test_public: bool = setting(False, help=TEST_PUBLIC_HELP, allowed="true | false")
     sharding: str = setting("auto", help="trainer.distributed=true on a partitioned Parquet data set (a folder of "
                             "Parquet files, or a file with several row groups): each process reads only its own "
@@ -248,6 +262,7 @@ class DataConfig:
     split_column: str | None = None  # column holding "train"/"test"; else a per-row hash split
     test_fraction: float = 0.25
     split_key: list[str] | None = None  # the hash split's key columns; None: every column of the file
+    privacy_unit: str | None = None  # the column whose value is the unit of privacy; None: one row
     exclude: list[str] = field(default_factory=list)  # adult only: shipped-schema columns left out of the features
     test_public: bool = False
     sharding: str = "auto"  # table only: auto | row_groups | off (dptrain.data.shards)

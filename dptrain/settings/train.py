@@ -39,6 +39,8 @@ from dptrain.settings.common import (
     RunBase,
     check_common,
     check_noise_seed_file,
+    check_unit_bound,
+    max_rows_per_unit_setting,
 )
 from dptrain.settings.data import check_data
 from dptrain.settings.inference import EstimatorConfig
@@ -143,6 +145,7 @@ class PrivacyConfig:
         None, help="opt-in reproducible noise: a secret file (python -m dptrain.privacy.randomness PATH) from which "
         "the noise and the sampler are derived; null: fresh from the OS CSPRNG for every run",
         allowed="the path of a secret file outside the run folder | null")
+    max_rows_per_unit: int | None = max_rows_per_unit_setting()
 
 
 MAX_TARGET_EPSILON = 100.0  # privacy.target_epsilon
@@ -365,6 +368,7 @@ def check_training(cfg: Any) -> None:
     check_optim(cfg.optim)
     check_objective(cfg.objective)
     check_privacy(cfg.privacy)
+    check_unit_bound(getattr(cfg.data, "privacy_unit", None), cfg.privacy.max_rows_per_unit)
     check_trainer(cfg.trainer)
     flag("logger.tensorboard", cfg.logger.tensorboard)
 
