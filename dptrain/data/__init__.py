@@ -241,6 +241,10 @@ def data_source(settings: Any) -> DataSource:
         schema = schema_from_config(settings, numeric=numeric)
     else:
         schema = schema_from_config(settings)
+    if schema.privacy_unit is not None and field_of(settings, "cache"):
+        raise ConfigError(f"data.cache={field_of(settings, 'cache')!r} is not allowed with data.privacy_unit="
+                          f"{schema.privacy_unit!r}: the encoded-rows cache does not keep the units; allowed: "
+                          "data.cache=null")
     if name == "adult" and field_of(settings, "path"):
         log.warning("data.path is ignored for data.name=adult (the shipped file is used)")
     return DataSource(name=name, schema=schema, path=None if path is None else str(path),
