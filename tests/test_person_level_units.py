@@ -142,6 +142,11 @@ def test_privacy_unit_refusals_name_the_setting(decl, words):
     assert words in str(err.value) and "data.privacy_unit" in str(err.value)
 
 
+def test_the_encoded_rows_cache_is_refused_with_a_unit():
+    with pytest.raises(ConfigError, match=r"data.cache='c' is not allowed with data.privacy_unit='pid'"):
+        data_source(TableDataConfig(path="x.csv", target="y", numeric=dict(NUMERIC), privacy_unit="pid", cache="c"))
+
+
 def test_split_key_equal_to_the_unit_is_accepted():
     assert schema_from_config(_decl(privacy_unit="pid", split_key=["pid"])).split_key == ("pid",)
 
@@ -151,7 +156,7 @@ def test_max_rows_per_unit_is_required_with_a_unit_and_refused_without():
     assert check_unit_bound("pid", 5) == 5
     with pytest.raises(ConfigError, match=r"privacy.max_rows_per_unit=3 .*needs data.privacy_unit"):
         check_unit_bound(None, 3)
-    with pytest.raises(ConfigError, match=r"privacy.max_rows_per_unit=None .*required with data.privacy_unit"):
+    with pytest.raises(ConfigError, match=r"privacy.max_rows_per_unit=None .*data.privacy_unit='pid': it is required"):
         check_unit_bound("pid", None)
     for bad in (0, -2, 1.5, True, "5"):
         with pytest.raises(ConfigError, match="privacy.max_rows_per_unit"):

@@ -86,6 +86,11 @@ class Dataset:
         return None if self.unit_train is None else int(self.unit_train.max()) + 1 if len(self.unit_train) else 0
 
     @property
+    def n_accounted(self) -> int:
+        """The accountant's N: the number of units with data.privacy_unit, else of training rows."""
+        return self.n_train if self.unit_train is None else int(self.n_units)
+
+    @property
     def n_test(self) -> int:
         """The job's number of test rows (on a sharded read: over every rank's shard)."""
         return int(self.x_test.shape[0]) if self.global_n_test is None else int(self.global_n_test)

@@ -31,5 +31,7 @@ class DataSource:
     sharding: str = "auto"
     n_rows: int | None = None
     n_features: int | None = None
+    n_units: int | None = None  # panel only: persons generated
+    max_rows: int | None = None  # panel only: the most rows of one person
     #: data.privacy_unit: the column whose value is the unit of privacy; None: one row is the unit
     privacy_unit: str | None = None

@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from dptrain.privacy.accounting import ACCOUNTANTS
+from dptrain.privacy.group import group_section
 from dptrain.privacy.noise_law import box_muller_law, delta_total, tail_mass
 
 #: what a run that reads a table does not cover about its log, console and refusals (issue 44)
@@ -127,8 +128,38 @@ def _guarantee(mechanism: dict[str, Any], eps: float) -> tuple[bool, str]:
     if not mechanism["noise_multiplier"] > 0:
         return False, ("none: privacy.noise_multiplier=0 adds no noise, so epsilon is infinite; this model is NOT "
                        "differentially private and may reveal any training record")
+    unit = mechanism.get("unit_of_privacy")
+    if unit:
+        col, k = unit["column"], unit["max_rows_per_unit"]
+        return True, (f"({eps:.4g}, {mechanism['delta']:.3g})-DP per {col} (all rows of one {col}, at most {k} "
+                      f"counted), add/remove-one-{col} neighbours, for the final model and every intermediate "
+                      "iterate")
     return True, (f"({eps:.4g}, {mechanism['delta']:.3g})-DP, example-level, add/remove-one-record "
                   "neighbours, for the final model and every intermediate iterate")
+
+
+def _unit_fields(mechanism: dict[str, Any]) -> dict[str, Any]:
+    """The report's unit of privacy, neighbours, clipping and noise: per unit with
+    data.privacy_unit (person-level DP-SGD), else per row."""
+    unit = mechanism.get("unit_of_privacy")
+    if not unit:
+        return {"unit_of_privacy": "one example (one row of the training table)", "neighbours": "add/remove",
+                "clipping": "flat per-example L2 clipping over all parameters",
+                "noise": "Gaussian N(0, sigma^2 C^2) added once per step to the clipped sum, divided by the "
+                "expected batch size"}
+    col, k, how = unit["column"], unit["max_rows_per_unit"], unit["combine"]
+    return {"unit_of_privacy": f"one {col}: all rows of one {col}, at most {k} counted (a secret uniform choice "
+            f"among its rows, drawn once before training)", "unit_column": col, "max_rows_per_unit": k,
+            "unit_combine": how, "neighbours": f"add/remove all rows of one {col}",
+            "clipping": f"each sampled {col}'s per-row gradients combined ({how}), the combination clipped to C "
+            "(flat L2 over all parameters)",
+            "noise": f"Gaussian N(0, sigma^2 C^2) added once per step to the sum over {col}s, divided by the "
+            f"expected number of {col}s per batch; N, B and q count {col}s"}
+
+
+UNIT_NOT_COVERED = ("the number of rows of each {col}, the number of training rows and how many rows the cap of "
+                    "{k} per {col} dropped: private (private/data_diagnostics.json); the number of {col}s N is "
+                    "treated as public, as the accountant's q = B/N requires")
 
 
 def delta_total_clause(eps: float, delta: float, delta_total: float | None) -> str:
@@ -142,10 +173,12 @@ def delta_total_clause(eps: float, delta: float, delta_total: float | None) -> s
 
 def build_report(
     *, mechanism: dict[str, Any], epsilons: dict[str, float] | None, accountant: str, seed: int,
-    data_source: str,
+    data_source: str, history: Any = None,
 ) -> dict[str, Any]:
     """Assemble the privacy report. ``epsilons`` maps accountant name -> epsilon (None when
-    privacy is off). A run without noise (sigma = 0) is reported as NOT private."""
+    privacy is off). A run without noise (sigma = 0) is reported as NOT private. ``history``:
+    the accountant's events, for the RDP group-privacy bound of an example-level report
+    (dptrain.privacy.group; without it the (epsilon, delta) rule alone)."""
     base = _run_fields(mechanism, data_source=data_source, seed=seed)
     if not mechanism["enabled"]:
         return {"private": False, "guarantee": "none: privacy was switched off (privacy.enabled=false); this model "
@@ -165,20 +198,32 @@ def build_report(
         "epsilons": dict(epsilons),
         "accountant_notes": {name: getattr(ACCOUNTANTS.get(name), "note", "") for name in epsilons},
         "tier": tier(eps) if private else "none (no noise)",
-        "unit_of_privacy": "one example (one row of the training table)",
-        "neighbours": "add/remove",
+        **_unit_fields(mechanism),
+        "group_privacy": _group(mechanism, eps, private, history),
         "sampling": "poisson",
         **{k: mechanism[k] for k in ("noise_multiplier", "noise_multiplier_source", "target_epsilon", "max_grad_norm")},
         "accountant_advice": mechanism.get("accountant_advice"),
-        "clipping": "flat per-example L2 clipping over all parameters",
-        "noise": "Gaussian N(0, sigma^2 C^2) added once per step to the clipped sum, divided by the "
-        "expected batch size",
         "noise_sampler": sampler,
         "delta_total": None if sampler is None else sampler["delta_total"],
         "dp_curves": mechanism.get("dp_curves"),
         **base,
-        "not_covered": list(NOT_COVERED),
+        "not_covered": _not_covered(mechanism),
     }
+
+
+def _group(mechanism: dict[str, Any], eps: float, private: bool, history: Any) -> dict[str, Any] | None:
+    """An example-level private run's group-privacy levels (None per unit, or without noise)."""
+    if mechanism.get("unit_of_privacy") or not private or not math.isfinite(eps):
+        return None
+    return group_section(eps, mechanism["delta"], history)
+
+
+def _not_covered(mechanism: dict[str, Any]) -> list[str]:
+    unit = mechanism.get("unit_of_privacy")
+    if not unit:
+        return list(NOT_COVERED)
+    line = UNIT_NOT_COVERED.format(col=unit["column"], k=unit["max_rows_per_unit"])
+    return [line if item.startswith("the training-set size N") else item for item in NOT_COVERED]
 
 
 def _curve_lines(report: dict[str, Any]) -> list[str]:
@@ -245,6 +290,50 @@ def _tuning_lines(report: dict[str, Any]) -> list[str]:
             f"  event: {t['event']}", f"  accounting: {t['accounting']}", f"  secret: {t['secret']}"]
 
 
+def _n_unit(report: dict[str, Any]) -> str:
+    """What N counts in privacy.txt: ' <column>s' per unit, '' per row."""
+    return f" {report['unit_column']}s" if report.get("unit_column") else ""
+
+
+def _who(report: dict[str, Any]) -> str:
+    """Whom the plain-words sentence protects: one row, or all rows of one unit."""
+    col = report.get("unit_column")
+    if col:
+        return f"all rows of any one {col} (at most {report['max_rows_per_unit']} of its rows counted)"
+    return "any one person's row"
+
+
+def _group_lines(report: dict[str, Any]) -> list[str]:
+    """privacy.txt's group-privacy lines of an example-level report."""
+    group = report.get("group_privacy")
+    if not group:
+        return []
+    lines = ["", f"PER ROW, NOT PER PERSON: {group['statement']}:"]
+    for lv in group["levels"]:
+        lines.append(f"  k = {lv['k']:>2d} rows: ({lv['epsilon']:.4g}, {lv['delta']:.3g})-DP   [{lv['rule']}]")
+    return lines
+
+
+def _headline_lines(report: dict[str, Any]) -> list[str]:
+    """privacy.txt's guarantee, epsilon, tier, the plain words and (per row) the group levels."""
+    return [
+        f"GUARANTEE: {report['guarantee']}",
+        f"epsilon = {report['epsilon']:.6g} at delta = {report['delta']:.3g} "
+        f"(headline accountant: {report['accountant']})",
+        f"delta: {report['delta_source']}; {report['delta_vs_1_over_n']}",
+        f"protection tier: {report['tier']}",
+        "",
+        f"In plain words: adding or removing {_who(report)} in the training data changes the probability "
+        "of any output of this run (the model and every file listed as publishable below) by at most a "
+        f"factor e^epsilon = {math.exp(min(report['epsilon'], 700)):.3g}, except with probability delta. It "
+        "protects the training rows only, and only through the publishable files: the private files below "
+        "must stay with the data.",
+        *_group_lines(report),
+        "",
+        "epsilon by accountant (same delta):",
+    ]
+
+
 def format_report(report: dict[str, Any]) -> str:
     """Human-readable privacy.txt."""
     lines = ["dptrain privacy report", "=" * 22]
@@ -252,21 +341,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines += [f"GUARANTEE: {report['guarantee']}", ""]
         lines += [f"{k}: {report[k]}" for k in ("data", "dataset_size", "steps", "epochs", "seed")]
         return "\n".join(lines + _estimator_lines(report) + _files_lines(report)) + "\n"
-    lines += [
-        f"GUARANTEE: {report['guarantee']}",
-        f"epsilon = {report['epsilon']:.6g} at delta = {report['delta']:.3g} "
-        f"(headline accountant: {report['accountant']})",
-        f"delta: {report['delta_source']}; {report['delta_vs_1_over_n']}",
-        f"protection tier: {report['tier']}",
-        "",
-        "In plain words: adding or removing any one person's row in the training data changes the probability "
-        "of any output of this run (the model and every file listed as publishable below) by at most a "
-        f"factor e^epsilon = {math.exp(min(report['epsilon'], 700)):.3g}, except with probability delta. It "
-        "protects the training rows only, and only through the publishable files: the private files below "
-        "must stay with the data.",
-        "",
-        "epsilon by accountant (same delta):",
-    ]
+    lines += _headline_lines(report)
     for name, value in report["epsilons"].items():
         shown = "inf" if math.isinf(value) else f"{value:.6g}"
         lines.append(f"  {name:4s} {shown:>12s}   {report['accountant_notes'].get(name, '')}")
@@ -274,8 +349,8 @@ def format_report(report: dict[str, Any]) -> str:
         "",
         f"unit of privacy: {report['unit_of_privacy']}; neighbours: {report['neighbours']}",
         f"data: {report['data']}",
-        f"N = {report['dataset_size']}, sampling = {report['sampling']}, q = {report['sample_rate']:.6g}, "
-        f"expected batch size B = {report['expected_batch_size']}",
+        f"N = {report['dataset_size']}{_n_unit(report)}, sampling = {report['sampling']}, "
+        f"q = {report['sample_rate']:.6g}, expected batch size B = {report['expected_batch_size']}",
         f"noise multiplier sigma = {report['noise_multiplier']:.6g} ({report['noise_multiplier_source']}"
         + (f", target epsilon {report['target_epsilon']}" if report["target_epsilon"] is not None else "")
         + f"), clipping norm C = {report['max_grad_norm']}",

@@ -41,8 +41,8 @@ def check_unit_bound(privacy_unit: Any, max_rows_per_unit: Any) -> int | None:
                       "value is the unit of privacy); allowed without it: null (one row is the unit)")
         return None
     if max_rows_per_unit is None:
-        raise bad("privacy.max_rows_per_unit", max_rows_per_unit, f"is required with data.privacy_unit="
-                  f"{privacy_unit!r}: declare k, the most rows of one unit that count (e.g. "
+        raise bad("privacy.max_rows_per_unit", max_rows_per_unit, f"(unset) with data.privacy_unit="
+                  f"{privacy_unit!r}: it is required; declare k, the most rows of one unit that count (e.g. "
                   "privacy.max_rows_per_unit=5; dptrain check reports the rows per unit to the data holder)")
     return integer("privacy.max_rows_per_unit", max_rows_per_unit, 1, "must be an integer >= 1 (the most rows of "
                    "one unit that count)")

@@ -12,6 +12,7 @@ from typing import Any
 from dptrain.core.validation import (
     bad,
     flag,
+    integer,
     one_of,
     real,
     setting,
@@ -216,6 +217,24 @@ class SyntheticDataConfig:
 
 
 @dataclass
+class PanelDataConfig:
+    """data=panel: a generated panel (dptrain/data/synthetic.py, make_panel): persons with 1 to
+    max_rows rows each (heavy-tailed), features x0..x{n-1} in [-1, 1], a known logistic truth;
+    the unit column is person_id. Seeded by the run's seed; no download."""
+
+    name: str = setting("panel", help="the data source; pick it with data=panel (a config group)", allowed="panel")
+    n_units: int = setting(100_000, help="persons generated (seeded by the run's seed)", allowed="an integer >= 2")
+    max_rows: int = setting(20, help="the most rows of one person (rows per person: P(m) proportional to m^-1.2 "
+                            "on 1..max_rows)", allowed="an integer in [1, 1000]")
+    n_features: int = setting(10, help="feature columns x0..x{n_features-1}", allowed="an integer >= 1")
+    privacy_unit: str | None = setting(None, help=PRIVACY_UNIT_HELP, allowed="person_id | null")
+    test_fraction: float = setting(0.25, help="share of rows in the test part (hash split; by person with "
+                                   "data.privacy_unit)", allowed="a number in (0, 1)")
+    test_public: bool = setting(True, help=TEST_PUBLIC_HELP + " (generated rows are nobody's data)",
+                                allowed="true | false")
+
+
+@dataclass
 class AtlasDataConfig:
     """data=atlas (task=release): simulated Opportunity-Atlas-like cells, seeded by the run's seed;
     x and y are percentile ranks in the public domain [0, 1]."""
@@ -228,7 +247,8 @@ class AtlasDataConfig:
 
 #: data source name -> its schema (conf/data/NAME.yaml extends /schema/data/NAME)
 DATA_SOURCES: dict[str, type] = {"adult": AdultDataConfig, "table": TableDataConfig,
-                                 "synthetic": SyntheticDataConfig, "atlas": AtlasDataConfig}
+                                 "synthetic": SyntheticDataConfig, "panel": PanelDataConfig,
+                                 "atlas": AtlasDataConfig}
 
 
 @dataclass
@@ -273,7 +293,7 @@ class DataConfig:
     n_cells: int = 2000  # atlas only
 
 
-TRAIN_DATA = ("adult", "table", "synthetic")
+TRAIN_DATA = ("adult", "table", "synthetic", "panel")
 
 
 def check_source(d: Any, allowed: tuple[str, ...], purpose: str) -> None:
@@ -324,7 +344,13 @@ def check_data(d: Any) -> None:
     if not isinstance(d, AdultDataConfig):
         real("data.test_fraction", d.test_fraction, "must be a number in (0, 1)", lo=0, hi=1, lo_open=True,
              hi_open=True)
-    numeric = {} if isinstance(d, AdultDataConfig) else d.numeric
+    if isinstance(d, PanelDataConfig):
+        integer("data.n_units", d.n_units, 2)
+        integer("data.max_rows", d.max_rows, 1, "must be an integer in [1, 1000]")
+        if d.max_rows > 1000:
+            raise bad("data.max_rows", d.max_rows, "must be an integer in [1, 1000]")
+        integer("data.n_features", d.n_features, 1)
+    numeric = {} if isinstance(d, (AdultDataConfig, PanelDataConfig)) else d.numeric
     categorical = d.categorical if isinstance(d, (TableDataConfig, DataConfig)) else {}
     if not isinstance(numeric, Mapping) or not isinstance(categorical, Mapping):
         raise bad("data.numeric/data.categorical", (numeric, categorical),

@@ -23,6 +23,7 @@ from dptrain.core.validation import (
     integer,
     is_finite,
     is_real,
+    one_of,
     real,
     setting,
 )
@@ -32,6 +33,7 @@ from dptrain.privacy.accounting import ACCOUNTANTS, SIGMA_RANGE
 from dptrain.privacy.accounting import DEFAULT as DEFAULT_ACCOUNTANT
 from dptrain.privacy.curves import resolve_loss_bound
 from dptrain.privacy.dpsgd.engine import ENGINES
+from dptrain.privacy.dpsgd.units import COMBINES
 from dptrain.settings.common import (
     DATA_HELP,
     SEED_HELP,
@@ -146,6 +148,10 @@ class PrivacyConfig:
         "the noise and the sampler are derived; null: fresh from the OS CSPRNG for every run",
         allowed="the path of a secret file outside the run folder | null")
     max_rows_per_unit: int | None = max_rows_per_unit_setting()
+    unit_combine: str = setting("mean", help="with data.privacy_unit: how a unit's per-row gradients are combined "
+                                "before the combination is clipped to C: mean (recommended: every unit weighs the "
+                                "same whatever its number of rows) or sum (a unit with more rows weighs more, up to "
+                                "C)", allowed="mean | sum")
 
 
 MAX_TARGET_EPSILON = 100.0  # privacy.target_epsilon
@@ -361,6 +367,26 @@ def value_if_private(value: Any, enabled: bool) -> Any:
     return value if enabled else None
 
 
+def check_person_level(cfg: Any) -> None:
+    """data.privacy_unit with the training settings: k required (privacy.max_rows_per_unit),
+    privacy.unit_combine, and what person-level DP-SGD does not support refused by name."""
+    unit = getattr(cfg.data, "privacy_unit", None)
+    check_unit_bound(unit, cfg.privacy.max_rows_per_unit)
+    one_of("privacy.unit_combine", cfg.privacy.unit_combine, COMBINES)
+    if unit is None:
+        return
+    if cfg.task != "train":
+        raise bad("data.privacy_unit", unit, f"with task={cfg.task}: unsupported (its validation rows and "
+                  "canaries are per row); allowed: task=train")
+    if cfg.trainer.distributed:
+        raise bad("trainer.distributed", True, f"with data.privacy_unit={unit!r}: the processes "
+                  "split the rows, which would cut a unit's rows across processes, and each unit's rows must be "
+                  "combined in one before clipping; allowed: trainer.distributed=false")
+    if cfg.trainer.engine not in ("auto", "fast", "opacus"):
+        raise bad("trainer.engine", cfg.trainer.engine, f"with data.privacy_unit={unit!r}: the engine has no unit step "
+                  "(person-level DP-SGD); allowed: auto | fast | opacus")
+
+
 def check_training(cfg: Any) -> None:
     """The sections every training run has (task=train, audit, tune), one after another."""
     check_data(cfg.data)
@@ -368,7 +394,7 @@ def check_training(cfg: Any) -> None:
     check_optim(cfg.optim)
     check_objective(cfg.objective)
     check_privacy(cfg.privacy)
-    check_unit_bound(getattr(cfg.data, "privacy_unit", None), cfg.privacy.max_rows_per_unit)
+    check_person_level(cfg)
     check_trainer(cfg.trainer)
     flag("logger.tensorboard", cfg.logger.tensorboard)
 

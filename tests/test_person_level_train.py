@@ -1,0 +1,155 @@
+"""Person-level training end to end (issue 47): experiment=panel_sim's report epsilon equals
+dp-accounting's for the same unit-level events, the split by unit, the private counts, the
+refusals by name, and the example-level report's group-privacy levels."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+from dp_accounting import dp_event, rdp
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from dptrain.core.validation import ConfigError
+from dptrain.data import data_source, load_dataset
+from dptrain.data.synthetic import make_panel
+from dptrain.inference.run import check_estimator
+from dptrain.privacy.accounting import RDP_ORDERS, rdp_curve, rdp_to_epsilon
+from dptrain.privacy.events import poisson_gaussian
+from dptrain.privacy.group import approx_dp_group, group_level, rdp_group_epsilon
+from dptrain.settings.data import PanelDataConfig
+from dptrain.settings.train import Config
+from dptrain.tasks import cli
+from dptrain.tasks.plan import training_plan
+from dptrain.tasks.registry import validate
+
+SMALL_PANEL = ["experiment=panel_sim", "data.n_units=3000", "trainer.epochs=1", "trainer.batch_size=200",
+               "trainer.progress=false"]
+
+
+def _compose(overrides):
+    with initialize_config_module(config_module="dptrain.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def _dp_accounting_epsilon(report: dict) -> float:
+    """RdpAccountant of dp-accounting (its default orders) on the run's unit-level events:
+    PoissonSampled(q = B / N units, Gaussian(sigma)) for the steps without a dp/ curve value and
+    PoissonSampled(q, Gaussian(joint sigma)) for the steps that release one."""
+    q = report["expected_batch_size"] / report["dataset_size"]
+    curves = report["dp_curves"]
+    releases = 0 if curves is None else curves["releases"]
+    acc = rdp.RdpAccountant()
+    acc.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(report["noise_multiplier"])),
+                report["steps"] - releases)
+    if releases:
+        acc.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(curves["joint_noise_multiplier"])),
+                    releases)
+    return acc.get_epsilon(report["delta"])
+
+
+def test_panel_sim_report_epsilon_equals_dp_accounting_in_units(tmp_path):
+    cfg = _compose(SMALL_PANEL)
+    cli.run(cfg, run_dir=tmp_path)
+    report = json.loads((tmp_path / "privacy.json").read_text())
+    data = load_dataset(data_source(PanelDataConfig(n_units=3000, privacy_unit="person_id")), seed=0)
+    n_units = int(np.unique(data.unit_train.numpy()).size)
+    assert report["dataset_size"] == n_units < data.n_train  # N counts persons, not rows
+    assert report["expected_batch_size"] == 200
+    assert report["epsilon"] == pytest.approx(_dp_accounting_epsilon(report), rel=1e-9)
+    assert report["unit_column"] == "person_id" and report["max_rows_per_unit"] == 5
+    assert "per person_id (all rows of one person_id, at most 5 counted)" in report["guarantee"]
+    assert report["group_privacy"] is None
+    text = (tmp_path / "privacy.txt").read_text()
+    assert f"N = {n_units} person_ids" in text
+    diag = json.loads((tmp_path / "private" / "data_diagnostics.json").read_text())["units"]
+    assert diag["units"] == n_units and diag["training_rows"] == data.n_train
+    assert diag["rows_dropped_by_cap"] == data.n_train - diag["rows_kept"] > 0
+    # the private counts appear in no publishable file
+    public = [p for p in tmp_path.rglob("*") if p.is_file() and "private" not in p.parts and p.suffix != ".pt"]
+    for p in public:
+        body = p.read_text(errors="replace")
+        for key in ("rows_dropped_by_cap", "training_rows", "rows_per_unit_histogram"):
+            assert key not in body, p
+
+
+def test_the_split_puts_all_rows_of_a_person_on_one_side():
+    df = make_panel(2000, 20, 3, seed=4)
+    data = load_dataset(data_source(PanelDataConfig(n_units=2000, n_features=3, privacy_unit="person_id")), seed=4)
+    n_train_rows, n_test_rows = data.n_train, int(data.y_test.shape[0])
+    sizes = df.groupby("person_id").size()
+    # the training rows are whole persons: their row counts add up to n_train exactly
+    per_unit = np.bincount(data.unit_train.numpy())
+    assert per_unit.sum() == n_train_rows and n_train_rows + n_test_rows == len(df)
+    assert sorted(per_unit.tolist()) != sorted(sizes.tolist())  # some persons went to the test part
+    # which persons: each training unit's size is one person's size (a person cut in two would not match)
+    counts = np.bincount(sizes.to_numpy())
+    train_counts = np.bincount(per_unit, minlength=counts.size)
+    assert np.all(train_counts <= counts)
+    # without a unit the split is per row: a person's rows are split across sides
+    by_row = load_dataset(data_source(PanelDataConfig(n_units=2000, n_features=3)), seed=4)
+    assert by_row.unit_train is None and by_row.n_train != n_train_rows
+
+
+@pytest.mark.parametrize("override, words", [
+    (["trainer.distributed=true"], "trainer.distributed"),
+    (["privacy.max_rows_per_unit=null"], "privacy.max_rows_per_unit"),
+    (["privacy.unit_combine=median"], "privacy.unit_combine"),
+    (["data.privacy_unit=x0"], "data.privacy_unit"),
+    (["data.privacy_unit=null"], "privacy.max_rows_per_unit=5 is not allowed: needs data.privacy_unit"),
+])
+def test_settings_refused_by_name(override, words):
+    cfg = _compose(["experiment=panel_sim", *override])
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        conf: Config = OmegaConf.to_object(cfg)
+        validate(conf)
+        training_plan(conf)
+
+
+@pytest.mark.parametrize("override, words", [
+    ("estimator.interval_share=0.25", "estimator.interval_share=0.25 is not allowed: with data.privacy_unit"),
+    ("estimator=subsample_aggregate", "estimator='subsample_aggregate' is not allowed: with data.privacy_unit"),
+])
+def test_the_interval_release_and_other_estimators_are_refused_with_a_unit(override, words):
+    conf: Config = OmegaConf.to_object(_compose(SMALL_PANEL + [override]))
+    validate(conf)
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        check_estimator(training_plan(conf))
+
+
+def test_example_level_report_gives_group_privacy_levels(tmp_path):
+    cfg = _compose(["experiment=panel_sim", "data.privacy_unit=null", "privacy.max_rows_per_unit=null",
+                    "data.n_units=1500", "trainer.epochs=1", "trainer.batch_size=200", "trainer.progress=false"])
+    cli.run(cfg, run_dir=tmp_path)
+    report = json.loads((tmp_path / "privacy.json").read_text())
+    assert "example-level" in report["guarantee"] and "unit_column" not in report
+    levels = {lv["k"]: lv for lv in report["group_privacy"]["levels"]}
+    assert set(levels) == {2, 5, 10, 20}
+    eps, delta = report["epsilon"], report["delta"]
+    for k, lv in levels.items():
+        _, delta_k = approx_dp_group(eps, delta, k)
+        assert lv["delta"] == pytest.approx(delta_k)
+        assert lv["epsilon"] <= k * eps * (1 + 1e-12)
+    assert "protected only at the group-privacy level" in (tmp_path / "privacy.txt").read_text()
+
+
+def test_group_privacy_rules_are_exact_and_the_tighter_is_kept():
+    assert approx_dp_group(0.5, 1e-6, 4) == pytest.approx((2.0, 4 * math.exp(1.5) * 1e-6))
+    assert approx_dp_group(3.0, 1e-6, 20)[1] == 1.0  # delta capped at 1: no guarantee
+    history = ((poisson_gaussian(sample_rate=0.01, noise_multiplier=2.0), 1000),)
+    curve = rdp_curve(history)
+    # k = 1: the RDP rule is the plain RDP conversion
+    assert rdp_group_epsilon(curve, 1e-5, 1) == pytest.approx(rdp_to_epsilon(curve, 1e-5))
+    # k = 4 = 2^2: orders alpha >= 8 give order alpha / 4 with 9 r(alpha)
+    orders = np.asarray(RDP_ORDERS)
+    ok = orders >= 8
+    a, r = orders[ok] / 4, 9 * curve[ok]
+    by_hand = np.min(r + np.log1p(-1 / a) - np.log(1e-5 * a) / (a - 1))
+    assert rdp_group_epsilon(curve, 1e-5, 4) == pytest.approx(by_hand)
+    lv = group_level(0.3, 1e-6, 5, history)
+    eps_a, delta_5 = approx_dp_group(0.3, 1e-6, 5)
+    assert lv["epsilon"] == pytest.approx(min(eps_a, rdp_group_epsilon(curve, delta_5, 5)))
