@@ -183,3 +183,29 @@ def test_unit_sampler_takes_every_row_of_a_sampled_unit_and_samples_units_at_rat
         assert len(units.pairs[0]) == int((counts[sel] ** 2).sum())
     sd = np.sqrt(0.3 * 0.7 / reps)
     assert np.all(np.abs(hits / reps - 0.3) < 5 * sd)
+
+
+@pytest.mark.parametrize("combine", ["mean", "sum"])
+@pytest.mark.parametrize("cls", [FastLinearEngine, OpacusEngine])
+def test_the_dp_curve_input_moves_by_at_most_L_per_unit(cls, combine):
+    """The dp/ curve's bounded loss sum (its noise is calibrated to L) is per unit: removing all
+    rows of one unit moves it by at most L (per row it could move by k L)."""
+    make, kind = MODELS["logit"]
+    torch.manual_seed(4)
+    eng = _engine(cls, make(), build_objective(kind), C=1.0)
+    eng.curve_loss_bound = L = 0.3  # below most losses: a unit of many rows would add several L per row
+    counts = [1, 4, 2, 4, 3]
+    x, y = _rows(counts, seed=8)
+    codes = np.repeat(np.arange(len(counts)), counts)
+
+    def bounded(xb, yb, cts):
+        units = UnitBatch.of_counts(np.array(cts), combine=combine, dtype=xb.dtype)
+        return eng.unit_clipped_sum(xb, yb, units)[1].bounded_loss_sum
+
+    full = bounded(x, y, counts)
+    moves = []
+    for u in range(len(counts)):
+        keep = torch.from_numpy(codes != u)
+        moves.append(full - bounded(x[keep], y[keep], [c for v, c in enumerate(counts) if v != u]))
+    assert max(moves) <= L * (1 + 1e-9) and min(moves) >= 0
+    assert max(moves) == pytest.approx(L)  # a unit whose rows' losses exceed L adds exactly L

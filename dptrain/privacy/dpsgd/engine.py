@@ -35,6 +35,7 @@ from torch import nn
 from dptrain.core.registry import Registry
 from dptrain.privacy.dpsgd.base import GradientEngine, StepStats
 from dptrain.privacy.dpsgd.fast import FastLinearEngine, fast_path_blocker
+from dptrain.privacy.dpsgd.units import unit_stats
 
 __all__ = ["ENGINES", "FastLinearEngine", "GradientEngine", "NonPrivateEngine", "OpacusEngine", "StepStats",
            "fast_path_blocker", "make_engine"]
@@ -67,7 +68,7 @@ class NonPrivateEngine(GradientEngine):
         losses = self.objective.per_example_loss(logits, y)
         weighted = losses if units.weights is None else losses * units.weights
         grads = torch.autograd.grad(weighted.sum(), self.params)
-        return list(grads), self.step_stats(logits.detach(), y, losses.detach())
+        return list(grads), unit_stats(self, logits.detach(), y, losses.detach(), None, units)
 
 
 class OpacusEngine(GradientEngine):
@@ -118,11 +119,7 @@ class OpacusEngine(GradientEngine):
             sq = torch.stack([g.pow(2).sum(1) for g in per_unit]).sum(0)
             factors = self.clip_factors(sq)
             sums = [(factors @ g).view_as(p) for p, g in zip(self.params, per_unit)]
-        stats = self.step_stats(logits.detach(), y, losses.detach())
-        if self.collect_stats:
-            clipped = int((sq > self.max_grad_norm ** 2).index_select(0, units.index).sum())
-            stats = StepStats(stats.batch_size, stats.loss_sum, stats.correct, clipped, stats.bounded_loss_sum)
-        return sums, stats
+        return sums, unit_stats(self, logits.detach(), y, losses.detach(), sq, units)
 
 
 ENGINES: Registry = Registry("engine", setting="trainer.engine")

@@ -212,6 +212,16 @@ class DPSGDMechanism:
             "unit_of_privacy": None if self.unit is None else self.unit.report(),
         }
 
+    def _curve_statistic(self) -> str:
+        """What the dp/ curve's value is: per row, or (person-level) per unit."""
+        if self.unit is None:
+            return ("(sum over the step's Poisson batch of min(loss_i, L) + N(0, (sigma_c L)^2)) / B, each "
+                    "example's loss clipped into [0, L], B the expected batch size")
+        return (f"(sum over the step's Poisson batch of {self.unit.column}s of min(sum over the {self.unit.column}'s "
+                f"rows of w_i min(loss_i, L), L) + N(0, (sigma_c L)^2)) / B, w_i the rows' combination weights "
+                f"({self.unit.combine}), each {self.unit.column} adding at most L, B the expected number of "
+                f"{self.unit.column}s")
+
     def curve_report(self, releases: int | None = None) -> dict[str, Any] | None:
         """The dp/ curve's part of the report (None without a curve): ``releases`` is how many
         values the run released (default: as planned)."""
@@ -219,8 +229,7 @@ class DPSGDMechanism:
         if c is None:
             return None
         return {
-            "tags": [TAG], "covered": True, "statistic": "(sum over the step's Poisson batch of min(loss_i, L) "
-            "+ N(0, (sigma_c L)^2)) / B, each example's loss clipped into [0, L], B the expected batch size",
+            "tags": [TAG], "covered": True, "statistic": self._curve_statistic(),
             "noise_multiplier": c.noise_multiplier, "loss_bound": c.loss_bound,
             "loss_bound_source": c.loss_bound_source, "noise_std": self.curve_noise_std,
             "log_every": c.log_every, "budget_share": c.budget_share,

@@ -125,14 +125,33 @@ def unit_factors(engine: Any, unit_sq: torch.Tensor, units: UnitBatch) -> torch.
     return f if units.weights is None else f.mul_(units.weights)
 
 
-def unit_stats(engine: Any, logits: torch.Tensor, y: torch.Tensor, losses: Any, unit_sq: torch.Tensor,
+def unit_stats(engine: Any, logits: torch.Tensor, y: torch.Tensor, losses: Any, unit_sq: torch.Tensor | None,
                units: UnitBatch) -> StepStats:
-    """The step's non-private diagnostics; ``clipped`` counts the rows of the units clipped."""
+    """The step's diagnostics; ``clipped`` counts the rows of the units clipped, and the dp/
+    curve's input (with the engine's ``curve_loss_bound`` L) is per UNIT: sum_u min(sum_{i in u}
+    w_i min(loss_i, L), L), so one unit moves it by at most L (:func:`unit_bounded_loss_sum`)."""
     stats = engine.step_stats(logits, y, losses)
     if not engine.collect_stats:
         return stats
-    clipped = int((unit_sq > engine.max_grad_norm ** 2).index_select(0, units.index).sum())
-    return StepStats(stats.batch_size, stats.loss_sum, stats.correct, clipped, stats.bounded_loss_sum)
+    clipped = 0 if unit_sq is None else int((unit_sq > engine.max_grad_norm ** 2).index_select(0, units.index).sum())
+    bounded = stats.bounded_loss_sum
+    if engine.curve_loss_bound is not None:
+        with torch.no_grad():
+            rows = engine.objective.per_example_loss(logits, y) if losses is None else losses
+            bounded = unit_bounded_loss_sum(rows, engine.curve_loss_bound, units)
+    return StepStats(stats.batch_size, stats.loss_sum, stats.correct, clipped, bounded)
+
+
+def unit_bounded_loss_sum(losses: torch.Tensor, bound: float, units: UnitBatch) -> float:
+    """sum over units of min(sum_{i in u} w_i min(max(loss_i, 0), L), L) in float64 (a non-finite
+    loss counts as L or 0, as :func:`dptrain.privacy.curves.bounded_loss_sum`): each unit adds a
+    number in [0, L]."""
+    b = float(bound)
+    clean = torch.nan_to_num(losses.detach().to(torch.float64), nan=b, posinf=b, neginf=0.0).clamp_(0.0, b)
+    if units.weights is not None:
+        clean.mul_(units.weights.to(torch.float64))
+    per_unit = torch.zeros(units.n_units, dtype=torch.float64, device=clean.device).index_add_(0, units.index, clean)
+    return float(per_unit.clamp_(max=b).sum())
 
 
 def _autograd_trace(engine: Any, x: torch.Tensor, y: torch.Tensor) -> tuple[list, list, torch.Tensor, torch.Tensor]:
