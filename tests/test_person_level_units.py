@@ -174,3 +174,24 @@ def test_the_uniform_choice_keeps_each_row_with_probability_k_over_n():
     p = 3 / 7
     sd = math.sqrt(p * (1 - p) / reps)
     assert np.all(np.abs(hits / reps - p) < 5 * sd)
+
+
+def test_dptrain_check_reports_rows_per_unit_exactly():
+    """The data holder's check: units, rows, rows without an id and the rows each cap keeps
+    (PRIVATE counts, in the check's private report only)."""
+    from dptrain.data.check import check_table, format_check
+
+    sizes = [1, 1, 2, 3, 7, 12]
+    ids = np.repeat([f"p{i}" for i in range(len(sizes))], sizes).astype(object)
+    df = pd.DataFrame({"y": np.arange(len(ids)) % 2, "age": np.linspace(1, 90, len(ids)), "pid": ids})
+    df.loc[0, "pid"] = None  # one row without an id: the unit p0 is gone
+    report = check_table(df, schema_from_config(_decl(privacy_unit="pid")))
+    units = report["units"]
+    assert units["column"] == "pid" and units["units"] == 5 and units["missing_ids"] == 1
+    assert units["rows"] == sum(sizes) - 1
+    kept = {int(k): v for k, v in units["kept_by_cap"].items()}
+    rest = np.array(sizes[1:])
+    assert kept == {k: int(np.minimum(rest, k).sum()) for k in (1, 2, 3, 5, 10, 20)}
+    assert units["rows_per_unit"]["max"] == 12 and units["rows_per_unit"]["median"] == 3
+    text = format_check(report, "t.csv")
+    assert "1 rows without a unit id -> the run is REFUSED" in text and "k=5: 16 " in text

@@ -223,7 +223,9 @@ def _not_covered(mechanism: dict[str, Any]) -> list[str]:
     if not unit:
         return list(NOT_COVERED)
     line = UNIT_NOT_COVERED.format(col=unit["column"], k=unit["max_rows_per_unit"])
-    return [line if item.startswith("the training-set size N") else item for item in NOT_COVERED]
+    refusal = (f"; and, with data.privacy_unit, a row without a {unit['column']} (refused: every row needs its unit)")
+    return [line if item.startswith("the training-set size N") else item + refusal if item == LOG_AND_REFUSALS
+            else item for item in NOT_COVERED]
 
 
 def _curve_lines(report: dict[str, Any]) -> list[str]:
