@@ -240,8 +240,10 @@ def data_source(settings: Any) -> DataSource:
         raise ConfigError(f"data.path={path!r} is not allowed: "
                           "data=table needs the path of a CSV, Parquet or .dta file")
     n_rows = n_features = None
+    panel = {}  # data=panel's generator sizes: persons, the most rows of one
     if name == "panel":
         n_features = int(field_of(settings, "n_features"))
+        panel = {"n_units": int(field_of(settings, "n_units")), "max_rows": int(field_of(settings, "max_rows"))}
     if name == "synthetic":
         n_rows, n_features, numeric = _synthetic_schema(settings)
         schema = schema_from_config(settings, numeric=numeric)
@@ -260,12 +262,7 @@ def data_source(settings: Any) -> DataSource:
                       format=field_of(settings, "format") or "auto", delimiter=field_of(settings, "delimiter") or ",",
                       cache=field_of(settings, "cache") or None, sharding=field_of(settings, "sharding") or "auto",
                       n_rows=n_rows, n_features=n_features, privacy_unit=schema.privacy_unit,
-                      **_panel_size(settings) if name == "panel" else {})
-
-
-def _panel_size(settings: Any) -> dict[str, int]:
-    """data=panel's generator sizes (persons, the most rows of one, features)."""
-    return {"n_units": int(field_of(settings, "n_units")), "max_rows": int(field_of(settings, "max_rows"))}
+                      **panel)
 
 
 def public_schema(settings: Any) -> Schema:

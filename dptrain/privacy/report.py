@@ -12,8 +12,16 @@ import math
 from typing import Any
 
 from dptrain.privacy.accounting import ACCOUNTANTS
-from dptrain.privacy.group import group_section
 from dptrain.privacy.noise_law import box_muller_law, delta_total, tail_mass
+from dptrain.privacy.report_units import (
+    group_lines,
+    group_of_example_level,
+    n_unit,
+    unit_fields,
+    unit_guarantee,
+    unit_not_covered,
+    who,
+)
 
 #: what a run that reads a table does not cover about its log, console and refusals (issue 44)
 LOG_AND_REFUSALS = (
@@ -128,38 +136,10 @@ def _guarantee(mechanism: dict[str, Any], eps: float) -> tuple[bool, str]:
     if not mechanism["noise_multiplier"] > 0:
         return False, ("none: privacy.noise_multiplier=0 adds no noise, so epsilon is infinite; this model is NOT "
                        "differentially private and may reveal any training record")
-    unit = mechanism.get("unit_of_privacy")
-    if unit:
-        col, k = unit["column"], unit["max_rows_per_unit"]
-        return True, (f"({eps:.4g}, {mechanism['delta']:.3g})-DP per {col} (all rows of one {col}, at most {k} "
-                      f"counted), add/remove-one-{col} neighbours, for the final model and every intermediate "
-                      "iterate")
+    if mechanism.get("unit_of_privacy"):
+        return True, unit_guarantee(mechanism["unit_of_privacy"], eps, mechanism["delta"])
     return True, (f"({eps:.4g}, {mechanism['delta']:.3g})-DP, example-level, add/remove-one-record "
                   "neighbours, for the final model and every intermediate iterate")
-
-
-def _unit_fields(mechanism: dict[str, Any]) -> dict[str, Any]:
-    """The report's unit of privacy, neighbours, clipping and noise: per unit with
-    data.privacy_unit (person-level DP-SGD), else per row."""
-    unit = mechanism.get("unit_of_privacy")
-    if not unit:
-        return {"unit_of_privacy": "one example (one row of the training table)", "neighbours": "add/remove",
-                "clipping": "flat per-example L2 clipping over all parameters",
-                "noise": "Gaussian N(0, sigma^2 C^2) added once per step to the clipped sum, divided by the "
-                "expected batch size"}
-    col, k, how = unit["column"], unit["max_rows_per_unit"], unit["combine"]
-    return {"unit_of_privacy": f"one {col}: all rows of one {col}, at most {k} counted (a secret uniform choice "
-            f"among its rows, drawn once before training)", "unit_column": col, "max_rows_per_unit": k,
-            "unit_combine": how, "neighbours": f"add/remove all rows of one {col}",
-            "clipping": f"each sampled {col}'s per-row gradients combined ({how}), the combination clipped to C "
-            "(flat L2 over all parameters)",
-            "noise": f"Gaussian N(0, sigma^2 C^2) added once per step to the sum over {col}s, divided by the "
-            f"expected number of {col}s per batch; N, B and q count {col}s"}
-
-
-UNIT_NOT_COVERED = ("the number of rows of each {col}, the number of training rows and how many rows the cap of "
-                    "{k} per {col} dropped: private (private/data_diagnostics.json); the number of {col}s N is "
-                    "treated as public, as the accountant's q = B/N requires")
 
 
 def delta_total_clause(eps: float, delta: float, delta_total: float | None) -> str:
@@ -198,8 +178,8 @@ def build_report(
         "epsilons": dict(epsilons),
         "accountant_notes": {name: getattr(ACCOUNTANTS.get(name), "note", "") for name in epsilons},
         "tier": tier(eps) if private else "none (no noise)",
-        **_unit_fields(mechanism),
-        "group_privacy": _group(mechanism, eps, private, history),
+        **unit_fields(mechanism),
+        "group_privacy": group_of_example_level(mechanism, eps, private, history),
         "sampling": "poisson",
         **{k: mechanism[k] for k in ("noise_multiplier", "noise_multiplier_source", "target_epsilon", "max_grad_norm")},
         "accountant_advice": mechanism.get("accountant_advice"),
@@ -211,21 +191,11 @@ def build_report(
     }
 
 
-def _group(mechanism: dict[str, Any], eps: float, private: bool, history: Any) -> dict[str, Any] | None:
-    """An example-level private run's group-privacy levels (None per unit, or without noise)."""
-    if mechanism.get("unit_of_privacy") or not private or not math.isfinite(eps):
-        return None
-    return group_section(eps, mechanism["delta"], history)
-
-
 def _not_covered(mechanism: dict[str, Any]) -> list[str]:
     unit = mechanism.get("unit_of_privacy")
     if not unit:
         return list(NOT_COVERED)
-    line = UNIT_NOT_COVERED.format(col=unit["column"], k=unit["max_rows_per_unit"])
-    refusal = (f"; and, with data.privacy_unit, a row without a {unit['column']} (refused: every row needs its unit)")
-    return [line if item.startswith("the training-set size N") else item + refusal if item == LOG_AND_REFUSALS
-            else item for item in NOT_COVERED]
+    return [unit_not_covered(item, unit, refusals=item == LOG_AND_REFUSALS) for item in NOT_COVERED]
 
 
 def _curve_lines(report: dict[str, Any]) -> list[str]:
@@ -292,30 +262,6 @@ def _tuning_lines(report: dict[str, Any]) -> list[str]:
             f"  event: {t['event']}", f"  accounting: {t['accounting']}", f"  secret: {t['secret']}"]
 
 
-def _n_unit(report: dict[str, Any]) -> str:
-    """What N counts in privacy.txt: ' <column>s' per unit, '' per row."""
-    return f" {report['unit_column']}s" if report.get("unit_column") else ""
-
-
-def _who(report: dict[str, Any]) -> str:
-    """Whom the plain-words sentence protects: one row, or all rows of one unit."""
-    col = report.get("unit_column")
-    if col:
-        return f"all rows of any one {col} (at most {report['max_rows_per_unit']} of its rows counted)"
-    return "any one person's row"
-
-
-def _group_lines(report: dict[str, Any]) -> list[str]:
-    """privacy.txt's group-privacy lines of an example-level report."""
-    group = report.get("group_privacy")
-    if not group:
-        return []
-    lines = ["", f"PER ROW, NOT PER PERSON: {group['statement']}:"]
-    for lv in group["levels"]:
-        lines.append(f"  k = {lv['k']:>2d} rows: ({lv['epsilon']:.4g}, {lv['delta']:.3g})-DP   [{lv['rule']}]")
-    return lines
-
-
 def _headline_lines(report: dict[str, Any]) -> list[str]:
     """privacy.txt's guarantee, epsilon, tier, the plain words and (per row) the group levels."""
     return [
@@ -325,12 +271,12 @@ def _headline_lines(report: dict[str, Any]) -> list[str]:
         f"delta: {report['delta_source']}; {report['delta_vs_1_over_n']}",
         f"protection tier: {report['tier']}",
         "",
-        f"In plain words: adding or removing {_who(report)} in the training data changes the probability "
+        f"In plain words: adding or removing {who(report)} in the training data changes the probability "
         "of any output of this run (the model and every file listed as publishable below) by at most a "
         f"factor e^epsilon = {math.exp(min(report['epsilon'], 700)):.3g}, except with probability delta. It "
         "protects the training rows only, and only through the publishable files: the private files below "
         "must stay with the data.",
-        *_group_lines(report),
+        *group_lines(report),
         "",
         "epsilon by accountant (same delta):",
     ]
@@ -351,7 +297,7 @@ def format_report(report: dict[str, Any]) -> str:
         "",
         f"unit of privacy: {report['unit_of_privacy']}; neighbours: {report['neighbours']}",
         f"data: {report['data']}",
-        f"N = {report['dataset_size']}{_n_unit(report)}, sampling = {report['sampling']}, "
+        f"N = {report['dataset_size']}{n_unit(report)}, sampling = {report['sampling']}, "
         f"q = {report['sample_rate']:.6g}, expected batch size B = {report['expected_batch_size']}",
         f"noise multiplier sigma = {report['noise_multiplier']:.6g} ({report['noise_multiplier_source']}"
         + (f", target epsilon {report['target_epsilon']}" if report["target_epsilon"] is not None else "")
