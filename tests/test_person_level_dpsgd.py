@@ -105,14 +105,16 @@ def _clipped_sum(eng, x, y, counts, combine):
 
 
 @pytest.mark.parametrize("combine", ["mean", "sum"])
-@pytest.mark.parametrize("name", ["logit", "multinomial", "mlp", "stack"])
-def test_removing_all_rows_of_one_unit_moves_the_clipped_sum_by_at_most_C(name, combine):
+@pytest.mark.parametrize("cls, name", [(FastLinearEngine, "logit"), (FastLinearEngine, "multinomial"),
+                                       (FastLinearEngine, "mlp"), (FastLinearEngine, "stack"),
+                                       (OpacusEngine, "logit"), (OpacusEngine, "mlp")])
+def test_removing_all_rows_of_one_unit_moves_the_clipped_sum_by_at_most_C(cls, name, combine):
     """The engine's own function on a batch with and without each unit (its rows capped at k by
     the secret choice first; units with more rows than k included): the difference's norm is
     at most C, and for units whose combination exceeds C it is C (the bound is tight)."""
     make, kind = MODELS[name]
     torch.manual_seed(2)
-    eng = _engine(FastLinearEngine, make(), build_objective(kind), C=0.5)
+    eng = _engine(cls, make(), build_objective(kind), C=0.5)
     raw_counts = [1, 9, 3, 12, 2, 6]
     k = 4
     x, y = _rows(raw_counts, seed=5, kind=kind)

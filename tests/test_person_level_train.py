@@ -10,6 +10,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 from dp_accounting import dp_event, rdp
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
@@ -153,3 +154,45 @@ def test_group_privacy_rules_are_exact_and_the_tighter_is_kept():
     lv = group_level(0.3, 1e-6, 5, history)
     eps_a, delta_5 = approx_dp_group(0.3, 1e-6, 5)
     assert lv["epsilon"] == pytest.approx(min(eps_a, rdp_group_epsilon(curve, delta_5, 5)))
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"task": "tune"}, "data.privacy_unit='person_id' is not allowed: with task=tune"),
+    ({"task": "audit"}, "data.privacy_unit='person_id' is not allowed: with task=audit"),
+    ({"engine": "nonprivate"}, "trainer.engine='nonprivate' is not allowed: with data.privacy_unit"),
+])
+def test_tasks_and_engines_without_a_unit_step_are_refused(changes, words):
+    from types import SimpleNamespace
+
+    from dptrain.settings.train import check_person_level
+
+    cfg = SimpleNamespace(task=changes.get("task", "train"), data=SimpleNamespace(privacy_unit="person_id"),
+                          privacy=SimpleNamespace(max_rows_per_unit=3, unit_combine="mean"),
+                          trainer=SimpleNamespace(distributed=False, engine=changes.get("engine", "auto")))
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        check_person_level(cfg)
+    check_person_level(SimpleNamespace(**{**vars(cfg), "task": "train",
+                                          "trainer": SimpleNamespace(distributed=False, engine="fast")}))
+
+
+def test_the_cap_is_drawn_from_the_secret_streams(tmp_path):
+    """The choice of k rows per unit: fresh OS entropy gives another choice each run (nothing in the
+    run's settings or seed regenerates it); a noise seed file reproduces it, as it does the noise."""
+    from dptrain.privacy.dpsgd.units import UnitBound
+    from dptrain.privacy.randomness import Randomness, new_seed_file
+    from dptrain.training.units import unit_rows
+
+    data = load_dataset(data_source(PanelDataConfig(n_units=400, n_features=2, privacy_unit="person_id")), seed=0)
+    unit = UnitBound("person_id", 2)
+
+    def rows(randomness):
+        x, _, sampler = unit_rows(data, unit, sample_rate=0.1, randomness=randomness)
+        assert int(sampler.counts.max()) == 2 and x.shape[0] == int(np.minimum(
+            np.bincount(data.unit_train.numpy()), 2).sum())
+        return x
+
+    assert not torch.equal(rows(Randomness.fresh()), rows(Randomness.fresh()))
+    key = new_seed_file(tmp_path / "key")
+    keyed = Randomness.from_seed_file(key, run_label="r").for_data("d")
+    assert torch.equal(rows(keyed), rows(Randomness.from_seed_file(key, run_label="r").for_data("d")))
+    assert data.diagnostics["units"]["rows_kept"] == int(rows(keyed).shape[0])
