@@ -4,11 +4,13 @@ refusals by name, and the example-level report's group-privacy levels."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from dp_accounting import dp_event, rdp
@@ -17,6 +19,7 @@ from omegaconf import OmegaConf
 
 from dptrain.core.validation import ConfigError
 from dptrain.data import data_source, load_dataset
+from dptrain.data.split import split_scores
 from dptrain.data.synthetic import make_panel
 from dptrain.inference.run import check_estimator
 from dptrain.privacy.accounting import RDP_ORDERS, rdp_curve, rdp_to_epsilon
@@ -79,21 +82,22 @@ def test_panel_sim_report_epsilon_equals_dp_accounting_in_units(tmp_path):
 
 
 def test_the_split_puts_all_rows_of_a_person_on_one_side():
+    """The hash split keyed on the unit: every row of a person gets the same u (one side), and the
+    training rows are exactly the rows of the persons whose u >= test_fraction; per row (no
+    unit) the rows of one person get different u."""
+    src = data_source(PanelDataConfig(n_units=2000, n_features=3, privacy_unit="person_id"))
     df = make_panel(2000, 20, 3, seed=4)
-    data = load_dataset(data_source(PanelDataConfig(n_units=2000, n_features=3, privacy_unit="person_id")), seed=4)
-    n_train_rows, n_test_rows = data.n_train, int(data.y_test.shape[0])
+    u = pd.Series(split_scores(df, src.schema, seed=4))
+    per_person = u.groupby(df["person_id"]).nunique()
+    assert (per_person == 1).all()
+    train_persons = u.groupby(df["person_id"]).first() >= src.schema.test_fraction
     sizes = df.groupby("person_id").size()
-    # the training rows are whole persons: their row counts add up to n_train exactly
-    per_unit = np.bincount(data.unit_train.numpy())
-    assert per_unit.sum() == n_train_rows and n_train_rows + n_test_rows == len(df)
-    assert sorted(per_unit.tolist()) != sorted(sizes.tolist())  # some persons went to the test part
-    # which persons: each training unit's size is one person's size (a person cut in two would not match)
-    counts = np.bincount(sizes.to_numpy())
-    train_counts = np.bincount(per_unit, minlength=counts.size)
-    assert np.all(train_counts <= counts)
-    # without a unit the split is per row: a person's rows are split across sides
-    by_row = load_dataset(data_source(PanelDataConfig(n_units=2000, n_features=3)), seed=4)
-    assert by_row.unit_train is None and by_row.n_train != n_train_rows
+    data = load_dataset(src, seed=4)
+    assert data.n_train == int(sizes[train_persons].sum()) and data.n_units == int(train_persons.sum())
+    assert sorted(np.bincount(data.unit_train.numpy()).tolist()) == sorted(sizes[train_persons].tolist())
+    by_row = data_source(PanelDataConfig(n_units=2000, n_features=3))
+    u_row = pd.Series(split_scores(df, dataclasses.replace(by_row.schema, split_key=("person_id",)), seed=4))
+    assert (u_row.groupby(df["person_id"]).nunique() > 1).sum() > 100  # per row: persons are cut
 
 
 @pytest.mark.parametrize("override, words", [

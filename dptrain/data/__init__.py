@@ -344,4 +344,5 @@ def write_data_diagnostics(run_dir: str | Path, data: Dataset) -> dict[str, str]
 
 
 DIAGNOSTICS_NOTE = ("counts about the private rows: values clipped into the declared bounds, per column; rows read, "
-                    "left out, lumped into <other> and relabelled by the declared rules")
+                    "left out, lumped into <other> and relabelled by the declared rules; with data.privacy_unit, the "
+                    "units, the rows per unit and the rows the cap per unit dropped")
