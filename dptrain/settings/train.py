@@ -335,12 +335,18 @@ def default_delta(n: int) -> float:
     return 10.0 ** math.floor(math.log10(1.0 / (10.0 * n)))
 
 
+def _counted(cfg: Any) -> str:
+    """What N counts: training rows, or the units of data.privacy_unit (person-level DP-SGD)."""
+    unit = getattr(cfg.data, "privacy_unit", None)
+    return "training rows" if unit is None else f"training units of data.privacy_unit={unit}"
+
+
 def validate_against_size(cfg: Any, n: int) -> float:
     """Checks that need the (public) training-set size N. Returns the delta to use."""
     if n <= 0:
         raise ConfigError("the training data has 0 rows: nothing to train on")
     if cfg.trainer.batch_size > n:
-        raise bad("trainer.batch_size", cfg.trainer.batch_size, f"must be <= N = {n} (training rows)")
+        raise bad("trainer.batch_size", cfg.trainer.batch_size, f"must be <= N = {n} ({_counted(cfg)})")
     steps = cfg.trainer.epochs * n / cfg.trainer.batch_size  # planned_steps() rounds this (may overflow first)
     if not steps <= MAX_STEPS:
         raise bad("trainer.epochs", cfg.trainer.epochs,
@@ -350,7 +356,7 @@ def validate_against_size(cfg: Any, n: int) -> float:
         return float("nan")
     delta = cfg.privacy.delta if cfg.privacy.delta is not None else default_delta(n)
     if delta >= 1.0 / n:
-        raise bad("privacy.delta", delta, f"must be < 1/N = {1.0 / n:.3g} (N = {n} training rows)")
+        raise bad("privacy.delta", delta, f"must be < 1/N = {1.0 / n:.3g} (N = {n} {_counted(cfg)})")
     return delta
 
 
