@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -101,7 +102,6 @@ def test_the_split_puts_all_rows_of_a_person_on_one_side():
 
 
 @pytest.mark.parametrize("override, words", [
-    (["trainer.distributed=true"], "trainer.distributed"),
     (["privacy.max_rows_per_unit=null"], "privacy.max_rows_per_unit"),
     (["privacy.unit_combine=median"], "privacy.unit_combine"),
     (["data.privacy_unit=x0"], "data.privacy_unit"),
@@ -164,19 +164,23 @@ def test_group_privacy_rules_are_exact_and_the_tighter_is_kept():
     ({"task": "tune"}, "data.privacy_unit='person_id' is not allowed: with task=tune"),
     ({"task": "audit"}, "data.privacy_unit='person_id' is not allowed: with task=audit"),
     ({"engine": "nonprivate"}, "trainer.engine='nonprivate' is not allowed: with data.privacy_unit"),
+    ({"sharding": "auto"}, "data.sharding='auto' is not allowed: with data.privacy_unit='person_id' and "
+     "trainer.distributed=true"),
 ])
 def test_tasks_and_engines_without_a_unit_step_are_refused(changes, words):
     from types import SimpleNamespace
 
     from dptrain.settings.train import check_person_level
 
-    cfg = SimpleNamespace(task=changes.get("task", "train"), data=SimpleNamespace(privacy_unit="person_id"),
+    cfg = SimpleNamespace(task=changes.get("task", "train"),
+                          data=SimpleNamespace(privacy_unit="person_id", sharding=changes.get("sharding", "off")),
                           privacy=SimpleNamespace(max_rows_per_unit=3, unit_combine="mean"),
-                          trainer=SimpleNamespace(distributed=False, engine=changes.get("engine", "auto")))
+                          trainer=SimpleNamespace(distributed="sharding" in changes,
+                                                  engine=changes.get("engine", "auto")))
     with pytest.raises(ConfigError, match=re.escape(words)):
         check_person_level(cfg)
-    check_person_level(SimpleNamespace(**{**vars(cfg), "task": "train",
-                                          "trainer": SimpleNamespace(distributed=False, engine="fast")}))
+    check_person_level(SimpleNamespace(**{**vars(cfg), "task": "train", "data": SimpleNamespace(
+        privacy_unit="person_id", sharding="off"), "trainer": SimpleNamespace(distributed=True, engine="fast")}))
 
 
 def test_the_cap_is_drawn_from_the_secret_streams(tmp_path):
@@ -200,3 +204,53 @@ def test_the_cap_is_drawn_from_the_secret_streams(tmp_path):
     keyed = Randomness.from_seed_file(key, run_label="r").for_data("d")
     assert torch.equal(rows(keyed), rows(Randomness.from_seed_file(key, run_label="r").for_data("d")))
     assert data.diagnostics["units"]["rows_kept"] == int(rows(keyed).shape[0])
+
+
+def test_processes_take_disjoint_units_and_together_the_single_process_rows(tmp_path):
+    """trainer.distributed=true: process r takes the units u = r mod W, every row of each; with a
+    seed file the union over the processes is the single process' capped rows."""
+    from dptrain.privacy.dpsgd.units import UnitBound
+    from dptrain.privacy.randomness import Randomness, new_seed_file
+    from dptrain.training.units import unit_rows
+
+    data = load_dataset(data_source(PanelDataConfig(n_units=300, n_features=2, privacy_unit="person_id")), seed=1)
+    key = new_seed_file(tmp_path / "key")
+
+    def part(rank, world):
+        rnd = Randomness.from_seed_file(key, run_label="r").for_data("d")
+        x, _, sampler = unit_rows(data, UnitBound("person_id", 3), sample_rate=0.1, randomness=rnd, rank=rank,
+                                  world=world)
+        return x, sampler
+
+    (x0, s0), (x1, s1), (xa, sa) = part(0, 2), part(1, 2), part(0, 1)
+    assert len(s0.counts) + len(s1.counts) == len(sa.counts) == data.n_units
+    assert sorted(map(tuple, torch.cat([x0, x1]).tolist())) == sorted(map(tuple, xa.tolist()))
+    assert sorted(s0.counts.tolist() + s1.counts.tolist()) == sorted(sa.counts.tolist())
+
+
+@pytest.mark.slow  # two whole runs, one across 2 processes (torchrun, gloo): CI runs it with -m slow
+def test_two_process_person_level_run_matches_single_process(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**{k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")},
+           "OMP_NUM_THREADS": "1"}
+    run = [*SMALL_PANEL, "trainer.threads=1", "data.n_units=6000"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    res1 = subprocess.run([sys.executable, "-m", "dptrain", *run, f"hydra.run.dir={one}"], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert res1.returncode == 0, res1.stderr[-3000:]
+    res2 = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "dptrain", *run, "trainer.distributed=true", f"hydra.run.dir={two}"], cwd=repo,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert res2.returncode == 0, res2.stderr[-3000:]
+    p1, p2 = (json.loads((d / "privacy.json").read_text()) for d in (one, two))
+    for key in ("epsilon", "dataset_size", "sample_rate", "steps", "expected_batch_size", "unit_column", "guarantee"):
+        assert p2[key] == p1[key], key
+    assert "rank u mod W" in p2["distributed"]["sharding"]
+    d1, d2 = (json.loads((d / "private" / "data_diagnostics.json").read_text())["units"] for d in (one, two))
+    assert d2["units"] == d1["units"] and d2["training_rows"] == d1["training_rows"]
+    m1, m2 = (json.loads((d / "private" / "metrics.json").read_text()) for d in (one, two))
+    assert m2["test/acc"] == pytest.approx(m1["test/acc"], abs=0.03) and m2["test/acc"] > 0.7

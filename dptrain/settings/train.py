@@ -384,10 +384,12 @@ def check_person_level(cfg: Any) -> None:
     if cfg.task != "train":
         raise bad("data.privacy_unit", unit, f"with task={cfg.task}: unsupported (its validation rows and "
                   "canaries are per row); allowed: task=train")
-    if cfg.trainer.distributed:
-        raise bad("trainer.distributed", True, f"with data.privacy_unit={unit!r}: the processes "
-                  "split the rows, which would cut a unit's rows across processes, and each unit's rows must be "
-                  "combined in one before clipping; allowed: trainer.distributed=false")
+    sharding = getattr(cfg.data, "sharding", "off")
+    if cfg.trainer.distributed and sharding != "off":
+        raise bad("data.sharding", sharding, f"with data.privacy_unit={unit!r} and trainer.distributed=true: a "
+                  "process reading its own row groups may hold part of a unit, and each unit's rows must be "
+                  "combined in one process before clipping; allowed: data.sharding=off (every process reads the "
+                  "table and takes the units u = rank mod W)")
     if cfg.trainer.engine not in ("auto", "fast", "opacus"):
         raise bad("trainer.engine", cfg.trainer.engine, f"with data.privacy_unit={unit!r}: the engine has no unit step "
                   "(person-level DP-SGD); allowed: auto | fast | opacus")

@@ -212,7 +212,8 @@ def _set_up(plan: TrainingPlan, data: Dataset, mechanism: DPSGDMechanism, launch
     x, y = (data.x_train, data.y_train) if world == 1 or data.shard is not None else (
         data.x_train[rank::world].contiguous(), data.y_train[rank::world].contiguous())
     if plan.unit is not None:  # person-level: at most k rows per unit (secret), rows ordered by unit, units sampled
-        x, y, sampler = unit_rows(data, plan.unit, sample_rate=mechanism.sample_rate, randomness=randomness)
+        x, y, sampler = unit_rows(data, plan.unit, sample_rate=mechanism.sample_rate, randomness=randomness,
+                                  rank=rank, world=world)
     else:
         sampler = make_sampler(num_rows=x.shape[0], sample_rate=mechanism.sample_rate, randomness=randomness,
                                index=rank, device=device)
@@ -523,7 +524,8 @@ def _record(run: _Run, final_step: int) -> dict[str, Any]:
         "distributed": None if dist is None else {
             "world_size": run.world, "backend": dist.backend,
             "sharding": "disjoint shards (row i on rank i mod W), each Poisson-sampled at the job's q "
-            "with a rank-specific stream",
+            "with a rank-specific stream" if run.plan.unit is None else "disjoint shards of units (unit u, all its "
+            "rows, on rank u mod W), each rank's units Poisson-sampled at the job's q with a rank-specific stream",
             "reduction": "all_reduce of the clipped sums; noise N(0, sigma^2 C^2) drawn once per step on "
             "rank 0; divided by the global expected batch size",
         },

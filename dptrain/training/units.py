@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from dptrain.data import Dataset
-from dptrain.data.units import cap_rows_per_unit
+from dptrain.data.units import cap_rows_per_unit, unit_of_rows
 from dptrain.privacy.dpsgd.units import UnitBound, UnitPoissonSampler, rows_by_unit
 from dptrain.privacy.randomness import Randomness
 
@@ -28,20 +28,25 @@ UNIT_CAP_STREAM = "unit-cap"
 HISTOGRAM_TOP = 50
 
 
-def unit_rows(data: Dataset, unit: UnitBound, *, sample_rate: float,
-              randomness: Randomness) -> tuple[torch.Tensor, torch.Tensor, UnitPoissonSampler]:
+def unit_rows(data: Dataset, unit: UnitBound, *, sample_rate: float, randomness: Randomness, rank: int = 0,
+              world: int = 1) -> tuple[torch.Tensor, torch.Tensor, UnitPoissonSampler]:
     """(x, y, sampler): the training rows kept by the cap (at most ``unit.max_rows`` per unit),
     grouped by unit, and the Poisson sampler of units at ``sample_rate`` (its stream the secret
-    "poisson-sampler" one). Records the private counts in ``data.diagnostics["units"]``."""
+    "poisson-sampler" stream ``rank``). Records the private counts in ``data.diagnostics["units"]``.
+    Across ``world`` processes (every process holds every row) process ``rank`` takes the units
+    whose code is ``rank`` mod ``world``: all of a unit's rows in one process; the cap is drawn
+    over all rows first, so each unit keeps the rows a single process would keep."""
     if data.unit_train is None:
         raise ValueError(f"data.privacy_unit={unit.column!r}: the loaded rows carry no units")
     codes = data.unit_train.numpy()
     kept = cap_rows_per_unit(codes, unit.max_rows, randomness.numpy(UNIT_CAP_STREAM))
-    order, starts, counts = rows_by_unit(codes[kept])
-    rows = torch.from_numpy(kept[order])
     data.diagnostics["units"] = _private_counts(codes, kept, unit)
+    if world > 1:
+        kept = kept[codes[kept] % world == rank]
+    order, starts, counts = rows_by_unit(unit_of_rows(codes[kept])[0])
+    rows = torch.from_numpy(kept[order])
     sampler = UnitPoissonSampler(starts=starts, counts=counts, sample_rate=sample_rate,
-                                 rng=randomness.numpy("poisson-sampler", 0), combine=unit.combine)
+                                 rng=randomness.numpy("poisson-sampler", rank), combine=unit.combine)
     return data.x_train.index_select(0, rows), data.y_train.index_select(0, rows), sampler
 
 
