@@ -183,7 +183,7 @@ def _task_section(task: str, title: str, sources: tuple[str, ...], only: tuple[s
 def render() -> str:
     """The text of docs/settings.md."""
     lines = [HEADER, *_presets()]
-    lines += _task_section("train", "DP-SGD training (the default)", ("adult", "table", "synthetic"))
+    lines += _task_section("train", "DP-SGD training (the default)", ("adult", "table", "synthetic", "panel"))
     lines += _task_section("audit", "a training run with canaries and an epsilon lower bound (every section of "
                            "task=train, with the same keys and defaults, plus audit)", (), only=("audit",))
     lines += _task_section("release", "small-cell regression releases (docs/release.md)", ("table", "atlas"))

@@ -144,7 +144,7 @@ def _synthetic_schema(settings: Any) -> tuple[int, int, dict[str, Any]]:
 
 DECLARATION_KEYS = ("target", "positive", "negative", "classes", "target_bounds", "numeric", "categorical",
                     "split_column", "nonfinite", "test_fraction", "split_key", "label_map", "unlisted", "thousands",
-                    "decimal")
+                    "decimal", "privacy_unit")
 
 
 def shipped_schema(key: Any) -> dict[str, Any]:
@@ -214,6 +214,10 @@ def declaration(settings: Any) -> dict[str, Any]:
     if field_of(settings, "name") == "synthetic":
         _, _, numeric = _synthetic_schema(settings)
         out.update(target=out["target"] or "y", numeric=numeric, categorical={})
+    if field_of(settings, "name") == "panel":
+        numeric = {c: {"lower": synthetic.LOWER, "upper": synthetic.UPPER}
+                   for c in synthetic.feature_columns(field_of(settings, "n_features"))}
+        out.update(target="y", numeric=numeric, categorical={})
     return out
 
 
@@ -229,24 +233,36 @@ def data_source(settings: Any) -> DataSource:
     the checked public schema (:func:`declaration`; a synthetic source's generated columns
     declared) and how to read the rows. No row is read. Raises ConfigError."""
     name = field_of(settings, "name")
-    if name not in ("adult", "table", "synthetic"):
-        raise ConfigError(f"data.name={name!r} is not allowed: must be one of adult, table, synthetic")
+    if name not in ("adult", "table", "synthetic", "panel"):
+        raise ConfigError(f"data.name={name!r} is not allowed: must be one of adult, table, synthetic, panel")
     path = field_of(settings, "path") if name == "table" else None
     if name == "table" and not path:
         raise ConfigError(f"data.path={path!r} is not allowed: "
                           "data=table needs the path of a CSV, Parquet or .dta file")
     n_rows = n_features = None
+    panel = {}  # data=panel's generator sizes: persons, the most rows of one
+    if name == "panel":
+        n_features = int(field_of(settings, "n_features"))
+        panel = {"n_units": int(field_of(settings, "n_units")), "max_rows": int(field_of(settings, "max_rows"))}
     if name == "synthetic":
         n_rows, n_features, numeric = _synthetic_schema(settings)
         schema = schema_from_config(settings, numeric=numeric)
     else:
         schema = schema_from_config(settings)
+    if name == "panel" and schema.privacy_unit not in (None, synthetic.PANEL_UNIT):
+        raise ConfigError(f"data.privacy_unit={schema.privacy_unit!r} is not allowed for data=panel: its unit "
+                          f"column is {synthetic.PANEL_UNIT}; allowed: {synthetic.PANEL_UNIT} | null")
+    if schema.privacy_unit is not None and field_of(settings, "cache"):
+        raise ConfigError(f"data.cache={field_of(settings, 'cache')!r} is not allowed with data.privacy_unit="
+                          f"{schema.privacy_unit!r}: the encoded-rows cache does not keep the units; allowed: "
+                          "data.cache=null")
     if name == "adult" and field_of(settings, "path"):
         log.warning("data.path is ignored for data.name=adult (the shipped file is used)")
     return DataSource(name=name, schema=schema, path=None if path is None else str(path),
                       format=field_of(settings, "format") or "auto", delimiter=field_of(settings, "delimiter") or ",",
                       cache=field_of(settings, "cache") or None, sharding=field_of(settings, "sharding") or "auto",
-                      n_rows=n_rows, n_features=n_features)
+                      n_rows=n_rows, n_features=n_features, privacy_unit=schema.privacy_unit,
+                      **panel)
 
 
 def public_schema(settings: Any) -> Schema:
@@ -273,6 +289,11 @@ def load_dataset(data: DataSource | Any, *, seed: int) -> Dataset:
         return build_dataset(df, schema, seed=seed, source=ADULT_SOURCE, origin="the shipped Adult file")
     if source.name == "table":
         return _load_table(source, seed=seed)
+    if source.name == "panel":
+        df = synthetic.make_panel(source.n_units, source.max_rows, source.n_features, seed=check_seed(seed))
+        described = (f"generated panel (dptrain.data.synthetic.make_panel), seed={seed}, n_units={source.n_units}, "
+                     f"max_rows={source.max_rows}, n_features={source.n_features}; generated, no licence")
+        return build_dataset(df, schema, seed=seed, source=described, origin="the generated panel")
     df = synthetic.make_synthetic(source.n_rows, source.n_features, seed=check_seed(seed), target=schema.target)
     described = (
         f"synthetic logistic-model data (dptrain.data.synthetic), seed={seed}, n_rows={source.n_rows}, "
@@ -323,4 +344,5 @@ def write_data_diagnostics(run_dir: str | Path, data: Dataset) -> dict[str, str]
 
 
 DIAGNOSTICS_NOTE = ("counts about the private rows: values clipped into the declared bounds, per column; rows read, "
-                    "left out, lumped into <other> and relabelled by the declared rules")
+                    "left out, lumped into <other> and relabelled by the declared rules; with data.privacy_unit, the "
+                    "units, the rows per unit and the rows the cap per unit dropped")

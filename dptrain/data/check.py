@@ -26,11 +26,14 @@ import numpy as np
 import pandas as pd
 
 from dptrain.data.encoding import encode_rows, numbers_of, numeric_settings
+from dptrain.data.files import DataError
 from dptrain.data.labels import cell_label, nfc
 from dptrain.data.rules import NUMBER_SHAPES, number_shapes, shape_setting
 from dptrain.data.schema import OTHER, Schema
+from dptrain.data.units import rows_per_unit, unit_codes
 
-__all__ = ["ID_NAME", "check_table", "format_check", "id_columns", "numeric_problems", "numeric_lines"]
+__all__ = ["ID_NAME", "check_table", "format_check", "id_columns", "numeric_problems", "numeric_lines",
+           "unit_distribution", "unit_lines"]
 
 #: a column name that reads as an identifier (person_id, id, pid, record_no, ...)
 ID_NAME = re.compile(r"(?i)((^|[_\W])(id|ids|pid|uid|person|persnr|record|key)([_\W]|$)|id$)")
@@ -145,7 +148,10 @@ def id_columns(df: pd.DataFrame, schema: Schema) -> dict[str, Any]:
 def _run_counts(df: pd.DataFrame, schema: Schema, seed: int) -> dict[str, Any]:
     """What a run with these settings would do (the run's own rules and counts): rows read, left
     out per rule, lumped, relabelled, the training and test rows."""
-    rows = encode_rows(df, dataclasses.replace(schema, nonfinite="drop"), seed=seed)
+    try:
+        rows = encode_rows(df, dataclasses.replace(schema, nonfinite="drop"), seed=seed)
+    except DataError:  # rows without a unit id (reported under the unit): the other counts as if per row
+        rows = encode_rows(df, dataclasses.replace(schema, nonfinite="drop", privacy_unit=None), seed=seed)
     return {**rows.facts["rows"], "clipped": rows.facts["clipped"]}
 
 
@@ -163,6 +169,8 @@ def check_table(df: pd.DataFrame, schema: Schema, *, seed: int = 0) -> dict[str,
         split = _labels(df[schema.split_column]).str.lower()
         report["split_column"] = {"column": schema.split_column,
                                   "not_train_or_test": int((~split.isin(["train", "test"])).sum())}
+    if schema.privacy_unit is not None:
+        report["units"] = {"column": schema.privacy_unit, **unit_distribution(df[schema.privacy_unit])}
     report["run"] = _run_counts(df, schema, seed) if schema.target_labels is not None or schema.positive is None \
         else None
     report["settings"] = suggested_settings(report, schema)
@@ -276,12 +284,50 @@ def format_check(report: dict[str, Any], origin: str) -> str:
         lines += ["", f"  {s['column']}: {s['not_train_or_test']} rows neither train nor test -> row left out"]
     lines += ["", "Id columns (a person on many rows)"] + ([] if report["ids"] else [
         "  none found (a column named like person_id, or data.split_key's)"])
+    declared = (report.get("units") or {}).get("column")
     for name, v in report["ids"].items():
         lines.append(f"  {name}: {v['distinct']} distinct values, {v['repeated_ids']} repeat "
-                     f"({v['rows_of_repeated_ids']} rows; at most {v['most_rows_per_id']} rows per id): example-level "
-                     "DP protects a person with k rows only at k times epsilon (group privacy); data.split_key=[...] "
-                     "keeps a person's rows on one side of the split")
-    return "\n".join(lines + _run_lines(report))
+                     f"({v['rows_of_repeated_ids']} rows; at most {v['most_rows_per_id']} rows per id): "
+                     + ("the declared unit of privacy (below)" if name == declared else
+                        "example-level DP protects a person with k rows only at the group-privacy level for k rows; "
+                        f"data.privacy_unit={name} (with privacy.max_rows_per_unit=k) makes the guarantee per person "
+                        "and splits by person"))
+    return "\n".join(lines + unit_lines(report.get("units")) + _run_lines(report))
+
+
+#: the caps k whose kept share of rows the check reports
+CAPS = (1, 2, 3, 5, 10, 20)
+
+
+def unit_distribution(col: pd.Series) -> dict[str, Any]:
+    """Rows per unit of data.privacy_unit's column (PRIVATE counts, for the data holder): units,
+    rows without an id, quantiles of the rows per unit and, per cap k, the rows a cap would keep."""
+    codes = unit_codes(col, missing="drop")
+    per_unit = rows_per_unit(codes)
+    if per_unit.size == 0:
+        return {"units": 0, "missing_ids": int((codes < 0).sum())}
+    q = np.quantile(per_unit, [0.5, 0.9, 0.99])
+    return {"units": int(per_unit.size), "missing_ids": int((codes < 0).sum()), "rows": int(per_unit.sum()),
+            "rows_per_unit": {"median": float(q[0]), "p90": float(q[1]), "p99": float(q[2]),
+                              "max": int(per_unit.max()), "mean": float(per_unit.mean())},
+            "kept_by_cap": {str(k): int(np.minimum(per_unit, k).sum()) for k in CAPS}}
+
+
+def unit_lines(units: dict[str, Any] | None) -> list[str]:
+    """privacy_unit's lines of the check (PRIVATE counts)."""
+    if not units:
+        return []
+    lines = ["", "Unit of privacy (data.privacy_unit): rows per unit"]
+    if units["missing_ids"]:
+        lines.append(f"  {units['missing_ids']} rows without a unit id -> the run is REFUSED (every row needs one)")
+    if not units["units"]:
+        return lines
+    r = units["rows_per_unit"]
+    lines.append(f"  {units['units']} units, {units['rows']} rows: rows per unit median {r['median']:g}, 90% "
+                 f"{r['p90']:g}, 99% {r['p99']:g}, max {r['max']}, mean {r['mean']:.3g}")
+    lines.append("  rows kept by privacy.max_rows_per_unit=k: " + ", ".join(
+        f"k={k}: {n} ({n / units['rows']:.1%})" for k, n in units["kept_by_cap"].items()))
+    return lines
 
 
 def _run_lines(report: dict[str, Any]) -> list[str]:

@@ -53,6 +53,8 @@ class Dataset:
     shard: tuple[int, int] | None = None
     global_n_train: int | None = None
     global_n_test: int | None = None
+    #: with data.privacy_unit: each training row's unit (int64 codes 0..n_units-1; PRIVATE), else None
+    unit_train: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         for name in ("x_train", "y_train", "x_test", "y_test"):
@@ -64,6 +66,9 @@ class Dataset:
             raise ValueError("Dataset: x_* must be 2-D (rows, features), y_* 1-D")
         if self.x_train.shape[0] != self.y_train.shape[0] or self.x_test.shape[0] != self.y_test.shape[0]:
             raise ValueError("Dataset: x and y row counts differ")
+        if self.unit_train is not None and (self.unit_train.dtype != torch.int64
+                                            or self.unit_train.shape != self.y_train.shape):
+            raise ValueError("Dataset.unit_train must be an int64 tensor with one unit code per training row")
         d = len(self.feature_names)
         if self.x_train.shape[1] != d or self.x_test.shape[1] != d:
             raise ValueError("Dataset: feature_names does not match the feature width")
@@ -73,6 +78,17 @@ class Dataset:
         """N, the job's number of training rows (the mechanism's q = B/N): on a sharded read the
         sum over every rank's shard, not this rank's ``x_train`` rows."""
         return int(self.x_train.shape[0]) if self.global_n_train is None else int(self.global_n_train)
+
+    @property
+    def n_units(self) -> int | None:
+        """With data.privacy_unit: the number of units among the training rows (the accountant's N,
+        treated as public as the row count N is); else None."""
+        return None if self.unit_train is None else int(self.unit_train.max()) + 1 if len(self.unit_train) else 0
+
+    @property
+    def n_accounted(self) -> int:
+        """The accountant's N: the number of units with data.privacy_unit, else of training rows."""
+        return self.n_train if self.unit_train is None else int(self.n_units)
 
     @property
     def n_test(self) -> int:
@@ -163,5 +179,6 @@ def dataset_from_rows(rows: EncodedRows, schema: Schema, *, source: str, diagnos
         source=source,
         diagnostics=diagnostics,
         target_kind=schema.target_kind, class_names=tuple(schema.classes or ()), target_bounds=schema.target_bounds,
+        unit_train=None if rows.unit_train is None else torch.from_numpy(np.ascontiguousarray(rows.unit_train)),
         **shard,
     )

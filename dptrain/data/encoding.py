@@ -51,6 +51,7 @@ from dptrain.data.labels import declared_lookup, label_codes
 from dptrain.data.rules import RowCounts, number_shapes, parse_numbers, shape_setting
 from dptrain.data.schema import NumericSpec, Schema
 from dptrain.data.split import check_seed, in_test_part
+from dptrain.data.units import unit_codes, unit_of_rows
 
 LABELS_HINT = "(declare the column under data.categorical if it holds labels)"
 
@@ -320,6 +321,8 @@ class EncodedRows:
     # PRIVATE facts about the rows, for the check and the diagnostics only (never in an error):
     # any_train, any_test, clipped (per numeric column), rows (the rules' counts: RowCounts.as_dict)
     facts: dict[str, Any]
+    #: with data.privacy_unit: each training row's unit, dense int64 codes (dptrain.data.units); else None
+    unit_train: np.ndarray | None = None
 
 
 def encode_rows(df: pd.DataFrame, schema: Schema, *, seed: int, groups: np.ndarray | None = None) -> EncodedRows:
@@ -348,9 +351,13 @@ def encode_rows(df: pd.DataFrame, schema: Schema, *, seed: int, groups: np.ndarr
         clipped.update(clipped_counts(schema, nums, idx, only=schema.target))
     counts.lumped = seen["lumped"]
     y_train, y_test = y[~is_test], y[is_test]
+    unit_train = None
+    if schema.privacy_unit is not None:  # a missing unit id refuses the table (dptrain.data.units)
+        unit_train = unit_of_rows(unit_codes(df[schema.privacy_unit].to_numpy()[idx])[~is_test])[0]
     facts = {"any_train": len(y_train) > 0, "any_test": len(y_test) > 0, "clipped": clipped,
              "rows": counts.as_dict(train=len(y_train), test=len(y_test))}
-    return EncodedRows(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, facts=facts)
+    return EncodedRows(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, facts=facts,
+                       unit_train=unit_train)
 
 
 def clipped_counts(schema: Schema, nums: Mapping[str, np.ndarray], rows: np.ndarray, *,

@@ -55,6 +55,8 @@ class Schema:
     unlisted: str = "other"  # other | drop: a categorical value outside the declared list
     thousands: str | None = None  # the digit-group separator of numbers written as text
     decimal: str = "."  # the decimal mark of numbers written as text
+    #: data.privacy_unit: the column whose value is the unit of privacy (None: one row is the unit)
+    privacy_unit: str | None = None
 
     def labels_map(self, column: str) -> dict[str, str]:
         """data.label_map's entries for ``column`` ({file label: declared label}; {} if none)."""
@@ -93,13 +95,14 @@ class Schema:
     @property
     def columns(self) -> list[str]:
         cols = [self.target] + self.feature_columns
-        return cols + ([self.split_column] if self.split_column else [])
+        return (cols + ([self.split_column] if self.split_column else [])
+                + ([self.privacy_unit] if self.privacy_unit else []))
 
     @property
     def read_columns(self) -> list[str] | None:
         """The columns a reader must load: the declared ones and the split's key (None: every
         column, the hash split keyed on the whole raw row)."""
-        if self.split_column is None and self.split_key is None:
+        if self.split_column is None and self.split_key is None and self.privacy_unit is None:
             return None
         return list(dict.fromkeys(self.columns + list(self.split_key or ())))
 
@@ -115,7 +118,8 @@ class Schema:
         the numeric and categorical features, the split column and the split's key columns."""
         return ([("data.target", self.target)] + self.declared_features
                 + ([("data.split_column", self.split_column)] if self.split_column else [])
-                + [("data.split_key", c) for c in self.split_key or ()])
+                + [("data.split_key", c) for c in self.split_key or ()]
+                + ([("data.privacy_unit", self.privacy_unit)] if self.privacy_unit else []))
 
     @property
     def feature_names(self) -> tuple[str, ...]:
@@ -197,12 +201,34 @@ def schema_from_config(decl: Mapping[str, Any], *, numeric: Mapping[str, Any] | 
                           "data.negative=LABEL (e.g. data.negative=no); rows whose target is neither label (a variant "
                           "such as 'Yes', a missing value) are left out and counted, never read as negatives, and "
                           "data.label_map merges variants ('++data.label_map={COLUMN: {Yes: yes}}')")
-    key = _split_key(decl, split)
+    unit = _privacy_unit(decl, target, seen, split)
+    key = _unit_split_key(_split_key(decl, split), unit, split)
     labels = tuple(classes) if classes is not None else ((negative, positive) if negative is not None else None)
     (nonfinite, unlisted), (thousands, decimal) = _rules(decl), number_format(decl)
     return Schema(target, positive, tuple(nums), tuple(cats), split, nonfinite, float(frac), classes, bounds, key,
                   negative=negative, label_map=_label_map(decl, target, labels, cats), unlisted=unlisted,
-                  thousands=thousands, decimal=decimal)
+                  thousands=thousands, decimal=decimal, privacy_unit=unit)
+
+
+def _privacy_unit(decl: Mapping[str, Any], target: str, features: Mapping[str, str], split: str | None) -> str | None:
+    """data.privacy_unit checked: a column name that is not the target, a feature or the split
+    column (a unit id is never a model input: it would single out a unit)."""
+    unit = field_of(decl, "privacy_unit")
+    if unit is None:
+        return None
+    if not isinstance(unit, str) or not unit.strip():
+        raise ConfigError(f"data.privacy_unit={unit!r} is not allowed: must be the name of the column whose value is "
+                          "the unit of privacy (e.g. person_id), or null (one row is the unit)")
+    unit = unit.strip()
+    if unit == target:
+        raise ConfigError(f"data.privacy_unit={unit!r} is not allowed: it is the target (data.target); the unit "
+                          "column is an id, never the label")
+    if unit in features:
+        raise ConfigError(f"data.privacy_unit={unit!r} is not allowed: it is also declared as {features[unit]}; the "
+                          "unit column is an id, never a model feature (remove it from the features)")
+    if unit == split:
+        raise ConfigError(f"data.privacy_unit={unit!r} is not allowed: it is also data.split_column")
+    return unit
 
 
 def _split_key(decl: Mapping[str, Any], split: str | None) -> tuple[str, ...] | None:
@@ -218,6 +244,22 @@ def _split_key(decl: Mapping[str, Any], split: str | None) -> tuple[str, ...] | 
         raise ConfigError(f"data.split_key={list(key)!r} is not allowed with data.split_column={split!r}: the "
                           "split column decides the split; allowed: one of them")
     return tuple(dict.fromkeys(str(c).strip() for c in key))
+
+
+def _unit_split_key(key: tuple[str, ...] | None, unit: str | None,
+                    split: str | None) -> tuple[str, ...] | None:
+    """The hash split's key with a unit of privacy: the unit itself (all of a unit's rows on one
+    side); another data.split_key, or a data.split_column (which may cut a unit), is refused."""
+    if unit is None:
+        return key
+    if split is not None:
+        raise ConfigError(f"data.split_column={split!r} is not allowed with data.privacy_unit={unit!r}: a split "
+                          "column may put rows of one unit on both sides; allowed: the hash split keyed on the unit "
+                          "(data.split_column=null)")
+    if key is not None and key != (unit,):
+        raise ConfigError(f"data.split_key={list(key)!r} is not allowed with data.privacy_unit={unit!r}: the split "
+                          f"is by unit (all of a unit's rows on one side); allowed: [{unit}] or null (the same)")
+    return (unit,)
 
 
 def _rules(decl: Mapping[str, Any]) -> tuple[str, str]:

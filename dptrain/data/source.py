@@ -4,7 +4,7 @@
 (:func:`dptrain.data.data_source`): the source (``adult``, ``table``, ``synthetic``), its checked
 public :class:`~dptrain.data.schema.Schema`, and how to read it (the path, its format and
 separator, the encoded-rows cache, the sharding of a distributed read, the synthetic generator's
-size). Everything in it is public: settings, never rows. The loaders
+size, the unit of privacy). Everything in it is public: settings, never rows. The loaders
 (:func:`dptrain.data.load_dataset`, :mod:`dptrain.data.shards`) read this value, never the settings.
 """
 
@@ -31,3 +31,7 @@ class DataSource:
     sharding: str = "auto"
     n_rows: int | None = None
     n_features: int | None = None
+    n_units: int | None = None  # panel only: persons generated
+    max_rows: int | None = None  # panel only: the most rows of one person
+    #: data.privacy_unit: the column whose value is the unit of privacy; None: one row is the unit
+    privacy_unit: str | None = None

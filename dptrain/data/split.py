@@ -88,7 +88,10 @@ def split_scores(df: pd.DataFrame, schema: Schema, *, seed: int, rows: np.ndarra
     key = schema.split_key if schema.split_key is not None else sorted(df.columns)
 
     words = [_column_words(df[col], rows, salt) for col in key]
-    return hash_scores(n, words, HashKeys.derive(salt, len(key)), workers=torch.get_num_threads(), groups=groups)
+    # with data.privacy_unit the key is the unit and its rows are NOT told apart: one u per unit,
+    # so all of a unit's rows fall on one side
+    keys = HashKeys.derive(salt, len(key), occurrence=schema.privacy_unit is None)
+    return hash_scores(n, words, keys, workers=torch.get_num_threads(), groups=groups)
 
 
 def in_test_part(df: pd.DataFrame, schema: Schema, idx: np.ndarray, seed: int,

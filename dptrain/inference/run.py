@@ -202,6 +202,7 @@ def check_estimator(plan: TrainingPlan) -> None:
     integer("estimator.bootstrap", e.bootstrap, 100, "must be an integer in [100, 100000]")
     if e.bootstrap > 100_000:
         raise bad("estimator.bootstrap", e.bootstrap, "must be an integer in [100, 100000]")
+    _check_units(plan)
     if not estimator.intervals:
         return
     if not plan.private and not estimator.exact_without_privacy:
@@ -213,6 +214,22 @@ def check_estimator(plan: TrainingPlan) -> None:
                   "it estimates; allowed with this model: estimator=dpsgd")
     _check_training_only(plan, e.name)
     estimator.check(plan)
+
+
+def _check_units(plan: TrainingPlan) -> None:
+    """Person-level DP-SGD (data.privacy_unit) with the estimators: only dpsgd, and without the
+    interval release, whose sensitivities are per row (a unit of k rows moves its sums up to k
+    times as far); refused by name."""
+    if plan.unit is None:
+        return
+    e = plan.estimator
+    if e.name != "dpsgd":
+        raise bad("estimator", e.name, f"with data.privacy_unit={plan.unit.column!r}: unsupported (its parts "
+                  "and sufficient statistics are per row); allowed: estimator=dpsgd")
+    if plan.private and e.interval_share > 0 and model_is_linear(plan):
+        raise bad("estimator.interval_share", e.interval_share, f"with data.privacy_unit="
+                  f"{plan.unit.column!r}: the interval release's private Newton steps bound one ROW's score and "
+                  "Hessian, not one unit's; allowed: estimator.interval_share=0 (DP-SGD's estimates, no interval)")
 
 
 def _check_training_only(plan: TrainingPlan, name: str) -> None:
@@ -249,10 +266,10 @@ class DPSGD:
 
     def run(self, plan: TrainingPlan, data: Any, *, delta: float, tracker: Any, launch: Any) -> Any:
         if not plan.private:
-            result = fit(plan, data, mechanism=mechanism_for(plan, dataset_size=data.n_train, delta=delta),
+            result = fit(plan, data, mechanism=mechanism_for(plan, dataset_size=data.n_accounted, delta=delta),
                          tracker=tracker, launch=launch)
             return exact_refit(plan, data, result) if exact_reason(plan) is None else result
-        release, plan, mechanism = plan_release(plan, data.n_train, delta, newton_reason(plan))
+        release, plan, mechanism = plan_release(plan, data.n_accounted, delta, newton_reason(plan))
         _log_plan(plan, release)
         if plan.budget.target is not None:  # the run's target first, the shares as shares of it
             log.info("%s", mechanism.calibration_line(plan.budget))
@@ -383,7 +400,8 @@ def warn_large_epsilon(plan: TrainingPlan, mechanism: Any) -> float | None:
     whole = budget.whole_from(planned)  # the interval release (a share of the run's epsilon) comes after training
     parts = f" ({planned:.4g} for DP-SGD, the rest for the coefficient table's intervals)" if budget.shares else ""
     how = (f"noise multiplier {mechanism.noise_multiplier:g} fixed by the preset or the command line, q = B/N = "
-           f"{mechanism.sample_rate:.3g} with N = {mechanism.dataset_size} training rows, "
+           f"{mechanism.sample_rate:.3g} with N = {mechanism.dataset_size} "
+           f"{'training rows' if mechanism.unit is None else mechanism.unit.column + 's'}, "
            f"{mechanism.planned_steps} steps")
     if whole > MAX_TARGET_EPSILON:  # as privacy.target_epsilon above the limit: refused before training
         raise bad("privacy.noise_multiplier", mechanism.noise_multiplier,

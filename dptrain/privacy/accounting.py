@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ACCOUNTANTS", "DEFAULT", "PLD", "RDP", "RDP_ORDERS", "REPORTED", "Accountant", "AccountingError",
            "PrivacyLedger", "accountant_named", "calibrate_noise_multiplier", "compact", "compute_epsilon",
-           "history_epsilon", "pld_epsilon", "rdp_epsilon", "rdp_floor", "rdp_to_epsilon"]
+           "history_epsilon", "pld_epsilon", "rdp_curve", "rdp_epsilon", "rdp_floor", "rdp_to_epsilon"]
 
 class _DropExcludedOrderWarnings(logging.Filter):
     """dp-accounting logs one warning per fractional order whose series does not converge (large q,
@@ -339,6 +339,11 @@ def history_epsilon(history: History, *, delta: float, accountant: Accountant | 
         event_from_list(event.as_list())
         _check_steps(count, "count")
     return _epsilon(tuple(history), _check_delta(delta), _check_accountant(accountant))
+
+
+def rdp_curve(history: History) -> np.ndarray:
+    """The composed RDP of a history at each of ``RDP_ORDERS`` (add/remove neighbours)."""
+    return sum(count * _rdp_per_step(event) for event, count in history)
 
 
 def calibrate_noise_multiplier(

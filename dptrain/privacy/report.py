@@ -13,6 +13,15 @@ from typing import Any
 
 from dptrain.privacy.accounting import ACCOUNTANTS
 from dptrain.privacy.noise_law import box_muller_law, delta_total, tail_mass
+from dptrain.privacy.report_units import (
+    group_lines,
+    group_of_example_level,
+    n_unit,
+    unit_fields,
+    unit_guarantee,
+    unit_not_covered,
+    who,
+)
 
 #: what a run that reads a table does not cover about its log, console and refusals (issue 44)
 LOG_AND_REFUSALS = (
@@ -127,6 +136,8 @@ def _guarantee(mechanism: dict[str, Any], eps: float) -> tuple[bool, str]:
     if not mechanism["noise_multiplier"] > 0:
         return False, ("none: privacy.noise_multiplier=0 adds no noise, so epsilon is infinite; this model is NOT "
                        "differentially private and may reveal any training record")
+    if mechanism.get("unit_of_privacy"):
+        return True, unit_guarantee(mechanism["unit_of_privacy"], eps, mechanism["delta"])
     return True, (f"({eps:.4g}, {mechanism['delta']:.3g})-DP, example-level, add/remove-one-record "
                   "neighbours, for the final model and every intermediate iterate")
 
@@ -142,10 +153,12 @@ def delta_total_clause(eps: float, delta: float, delta_total: float | None) -> s
 
 def build_report(
     *, mechanism: dict[str, Any], epsilons: dict[str, float] | None, accountant: str, seed: int,
-    data_source: str,
+    data_source: str, history: Any = None,
 ) -> dict[str, Any]:
     """Assemble the privacy report. ``epsilons`` maps accountant name -> epsilon (None when
-    privacy is off). A run without noise (sigma = 0) is reported as NOT private."""
+    privacy is off). A run without noise (sigma = 0) is reported as NOT private. ``history``:
+    the accountant's events, for the RDP group-privacy bound of an example-level report
+    (dptrain.privacy.group; without it the (epsilon, delta) rule alone)."""
     base = _run_fields(mechanism, data_source=data_source, seed=seed)
     if not mechanism["enabled"]:
         return {"private": False, "guarantee": "none: privacy was switched off (privacy.enabled=false); this model "
@@ -165,20 +178,24 @@ def build_report(
         "epsilons": dict(epsilons),
         "accountant_notes": {name: getattr(ACCOUNTANTS.get(name), "note", "") for name in epsilons},
         "tier": tier(eps) if private else "none (no noise)",
-        "unit_of_privacy": "one example (one row of the training table)",
-        "neighbours": "add/remove",
+        **unit_fields(mechanism),
+        "group_privacy": group_of_example_level(mechanism, eps, private, history),
         "sampling": "poisson",
         **{k: mechanism[k] for k in ("noise_multiplier", "noise_multiplier_source", "target_epsilon", "max_grad_norm")},
         "accountant_advice": mechanism.get("accountant_advice"),
-        "clipping": "flat per-example L2 clipping over all parameters",
-        "noise": "Gaussian N(0, sigma^2 C^2) added once per step to the clipped sum, divided by the "
-        "expected batch size",
         "noise_sampler": sampler,
         "delta_total": None if sampler is None else sampler["delta_total"],
         "dp_curves": mechanism.get("dp_curves"),
         **base,
-        "not_covered": list(NOT_COVERED),
+        "not_covered": _not_covered(mechanism),
     }
+
+
+def _not_covered(mechanism: dict[str, Any]) -> list[str]:
+    unit = mechanism.get("unit_of_privacy")
+    if not unit:
+        return list(NOT_COVERED)
+    return [unit_not_covered(item, unit, refusals=item == LOG_AND_REFUSALS) for item in NOT_COVERED]
 
 
 def _curve_lines(report: dict[str, Any]) -> list[str]:
@@ -245,6 +262,26 @@ def _tuning_lines(report: dict[str, Any]) -> list[str]:
             f"  event: {t['event']}", f"  accounting: {t['accounting']}", f"  secret: {t['secret']}"]
 
 
+def _headline_lines(report: dict[str, Any]) -> list[str]:
+    """privacy.txt's guarantee, epsilon, tier, the plain words and (per row) the group levels."""
+    return [
+        f"GUARANTEE: {report['guarantee']}",
+        f"epsilon = {report['epsilon']:.6g} at delta = {report['delta']:.3g} "
+        f"(headline accountant: {report['accountant']})",
+        f"delta: {report['delta_source']}; {report['delta_vs_1_over_n']}",
+        f"protection tier: {report['tier']}",
+        "",
+        f"In plain words: adding or removing {who(report)} in the training data changes the probability "
+        "of any output of this run (the model and every file listed as publishable below) by at most a "
+        f"factor e^epsilon = {math.exp(min(report['epsilon'], 700)):.3g}, except with probability delta. It "
+        "protects the training rows only, and only through the publishable files: the private files below "
+        "must stay with the data.",
+        *group_lines(report),
+        "",
+        "epsilon by accountant (same delta):",
+    ]
+
+
 def format_report(report: dict[str, Any]) -> str:
     """Human-readable privacy.txt."""
     lines = ["dptrain privacy report", "=" * 22]
@@ -252,21 +289,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines += [f"GUARANTEE: {report['guarantee']}", ""]
         lines += [f"{k}: {report[k]}" for k in ("data", "dataset_size", "steps", "epochs", "seed")]
         return "\n".join(lines + _estimator_lines(report) + _files_lines(report)) + "\n"
-    lines += [
-        f"GUARANTEE: {report['guarantee']}",
-        f"epsilon = {report['epsilon']:.6g} at delta = {report['delta']:.3g} "
-        f"(headline accountant: {report['accountant']})",
-        f"delta: {report['delta_source']}; {report['delta_vs_1_over_n']}",
-        f"protection tier: {report['tier']}",
-        "",
-        "In plain words: adding or removing any one person's row in the training data changes the probability "
-        "of any output of this run (the model and every file listed as publishable below) by at most a "
-        f"factor e^epsilon = {math.exp(min(report['epsilon'], 700)):.3g}, except with probability delta. It "
-        "protects the training rows only, and only through the publishable files: the private files below "
-        "must stay with the data.",
-        "",
-        "epsilon by accountant (same delta):",
-    ]
+    lines += _headline_lines(report)
     for name, value in report["epsilons"].items():
         shown = "inf" if math.isinf(value) else f"{value:.6g}"
         lines.append(f"  {name:4s} {shown:>12s}   {report['accountant_notes'].get(name, '')}")
@@ -274,8 +297,8 @@ def format_report(report: dict[str, Any]) -> str:
         "",
         f"unit of privacy: {report['unit_of_privacy']}; neighbours: {report['neighbours']}",
         f"data: {report['data']}",
-        f"N = {report['dataset_size']}, sampling = {report['sampling']}, q = {report['sample_rate']:.6g}, "
-        f"expected batch size B = {report['expected_batch_size']}",
+        f"N = {report['dataset_size']}{n_unit(report)}, sampling = {report['sampling']}, "
+        f"q = {report['sample_rate']:.6g}, expected batch size B = {report['expected_batch_size']}",
         f"noise multiplier sigma = {report['noise_multiplier']:.6g} ({report['noise_multiplier_source']}"
         + (f", target epsilon {report['target_epsilon']}" if report["target_epsilon"] is not None else "")
         + f"), clipping norm C = {report['max_grad_norm']}",

@@ -14,8 +14,28 @@ from dptrain.core.validation import (
 )
 from dptrain.settings.data import as_source, check_source
 from dptrain.settings.schemas.common import (  # the schemas: no torch, no pandas
+    MAX_ROWS_PER_UNIT_ALLOWED,  # noqa: F401
+    MAX_ROWS_PER_UNIT_HELP,  # noqa: F401
     RunBase,  # noqa: F401
+    max_rows_per_unit_setting,  # noqa: F401
 )
+
+
+def check_unit_bound(privacy_unit: Any, max_rows_per_unit: Any) -> int | None:
+    """``privacy.max_rows_per_unit`` against ``data.privacy_unit``: required (an integer >= 1)
+    when a unit is declared, refused without one. Returns k (None without a unit). Raises
+    ConfigError naming the setting."""
+    if privacy_unit is None:
+        if max_rows_per_unit is not None:
+            raise bad("privacy.max_rows_per_unit", max_rows_per_unit, "needs data.privacy_unit (the column whose "
+                      "value is the unit of privacy); allowed without it: null (one row is the unit)")
+        return None
+    if max_rows_per_unit is None:
+        raise bad("privacy.max_rows_per_unit", max_rows_per_unit, f"(unset) with data.privacy_unit="
+                  f"{privacy_unit!r}: it is required; declare k, the most rows of one unit that count (e.g. "
+                  "privacy.max_rows_per_unit=5; dptrain check reports the rows per unit to the data holder)")
+    return integer("privacy.max_rows_per_unit", max_rows_per_unit, 1, "must be an integer >= 1 (the most rows of "
+                   "one unit that count)")
 
 
 def check_noise_seed_file(path: Any) -> None:

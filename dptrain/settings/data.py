@@ -12,6 +12,7 @@ from typing import Any
 from dptrain.core.validation import (
     bad,
     flag,
+    integer,
     one_of,
     real,
 )
@@ -21,6 +22,7 @@ from dptrain.settings.schemas.data import (  # the schemas: no torch, no pandas
     DATA_SOURCES,
     AdultDataConfig,
     NumericColumn,
+    PanelDataConfig,
     TableDataConfig,
     TargetBounds,
 )
@@ -57,6 +59,7 @@ class DataConfig:
     split_column: str | None = None  # column holding "train"/"test"; else a per-row hash split
     test_fraction: float = 0.25
     split_key: list[str] | None = None  # the hash split's key columns; None: every column of the file
+    privacy_unit: str | None = None  # the column whose value is the unit of privacy; None: one row
     exclude: list[str] = field(default_factory=list)  # adult only: shipped-schema columns left out of the features
     test_public: bool = False
     sharding: str = "auto"  # table only: auto | row_groups | off (dptrain.data.shards)
@@ -67,7 +70,7 @@ class DataConfig:
     n_cells: int = 2000  # atlas only
 
 
-TRAIN_DATA = ("adult", "table", "synthetic")
+TRAIN_DATA = ("adult", "table", "synthetic", "panel")
 
 
 def check_source(d: Any, allowed: tuple[str, ...], purpose: str) -> None:
@@ -118,7 +121,13 @@ def check_data(d: Any) -> None:
     if not isinstance(d, AdultDataConfig):
         real("data.test_fraction", d.test_fraction, "must be a number in (0, 1)", lo=0, hi=1, lo_open=True,
              hi_open=True)
-    numeric = {} if isinstance(d, AdultDataConfig) else d.numeric
+    if isinstance(d, PanelDataConfig):
+        integer("data.n_units", d.n_units, 2)
+        integer("data.max_rows", d.max_rows, 1, "must be an integer in [1, 1000]")
+        if d.max_rows > 1000:
+            raise bad("data.max_rows", d.max_rows, "must be an integer in [1, 1000]")
+        integer("data.n_features", d.n_features, 1)
+    numeric = {} if isinstance(d, (AdultDataConfig, PanelDataConfig)) else d.numeric
     categorical = d.categorical if isinstance(d, (TableDataConfig, DataConfig)) else {}
     if not isinstance(numeric, Mapping) or not isinstance(categorical, Mapping):
         raise bad("data.numeric/data.categorical", (numeric, categorical),

@@ -22,6 +22,7 @@ from dptrain.core.validation import (
     integer,
     is_finite,
     is_real,
+    one_of,
     real,
 )
 from dptrain.models.objectives import OBJECTIVES, build_objective
@@ -29,10 +30,12 @@ from dptrain.models.optimizers import build_optimizer
 from dptrain.privacy.accounting import ACCOUNTANTS, SIGMA_RANGE
 from dptrain.privacy.curves import resolve_loss_bound
 from dptrain.privacy.dpsgd.engine import ENGINES
+from dptrain.privacy.dpsgd.units import COMBINES
 from dptrain.settings.builders import argument_suggestion, builder_suggestion
 from dptrain.settings.common import (
     check_common,
     check_noise_seed_file,
+    check_unit_bound,
 )
 from dptrain.settings.data import check_data
 from dptrain.settings.schemas.train import (  # the schemas: no torch, no pandas
@@ -201,12 +204,18 @@ def default_delta(n: int) -> float:
     return 10.0 ** math.floor(math.log10(1.0 / (10.0 * n)))
 
 
+def _counted(cfg: Any) -> str:
+    """What N counts: training rows, or the units of data.privacy_unit (person-level DP-SGD)."""
+    unit = getattr(cfg.data, "privacy_unit", None)
+    return "training rows" if unit is None else f"training units of data.privacy_unit={unit}"
+
+
 def validate_against_size(cfg: Any, n: int) -> float:
     """Checks that need the (public) training-set size N. Returns the delta to use."""
     if n <= 0:
         raise ConfigError("the training data has 0 rows: nothing to train on")
     if cfg.trainer.batch_size > n:
-        raise bad("trainer.batch_size", cfg.trainer.batch_size, f"must be <= N = {n} (training rows)")
+        raise bad("trainer.batch_size", cfg.trainer.batch_size, f"must be <= N = {n} ({_counted(cfg)})")
     steps = cfg.trainer.epochs * n / cfg.trainer.batch_size  # planned_steps() rounds this (may overflow first)
     if not steps <= MAX_STEPS:
         raise bad("trainer.epochs", cfg.trainer.epochs,
@@ -216,8 +225,30 @@ def validate_against_size(cfg: Any, n: int) -> float:
         return float("nan")
     delta = cfg.privacy.delta if cfg.privacy.delta is not None else default_delta(n)
     if delta >= 1.0 / n:
-        raise bad("privacy.delta", delta, f"must be < 1/N = {1.0 / n:.3g} (N = {n} training rows)")
+        raise bad("privacy.delta", delta, f"must be < 1/N = {1.0 / n:.3g} (N = {n} {_counted(cfg)})")
     return delta
+
+
+def check_person_level(cfg: Any) -> None:
+    """data.privacy_unit with the training settings: k required (privacy.max_rows_per_unit),
+    privacy.unit_combine, and what person-level DP-SGD does not support refused by name."""
+    unit = getattr(cfg.data, "privacy_unit", None)
+    check_unit_bound(unit, cfg.privacy.max_rows_per_unit)
+    one_of("privacy.unit_combine", cfg.privacy.unit_combine, COMBINES)
+    if unit is None:
+        return
+    if cfg.task != "train":
+        raise bad("data.privacy_unit", unit, f"with task={cfg.task}: unsupported (its validation rows and "
+                  "canaries are per row); allowed: task=train")
+    sharding = getattr(cfg.data, "sharding", "off")
+    if cfg.trainer.distributed and sharding != "off":
+        raise bad("data.sharding", sharding, f"with data.privacy_unit={unit!r} and trainer.distributed=true: a "
+                  "process reading its own row groups may hold part of a unit, and each unit's rows must be "
+                  "combined in one process before clipping; allowed: data.sharding=off (every process reads the "
+                  "table and takes the units u = rank mod W)")
+    if cfg.trainer.engine not in ("auto", "fast", "opacus"):
+        raise bad("trainer.engine", cfg.trainer.engine, f"with data.privacy_unit={unit!r}: the engine has no unit step "
+                  "(person-level DP-SGD); allowed: auto | fast | opacus")
 
 
 def check_training(cfg: Any) -> None:
@@ -227,6 +258,7 @@ def check_training(cfg: Any) -> None:
     check_optim(cfg.optim)
     check_objective(cfg.objective)
     check_privacy(cfg.privacy)
+    check_person_level(cfg)
     check_trainer(cfg.trainer)
     flag("logger.tensorboard", cfg.logger.tensorboard)
 

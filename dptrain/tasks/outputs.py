@@ -106,7 +106,8 @@ def write_training_outputs(plan: TrainingPlan, cfg: Any, result: Any, *, data: A
     delta = result.mechanism.delta
     epsilons = final_epsilons(result, delta=delta, headline=plan.budget.accountant) if plan.private else None
     report = build_report(mechanism=result.privacy, epsilons=epsilons, accountant=plan.budget.accountant,
-                          seed=plan.seed, data_source=data.source)
+                          seed=plan.seed, data_source=data.source,
+                          history=result.accountant.totals if plan.private else None)
     why = training_files(test_public=bool(plan.test_public), covered=bool(report["private"]))
     table = _coefficients(plan, result, report)
     _log_to_tracker(tracker, plan, result, report, epsilons)

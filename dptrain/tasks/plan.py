@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from dptrain.data import data_source
 from dptrain.models.objectives import build_objective
 from dptrain.privacy.budget import INTERVALS, Budget
+from dptrain.privacy.dpsgd.units import UnitBound
 from dptrain.settings.train import Config
 from dptrain.training.plan import EstimatorSpec, Loop, TrainingPlan
 
@@ -57,4 +58,12 @@ def training_plan(conf: Config, *, extra_features: int = 0, task: str | None = N
                         max_grad_norm=float(conf.privacy.max_grad_norm), model=_plain(conf.model),
                         optim=_plain(conf.optim), objective=objective, objective_name=conf.objective.name,
                         data=data, spec=spec, estimator=estimator, test_public=bool(conf.data.test_public),
-                        task=task or str(conf.task))
+                        task=task or str(conf.task), unit=unit_of(conf, data.privacy_unit))
+
+
+def unit_of(conf: Config, column: str | None) -> UnitBound | None:
+    """The run's unit of privacy (None without data.privacy_unit)."""
+    if column is None:
+        return None
+    return UnitBound(column=column, max_rows=int(conf.privacy.max_rows_per_unit),
+                     combine=str(conf.privacy.unit_combine))

@@ -38,8 +38,8 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     data = load_training_data(plan.data, seed=plan.seed, dist=dist_ctx, baseline=plan.loop.baseline,
                               estimator=plan.estimator.name)  # this rank's shard of a partitioned Parquet set, or all
     randomness = bound_to_rows(randomness, data, dist=dist_ctx)
-    delta = validate_against_size(conf, data.n_train)
-    check_estimator_size(plan, data.n_train)
+    delta = validate_against_size(conf, data.n_accounted)
+    check_estimator_size(plan, data.n_accounted)
     main = dist_ctx is None or dist_ctx.is_main
     tracker = Tracker(run_dir / "private" if main else run_dir, tensorboard=conf.logger.tensorboard and main)
     try:

@@ -39,6 +39,7 @@ from dptrain.privacy.dpsgd.loop import PrivateStep
 from dptrain.privacy.dpsgd.mechanism import DPSGDMechanism
 from dptrain.privacy.dpsgd.model_check import check_model
 from dptrain.privacy.dpsgd.sampling import DevicePoissonSampler, make_sampler
+from dptrain.privacy.dpsgd.units import UnitBatchStep
 from dptrain.privacy.randomness import Randomness, data_digest
 from dptrain.runfolder.stopping import RunStopped, StopSignals
 from dptrain.runfolder.tracking import Tracker
@@ -53,6 +54,7 @@ from dptrain.training.checkpoint import (
     restore,
 )
 from dptrain.training.plan import Loop, TrainingPlan
+from dptrain.training.units import unit_rows
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +129,8 @@ def mechanism_for(plan: TrainingPlan, *, dataset_size: int, delta: float, curves
     ``trainer.dp_curves`` is on (and ``curves``: the audit passes False, dptrain.privacy.curves)."""
     return DPSGDMechanism.from_budget(plan.budget.dpsgd, max_grad_norm=plan.max_grad_norm, epochs=plan.loop.epochs,
                                       expected_batch_size=plan.loop.batch_size, dataset_size=dataset_size,
-                                      delta=delta, curves=curve_config(plan) if curves else None, quiet=quiet)
+                                      delta=delta, curves=curve_config(plan) if curves else None,
+                                      quiet=quiet).per_unit(plan.unit)
 
 
 def curve_config(plan: TrainingPlan) -> CurveConfig | None:
@@ -208,9 +211,13 @@ def _set_up(plan: TrainingPlan, data: Dataset, mechanism: DPSGDMechanism, launch
     # sharded read (data.shard) holds only this rank's rows already (dptrain.data.shards)
     x, y = (data.x_train, data.y_train) if world == 1 or data.shard is not None else (
         data.x_train[rank::world].contiguous(), data.y_train[rank::world].contiguous())
+    if plan.unit is not None:  # person-level: at most k rows per unit (secret), rows ordered by unit, units sampled
+        x, y, sampler = unit_rows(data, plan.unit, sample_rate=mechanism.sample_rate, randomness=randomness,
+                                  rank=rank, world=world)
+    else:
+        sampler = make_sampler(num_rows=x.shape[0], sample_rate=mechanism.sample_rate, randomness=randomness,
+                               index=rank, device=device)
     x, y = x.to(device), y.to(device)
-    sampler = make_sampler(num_rows=x.shape[0], sample_rate=mechanism.sample_rate, randomness=randomness,
-                           index=rank, device=device)
     return _Run(plan=plan, mechanism=mechanism, objective=objective, model=model, optimizer=optimizer, engine=engine,
                 accountant=PrivacyLedger(), sampler=sampler, x=x, y=y, launch=launch, randomness=randomness,
                 rank=rank, world=world, device=device, x_test=data.x_test.to(device))
@@ -320,7 +327,8 @@ def _loop(run: _Run, data: Dataset, tracker: Tracker, stop: StopSignals) -> floa
                desc="dp-sgd" if run.mechanism.enabled else "sgd", dynamic_ncols=True)
     # draws each step's Poisson batch and runs the engine; on a GPU the unlogged steps replay one
     # CUDA graph (dptrain.privacy.dpsgd.graph)
-    batch_step = BatchStep(run.engine, run.sampler, run.x, run.y, cuda_graph=t.cuda_graph)
+    batch_step = (UnitBatchStep(run.engine, run.sampler, run.x, run.y) if run.plan.unit is not None
+                  else BatchStep(run.engine, run.sampler, run.x, run.y, cuda_graph=t.cuda_graph))
     if run.device.type == "cuda" and batch_step.graph_reason is not None:
         log.log(logging.DEBUG if run.launch.quiet else logging.INFO, "CUDA graph: off, %s", batch_step.graph_reason)
     # THE DP-SGD step (dptrain.privacy.dpsgd.loop): batch_step's draw and engine, then the optimiser and the accountant
@@ -516,7 +524,8 @@ def _record(run: _Run, final_step: int) -> dict[str, Any]:
         "distributed": None if dist is None else {
             "world_size": run.world, "backend": dist.backend,
             "sharding": "disjoint shards (row i on rank i mod W), each Poisson-sampled at the job's q "
-            "with a rank-specific stream",
+            "with a rank-specific stream" if run.plan.unit is None else "disjoint shards of units (unit u, all its "
+            "rows, on rank u mod W), each rank's units Poisson-sampled at the job's q with a rank-specific stream",
             "reduction": "all_reduce of the clipped sums; noise N(0, sigma^2 C^2) drawn once per step on "
             "rank 0; divided by the global expected batch size",
         },

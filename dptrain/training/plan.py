@@ -24,6 +24,7 @@ from dptrain.core.dataspec import DataSpec
 from dptrain.data.schema import Schema
 from dptrain.data.source import DataSource
 from dptrain.privacy.budget import Budget
+from dptrain.privacy.dpsgd.units import UnitBound
 
 __all__ = ["EstimatorSpec", "Loop", "TrainingPlan"]
 
@@ -86,6 +87,9 @@ class TrainingPlan:
     estimator: EstimatorSpec = field(default_factory=EstimatorSpec)
     test_public: bool = False
     task: str = "train"
+    #: the unit of privacy (data.privacy_unit, privacy.max_rows_per_unit, privacy.unit_combine): person-level
+    #: DP-SGD (dptrain.privacy.dpsgd.units); None: one row is the unit
+    unit: UnitBound | None = None
 
     @property
     def schema(self) -> Schema:

@@ -149,7 +149,7 @@ class GradientEngine:
         # ONE Gaussian draw per coordinate per step, for the whole sum: N(0, sigma^2 C^2) / B (across
         # processes rank 0 draws it for the job); the noise stream is the only user of the generator,
         # so drawing before the clipped sum gives the numbers drawing after it would
-        noise = self.step_noise() if self.dist is None or self.dist.is_main else None
+        noise = self._rank_noise()
         if fused:
             return self._fused_finish(x, y, noise)
         if x.shape[0] == 0:
@@ -157,6 +157,35 @@ class GradientEngine:
             stats = StepStats(0, 0.0, 0, 0, 0.0)
         else:
             sums, stats = self.clipped_sum(x, y)
+        return self._finish(sums, stats, noise)
+
+    def unit_step(self, x: torch.Tensor, y: torch.Tensor, units: Any) -> StepStats:
+        """Person-level DP-SGD's step (dptrain.privacy.dpsgd.units): ``x``, ``y`` the rows of a
+        Poisson batch of UNITS, contiguous by unit (``units``: their
+        :class:`~dptrain.privacy.dpsgd.units.UnitBatch`). Leaves in ``.grad``
+        ``(sum_u clip_C(G_u) + N(0, sigma^2 C^2 I)) / B``, G_u a unit's combined per-row gradients
+        and B the expected number of units; the same one noise draw per step as :meth:`__call__`."""
+        noise = self._rank_noise()
+        if x.shape[0] == 0:
+            sums = [torch.zeros_like(p) for p in self.params]
+            stats = StepStats(0, 0.0, 0, 0, 0.0)
+        else:
+            sums, stats = self.unit_clipped_sum(x, y, units)
+        return self._finish(sums, stats, noise)
+
+    def _rank_noise(self) -> torch.Tensor | None:
+        """This step's noise (:meth:`step_noise`) on the process that draws it (rank 0 across
+        processes), None elsewhere."""
+        return self.step_noise() if self.dist is None or self.dist.is_main else None
+
+    def unit_clipped_sum(self, x: torch.Tensor, y: torch.Tensor, units: Any) -> tuple[list[torch.Tensor], StepStats]:
+        """sum_u clip_C(G_u), one tensor per parameter (G_u: unit u's per-row gradients combined by
+        ``units.weights``). An engine without it refuses data.privacy_unit."""
+        raise ValueError(f"trainer.engine={self.name} does not support data.privacy_unit (person-level DP-SGD); "
+                         "allowed: trainer.engine=auto, fast or opacus")
+
+    def _finish(self, sums: list[torch.Tensor], stats: StepStats, noise: torch.Tensor | None) -> StepStats:
+        """``.grad`` = (sums + sigma C noise) / B (across processes: :meth:`_distributed_finish`)."""
         if self.dist is not None:
             return self._distributed_finish(sums, stats, noise)
         inv_b, std = 1.0 / self.expected_batch_size, self.noise_std

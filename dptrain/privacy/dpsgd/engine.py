@@ -35,6 +35,7 @@ from torch import nn
 from dptrain.core.registry import Registry
 from dptrain.privacy.dpsgd.base import GradientEngine, StepStats
 from dptrain.privacy.dpsgd.fast import FastLinearEngine, fast_path_blocker
+from dptrain.privacy.dpsgd.units import unit_stats
 
 __all__ = ["ENGINES", "FastLinearEngine", "GradientEngine", "NonPrivateEngine", "OpacusEngine", "StepStats",
            "fast_path_blocker", "make_engine"]
@@ -60,6 +61,14 @@ class NonPrivateEngine(GradientEngine):
         losses = self.objective.per_example_loss(logits, y)
         grads = torch.autograd.grad(losses.sum(), self.params)
         return list(grads), self.step_stats(logits.detach(), y, losses.detach())
+
+    def unit_clipped_sum(self, x: torch.Tensor, y: torch.Tensor, units: Any) -> tuple[list[torch.Tensor], StepStats]:
+        """sum_u G_u (no clipping): each row's loss weighted by its unit's combination weight."""
+        logits = self.model(x)
+        losses = self.objective.per_example_loss(logits, y)
+        weighted = losses if units.weights is None else losses * units.weights
+        grads = torch.autograd.grad(weighted.sum(), self.params)
+        return list(grads), unit_stats(self, logits.detach(), y, losses.detach(), None, units)
 
 
 class OpacusEngine(GradientEngine):
@@ -87,6 +96,30 @@ class OpacusEngine(GradientEngine):
             p.grad_sample = None
             p.grad = None
         return sums, self.step_stats(logits.detach(), y, losses.detach(), sq)
+
+    def unit_clipped_sum(self, x: torch.Tensor, y: torch.Tensor, units: Any) -> tuple[list[torch.Tensor], StepStats]:
+        """Person-level clipping on Opacus' per-example gradients: a segment-sum (``index_add_``) of
+        the rows' gradients times their weights into one gradient per unit, G_u, then each G_u
+        clipped to C (flat) and summed (dptrain.privacy.dpsgd.units)."""
+        logits = self.gsm(x)
+        losses = self.objective.per_example_loss(logits, y)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            losses.sum().backward()
+        with torch.no_grad():
+            w = units.weights
+            per_unit = []
+            for p in self.params:
+                g = p.grad_sample.reshape(x.shape[0], -1)
+                g = g if w is None else g * w[:, None].to(g.dtype)
+                per_unit.append(torch.zeros(units.n_units, g.shape[1], dtype=g.dtype, device=g.device)
+                                .index_add_(0, units.index, g))
+                p.grad_sample = None
+                p.grad = None
+            sq = torch.stack([g.pow(2).sum(1) for g in per_unit]).sum(0)
+            factors = self.clip_factors(sq)
+            sums = [(factors @ g).view_as(p) for p, g in zip(self.params, per_unit)]
+        return sums, unit_stats(self, logits.detach(), y, losses.detach(), sq, units)
 
 
 ENGINES: Registry = Registry("engine", setting="trainer.engine")

@@ -18,6 +18,7 @@ from torch import nn
 from dptrain.privacy.dpsgd.base import GradientEngine, StepStats, refuse_mixing_models
 from dptrain.privacy.dpsgd.buffered import ELEMENTWISE, Workspace, buffered_plan
 from dptrain.privacy.dpsgd.layers import Squeeze
+from dptrain.privacy.dpsgd.units import fast_unit_sums
 
 __all__ = ["FastLinearEngine", "fast_path_blocker"]
 
@@ -175,6 +176,10 @@ class FastLinearEngine(GradientEngine):
             views[id(lin.bias)].add_(g.sum(0), alpha=sum_scale)
         self._add_noise(flat, noise, noise_scale)
         return [views[id(p)] for p in self.params], stats
+
+    def unit_clipped_sum(self, x: torch.Tensor, y: torch.Tensor, units) -> tuple[list[torch.Tensor], StepStats]:
+        """Person-level clipping by book-keeping (:func:`dptrain.privacy.dpsgd.units.fast_unit_sums`)."""
+        return fast_unit_sums(self, x, y, units)
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], StepStats]:
         if self.closed_form or self.plan is not None:

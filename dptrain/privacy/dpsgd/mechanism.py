@@ -39,6 +39,7 @@ from dptrain.privacy.curves import (
 )
 from dptrain.privacy.curves import history_between as _history_between
 from dptrain.privacy.dpsgd import engine as engines  # engines.make_engine: looked up per call (mutation tests wrap it)
+from dptrain.privacy.dpsgd.units import UnitBound
 from dptrain.privacy.events import Event, poisson_gaussian
 
 log = logging.getLogger(__name__)
@@ -68,10 +69,12 @@ class DPSGDMechanism:
     apply_noise: bool = field(default=True)
     advice: str | None = None  # e.g. a tighter accountant that needs far less noise for the target
     curve: CurveMechanism | None = None  # the dp/ training-loss curve (dptrain.privacy.curves), or None
+    #: person-level DP-SGD (dptrain.privacy.dpsgd.units): N, B and q count UNITS; None: rows
+    unit: UnitBound | None = None
 
     @property
     def sample_rate(self) -> float:
-        """q = B / N (Poisson sampling probability of every row)."""
+        """q = B / N (Poisson sampling probability of every row; of every unit with a unit)."""
         return self.expected_batch_size / self.dataset_size
 
     @property
@@ -133,7 +136,8 @@ class DPSGDMechanism:
         ``curves``: the run also releases the dp/ training-loss curve (dptrain.privacy.curves):
         sigma_c is derived from sigma and the budget share, and a target epsilon covers both.
         ``quiet``: the calibration's line goes to the log at DEBUG (a caller that may not use this
-        mechanism says what it uses: :meth:`calibration_line`)."""
+        mechanism says what it uses: :meth:`calibration_line`). Person-level DP-SGD: N and B count
+        units, and :meth:`per_unit` records the unit."""
         q = expected_batch_size / dataset_size
         steps = planned_steps(epochs=epochs, sample_rate=q)
         if not budget.enabled:
@@ -149,6 +153,10 @@ class DPSGDMechanism:
                    expected_batch_size=expected_batch_size, dataset_size=dataset_size, planned_steps=steps,
                    delta=delta, accountant=budget.accountant, noise_multiplier_source=source,
                    target_epsilon=budget.target, advice=advice, curve=curve)
+
+    def per_unit(self, unit: UnitBound | None) -> DPSGDMechanism:
+        """This mechanism with its unit of privacy (N, B and q already count units); None: per row."""
+        return self if unit is None else replace(self, unit=unit)
 
     def calibration_line(self, budget: Budget) -> str | None:
         """The console's line on a calibrated sigma: the run's whole ``budget`` first, then the
@@ -188,7 +196,8 @@ class DPSGDMechanism:
             "accountant": self.accountant if self.enabled else None,
             "curve_noise_multiplier": None if c is None else c.noise_multiplier,
             "curve_loss_bound": None if c is None else c.loss_bound,
-            "curve_log_every": None if c is None else c.log_every, **extra,
+            "curve_log_every": None if c is None else c.log_every,
+            **({} if self.unit is None else {"unit_of_privacy": self.unit.report()}), **extra,
         }
 
     def report_fields(self) -> dict[str, Any]:
@@ -200,7 +209,18 @@ class DPSGDMechanism:
             "expected_batch_size": self.expected_batch_size, "dataset_size": self.dataset_size,
             "planned_steps": self.planned_steps, "delta": self.delta, "neighbours": self.neighbours.value,
             "noise_applied": self.apply_noise, "accountant_advice": self.advice, "dp_curves": self.curve_report(),
+            "unit_of_privacy": None if self.unit is None else self.unit.report(),
         }
+
+    def _curve_statistic(self) -> str:
+        """What the dp/ curve's value is: per row, or (person-level) per unit."""
+        if self.unit is None:
+            return ("(sum over the step's Poisson batch of min(loss_i, L) + N(0, (sigma_c L)^2)) / B, each "
+                    "example's loss clipped into [0, L], B the expected batch size")
+        return (f"(sum over the step's Poisson batch of {self.unit.column}s of min(sum over the {self.unit.column}'s "
+                f"rows of w_i min(loss_i, L), L) + N(0, (sigma_c L)^2)) / B, w_i the rows' combination weights "
+                f"({self.unit.combine}), each {self.unit.column} adding at most L, B the expected number of "
+                f"{self.unit.column}s")
 
     def curve_report(self, releases: int | None = None) -> dict[str, Any] | None:
         """The dp/ curve's part of the report (None without a curve): ``releases`` is how many
@@ -209,8 +229,7 @@ class DPSGDMechanism:
         if c is None:
             return None
         return {
-            "tags": [TAG], "covered": True, "statistic": "(sum over the step's Poisson batch of min(loss_i, L) "
-            "+ N(0, (sigma_c L)^2)) / B, each example's loss clipped into [0, L], B the expected batch size",
+            "tags": [TAG], "covered": True, "statistic": self._curve_statistic(),
             "noise_multiplier": c.noise_multiplier, "loss_bound": c.loss_bound,
             "loss_bound_source": c.loss_bound_source, "noise_std": self.curve_noise_std,
             "log_every": c.log_every, "budget_share": c.budget_share,

@@ -24,6 +24,21 @@ OVERWRITE_HELP = ("launch into a run folder that already holds files of another 
                   "a training run of the same settings)")
 
 
+MAX_ROWS_PER_UNIT_HELP = ("with data.privacy_unit: k, the most rows of one unit that count (a unit with more keeps "
+                          "a uniformly random k of them, chosen with the run's SECRET randomness; how many rows were "
+                          "dropped goes to private/ only); the sensitivities and the guarantee are per unit of at "
+                          "most k rows. Required with data.privacy_unit (no default: k trades bias against noise)")
+
+
+MAX_ROWS_PER_UNIT_ALLOWED = "an integer >= 1, with data.privacy_unit (required then) | null without it"
+
+
+def max_rows_per_unit_setting() -> Any:
+    """The ``privacy.max_rows_per_unit`` field of a privacy section (training's and the releases'):
+    one definition, one help text (:data:`MAX_ROWS_PER_UNIT_HELP`)."""
+    return setting(None, help=MAX_ROWS_PER_UNIT_HELP, allowed=MAX_ROWS_PER_UNIT_ALLOWED)
+
+
 @dataclass
 class RunBase:
     """The top-level settings every run has (all nine tasks' schemas subclass it): each task's schema

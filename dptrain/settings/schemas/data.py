@@ -86,6 +86,17 @@ BOUNDS_HELP = ("a continuous target's PUBLIC bounds (objective=linear), e.g. {lo
 BOUNDS_ALLOWED = "{lower: L, upper: U} with finite L < U; both null (the default): no continuous target"
 
 
+PRIVACY_UNIT_HELP = ("the column whose value is the unit of privacy (a person, a household, an establishment id): the "
+                     "guarantee then covers ALL rows of one unit, each unit counting at most "
+                     "privacy.max_rows_per_unit rows (a secret random choice); the split is by unit; the column is "
+                     "never a feature. null: one row is the unit (a person with k rows is protected only at the "
+                     "group-privacy level for k; docs/privacy.md, Units of privacy)")
+
+
+PRIVACY_UNIT_ALLOWED = ("a column of the file that is not the target, a feature or data.split_column (a row without "
+                        "a unit id is refused) | null")
+
+
 @dataclass
 class AdultDataConfig:
     """data=adult: the shipped UCI Adult file (SHA-256 checked) with its public UCI schema."""
@@ -158,8 +169,11 @@ class TableDataConfig:
                                    "exactly)", allowed="a number in (0, 1)")
     split_key: list[str] | None = setting(None, help="the columns whose content keys the per-row hash split (e.g. "
                                           "[person_id]); null: every column of the file (the whole raw row), so "
-                                          "models with different feature sets split the rows alike",
-                                          allowed="a list of columns of the file | null")
+                                          "models with different feature sets split the rows alike; with "
+                                          "data.privacy_unit: the unit",
+                                          allowed="a list of columns of the file | null; with data.privacy_unit: "
+                                          "[that column] or null")
+    privacy_unit: str | None = setting(None, help=PRIVACY_UNIT_HELP, allowed=PRIVACY_UNIT_ALLOWED)
     test_public: bool = setting(False, help=TEST_PUBLIC_HELP, allowed="true | false")
     sharding: str = setting("auto", help="trainer.distributed=true on a partitioned Parquet data set (a folder of "
                             "Parquet files, or a file with several row groups): each process reads only its own "
@@ -191,6 +205,24 @@ class SyntheticDataConfig:
 
 
 @dataclass
+class PanelDataConfig:
+    """data=panel: a generated panel (dptrain/data/synthetic.py, make_panel): persons with 1 to
+    max_rows rows each (heavy-tailed), features x0..x{n-1} in [-1, 1], a known logistic truth;
+    the unit column is person_id. Seeded by the run's seed; no download."""
+
+    name: str = setting("panel", help="the data source; pick it with data=panel (a config group)", allowed="panel")
+    n_units: int = setting(100_000, help="persons generated (seeded by the run's seed)", allowed="an integer >= 2")
+    max_rows: int = setting(20, help="the most rows of one person (rows per person: P(m) proportional to m^-1.2 "
+                            "on 1..max_rows)", allowed="an integer in [1, 1000]")
+    n_features: int = setting(10, help="feature columns x0..x{n_features-1}", allowed="an integer >= 1")
+    privacy_unit: str | None = setting(None, help=PRIVACY_UNIT_HELP, allowed="person_id | null")
+    test_fraction: float = setting(0.25, help="share of rows in the test part (hash split; by person with "
+                                   "data.privacy_unit)", allowed="a number in (0, 1)")
+    test_public: bool = setting(True, help=TEST_PUBLIC_HELP + " (generated rows are nobody's data)",
+                                allowed="true | false")
+
+
+@dataclass
 class AtlasDataConfig:
     """data=atlas (task=release): simulated Opportunity-Atlas-like cells, seeded by the run's seed;
     x and y are percentile ranks in the public domain [0, 1]."""
@@ -203,4 +235,5 @@ class AtlasDataConfig:
 
 #: data source name -> its schema (conf/data/NAME.yaml extends /schema/data/NAME)
 DATA_SOURCES: dict[str, type] = {"adult": AdultDataConfig, "table": TableDataConfig,
-                                 "synthetic": SyntheticDataConfig, "atlas": AtlasDataConfig}
+                                 "synthetic": SyntheticDataConfig, "panel": PanelDataConfig,
+                                 "atlas": AtlasDataConfig}

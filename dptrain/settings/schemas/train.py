@@ -10,7 +10,7 @@ from dptrain.core.validation import setting
 from dptrain.privacy.accounting import DEFAULT as DEFAULT_ACCOUNTANT
 from dptrain.privacy.accounting import SIGMA_RANGE
 from dptrain.settings.inference import EstimatorConfig
-from dptrain.settings.schemas.common import DATA_HELP, SEED_HELP, TASKS_ALLOWED, RunBase
+from dptrain.settings.schemas.common import DATA_HELP, SEED_HELP, TASKS_ALLOWED, RunBase, max_rows_per_unit_setting
 
 
 @dataclass
@@ -59,6 +59,11 @@ class PrivacyConfig:
         None, help="opt-in reproducible noise: a secret file (python -m dptrain.privacy.randomness PATH) from which "
         "the noise and the sampler are derived; null: fresh from the OS CSPRNG for every run",
         allowed="the path of a secret file outside the run folder | null")
+    max_rows_per_unit: int | None = max_rows_per_unit_setting()
+    unit_combine: str = setting("mean", help="with data.privacy_unit: how a unit's per-row gradients are combined "
+                                "before the combination is clipped to C: mean (recommended: every unit weighs the "
+                                "same whatever its number of rows) or sum (a unit with more rows weighs more, up to "
+                                "C)", allowed="mean | sum")
 
 
 @dataclass
