@@ -27,6 +27,11 @@ class TopDownConfig:
                                   allowed="four numbers >= 0, at least one > 0", factory=lambda: [0.1, 0.2, 0.3, 0.4])
     invariants: str = setting("states", help="totals released exactly by policy: none | nation | states (each "
                               "state's population, and so the nation's)", allowed="none | nation | states")
+    max_persons_per_unit: int = setting(1, help="the unit of privacy: a group of at most this many persons (a "
+                                        "household; the simulated geography has one row per person and no unit "
+                                        "column, so nothing is capped): each level's L2 sensitivity is this number "
+                                        "and every sigma this many times larger; 1: one person",
+                                        allowed="an integer >= 1")
 
 
 @dataclass
@@ -60,8 +65,10 @@ def validate_topdown(cfg: TopDownRunConfig) -> None:
         raise bad("topdown.shares", shares, "four numbers >= 0 (nation, state, county, tract), at least one > 0")
     one_of("topdown.invariants", t.invariants, INVARIANTS)
     check_budget(p)
+    integer("topdown.max_persons_per_unit", t.max_persons_per_unit, 1, "an integer >= 1 (persons per unit of privacy)")
 
 
 def geography_settings(t: TopDownConfig) -> GeographySettings:
     """The checked ``topdown.*`` section as what the geography mechanisms read."""
-    return GeographySettings(shares=tuple(float(s) for s in t.shares), invariants=t.invariants)
+    return GeographySettings(shares=tuple(float(s) for s in t.shares), invariants=t.invariants,
+                             max_persons_per_unit=int(t.max_persons_per_unit))
