@@ -125,21 +125,36 @@ def _panel(tmp_path, *, k_max: int, seed: int = 0, n_units: int = 900):
     return path, df
 
 
-def _attach_units(monkeypatch, module, df: pd.DataFrame) -> None:
-    """The loader's rows with their unit codes (``units_train``, ``units_test``), recovered from the
-    distinct ``rid`` column, where the loader does not give them itself."""
+def _attach_units(monkeypatch, module, df: pd.DataFrame) -> pd.DataFrame:
+    """The loader's rows with their unit codes (``unit_train``, ``unit_test``), recovered from the
+    distinct ``rid`` column, where the loader does not give them itself (the codes of both sides in
+    one numbering: dataset_units shifts the test side, which leaves distinct units distinct).
+    Returns ``df`` whose ``side`` column (0 train, 1 test) the load fills in: a (person, side) is
+    the capped group (the split is by unit, so a person is on one side)."""
     real = module.load_dataset
+    df = df.assign(side=-1)
 
     def load(data, *, seed):
         ds = real(data, seed=seed)
-        if not hasattr(ds, "units_train"):
-            codes, col = unit_codes(df["person"]), ds.feature_names.index("rid")
-            for side in ("train", "test"):
-                rows = np.rint(getattr(ds, f"x_{side}").numpy()[:, col].astype(np.float64) * len(df)).astype(int)
-                object.__setattr__(ds, f"units_{side}", codes[rows])
+        col = ds.feature_names.index("rid")
+        for side in (0, 1):
+            x = (ds.x_train if side == 0 else ds.x_test).numpy()[:, col].astype(np.float64)
+            df.loc[np.rint(x * len(df)).astype(int), "side"] = side
+        if getattr(ds, "unit_test", None) is None:
+            codes = unit_codes(df["person"])
+            for name in ("train", "test"):
+                rows = np.rint(getattr(ds, f"x_{name}").numpy()[:, col].astype(np.float64) * len(df)).astype(int)
+                object.__setattr__(ds, f"unit_{name}", codes[rows])
         return ds
 
     monkeypatch.setattr(module, "load_dataset", load)
+    return df
+
+
+def _groups(df: pd.DataFrame):
+    """The capped groups: a person's rows on one side of the split (all of them with the unit split)."""
+    assert (df["side"] >= 0).all()
+    return df.groupby(["person", "side"])
 
 
 def _table_overrides(path, df: pd.DataFrame, *extra: str) -> list[str]:
@@ -157,7 +172,7 @@ def _compose_run(overrides: list[str], run_dir):
 
 def _exact_capped(df: pd.DataFrame, k: int) -> np.ndarray:
     """The a x b table when each unit counts min(rows, k) rows in its one cell."""
-    per = df.groupby("person").agg(a=("a", "first"), b=("b", "first"), n=("a", "size"))
+    per = _groups(df).agg(a=("a", "first"), b=("b", "first"), n=("a", "size"))
     table = np.zeros((len(A_LEVELS) + 1, len(B_LEVELS) + 1))
     for a, b, n in per.itertuples(index=False):
         table[A_LEVELS.index(a), B_LEVELS.index(b)] += min(n, k)
@@ -181,7 +196,7 @@ def test_tabulate_per_unit_reports_and_draws_the_recomputed_noise_scale(tmp_path
     the 651 cells; the dropped rows are counted in private/units.json only."""
     k = 4
     path, df = _panel(tmp_path, k_max=12)
-    _attach_units(monkeypatch, tabulate_task, df)
+    df = _attach_units(monkeypatch, tabulate_task, df)
     run = tmp_path / "run"
     _compose_run(_table_overrides(path, df, "data.privacy_unit=person", f"privacy.max_rows_per_unit={k}",
                                   f"privacy.mechanism={mechanism}", "privacy.epsilon=1.0"), run)
@@ -205,7 +220,7 @@ def test_tabulate_per_unit_reports_and_draws_the_recomputed_noise_scale(tmp_path
     se = expected / math.sqrt(2 * noise.size)  # the standard error of a sample sd (near-normal tails)
     assert abs(noise.std() - expected) < 5 * se * (1.0 if mechanism == "gaussian" else 1.6), (noise.std(), expected)
     assert abs(noise.mean()) < 5 * expected / math.sqrt(noise.size)
-    dropped = int(np.maximum(df.groupby("person").size() - k, 0).sum())
+    dropped = int(np.maximum(_groups(df).size() - k, 0).sum())
     assert dropped > 0
     private = json.loads((run / "private" / "units.json").read_text())
     assert private["rows_dropped"] == dropped and private["max_rows_per_unit"] == k
@@ -353,3 +368,16 @@ def test_per_row_spec_divides_the_budget_by_k():
     assert per_row_spec(spec, UnitBound()) is spec
     row = per_row_spec(spec, UnitBound("person", 3))
     assert (row.epsilon, row.delta) == pytest.approx((1.0, 1e-6)) and row.method == "noisy_stats"
+
+
+def test_dataset_units_keeps_the_sides_units_apart_and_refuses_a_loader_without_codes():
+    """Each side's codes start at 0 (the loader numbers them per side); the split is by unit, so
+    the test side's are shifted past the training side's: unit 0 of each side stays two units."""
+    from types import SimpleNamespace
+
+    from dptrain.release.units import dataset_units
+
+    codes = dataset_units(SimpleNamespace(unit_train=np.array([0, 1, 1, 0]), unit_test=np.array([0, 0, 1])))
+    assert codes.tolist() == [0, 1, 1, 0, 2, 2, 3]
+    with pytest.raises(Exception, match="data.privacy_unit"):
+        dataset_units(SimpleNamespace(unit_train=np.array([0]), unit_test=None))

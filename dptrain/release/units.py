@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from dptrain.core.errors import DPTrainError
 from dptrain.data.units import cap_rows_per_unit
 from dptrain.release.mos import NOT_DP
 
@@ -132,9 +133,16 @@ def capped(codes: np.ndarray, bound: UnitBound, rng: np.random.Generator) -> tup
 
 def dataset_units(data: Any) -> np.ndarray:
     """The unit codes of a loaded data set's rows, training rows then test rows (the order of
-    ``x_train``, ``x_test``): the loader's per-row unit codes (:class:`dptrain.data.Dataset`)."""
-    train, test = data.units_train, data.units_test
-    return np.concatenate([np.asarray(train, dtype=np.int64), np.asarray(test, dtype=np.int64)])
+    ``x_train``, ``x_test``), from the loader's per-row codes (``unit_train``, ``unit_test``: each
+    side's units numbered from 0). The split is by unit (all of a unit's rows on one side), so the
+    test side's codes are shifted past the training side's: no unit is on both sides."""
+    train, test = getattr(data, "unit_train", None), getattr(data, "unit_test", None)
+    if train is None or test is None:
+        raise DPTrainError("data.privacy_unit: the data loader gave no unit codes for every row (Dataset.unit_train "
+                           "and Dataset.unit_test); this release needs them to cap each unit's rows")
+    train = np.asarray(train, dtype=np.int64)
+    test = np.asarray(test, dtype=np.int64)
+    return np.concatenate([train, test + (int(train.max()) + 1 if train.size else 0)])
 
 
 #: the private file of a release's unit cap (under private/)

@@ -247,8 +247,11 @@ def run_release(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, *, ran
     if r.statistic == "custom":
         return run_custom(run, conf.release.stat_fn)
     method = RELEASE_METHODS.get(r.method)
-    log.info("release: method=%s, statistic=%s, release.epsilon=%g per released statistic (the total is on the "
-             "last line); cells: %s", r.method, r.statistic, r.epsilon, run.est.listed.description)
+    per_unit = "" if run.unit.per_row else (f" and {run.unit.column} (the methods run at {r.epsilon:g} per row: "
+                                            f"release.epsilon / privacy.max_rows_per_unit)")
+    log.info("release: method=%s, statistic=%s, release.epsilon=%g per released statistic%s (the total is on the "
+             "last line); cells: %s", r.method, r.statistic, run.budget[0], per_unit,
+             run.est.listed.description)
     warning = method.warning(r.method, r)
     if warning:
         log.warning("%s", warning)
