@@ -321,10 +321,11 @@ def test_a_small_cell_release_per_unit_runs_at_epsilon_over_k_and_reports_the_gr
     assert diag["units"]["rows_dropped_by_the_cap"] == 0
 
 
-def test_a_small_cell_release_caps_rows_per_unit(tmp_path):
+def test_a_small_cell_release_caps_rows_per_unit(tmp_path, caplog):
     """Persons with up to 6 rows, k = 2: the cap drops exactly sum(max(rows - 2, 0)) rows
-    (private/data_diagnostics.json), and the cells' released N (noisy) adds up to the kept rows
-    within the noise."""
+    (private/data_diagnostics.json), the rows used are the rest; the data holder's console line
+    shows neither (with the file's row count they would give the dropped count)."""
+    caplog.set_level("INFO")
     path, df = _cells_table(tmp_path, k_max=6)
     meta, rel = _release(path, tmp_path / "run", "release.method=noisy_stats", "release.epsilon=4",
                          "data.privacy_unit=person", "privacy.max_rows_per_unit=2")
@@ -333,6 +334,8 @@ def test_a_small_cell_release_caps_rows_per_unit(tmp_path):
     assert diag["units"]["rows_dropped_by_the_cap"] == dropped > 0
     assert diag["rows"]["kept"] == len(df) - dropped
     assert meta["unit_of_privacy"]["max_rows_per_unit"] == 2
+    line = next(r.getMessage() for r in caplog.records if "PRIVATE counts" in r.getMessage())
+    assert "after the cap per person" in line and str(len(df) - dropped) not in line and str(dropped) not in line
 
 
 def test_mos_per_unit_still_says_it_is_not_differentially_private(tmp_path):
@@ -381,3 +384,29 @@ def test_dataset_units_keeps_the_sides_units_apart_and_refuses_a_loader_without_
     assert codes.tolist() == [0, 1, 1, 0, 2, 2, 3]
     with pytest.raises(Exception, match="data.privacy_unit"):
         dataset_units(SimpleNamespace(unit_train=np.array([0]), unit_test=None))
+
+
+def test_mos_per_unit_draws_n_with_k_times_the_per_row_laplace_scale(tmp_path):
+    """MOS's released N is N + discrete Laplace of scale 1 / epsilon_N per row; per person with k = 3
+    (no person above 3 rows: nothing capped) the scale is 3 / release.epsilon. Over 400 cells the
+    released N minus the exact N has the discrete Laplace's sd at that scale (not at 1 / epsilon,
+    3 times smaller)."""
+    rng = np.random.default_rng(11)
+    n_units, k, eps = 6000, 3, 1.0
+    unit = np.repeat(np.arange(n_units), rng.integers(1, k + 1, size=n_units))
+    cell = rng.integers(1, 401, size=unit.size)
+    x = rng.random(unit.size)
+    df = pd.DataFrame({"person": unit, "cell": cell, "x": x, "y": np.clip(0.2 + 0.5 * x, 0, 1)})
+    df.to_csv(tmp_path / "cells.csv", index=False)
+    run = tmp_path / "run"
+    _compose_run(["task=release", "data=table", f"data.path={tmp_path / 'cells.csv'}", "release.x=x", "release.y=y",
+                  "release.cells=[cell]", f"release.cell_values={{cell: [{', '.join(map(str, range(1, 401)))}]}}",
+                  "release.domain={x_lo: 0, x_hi: 1, y_lo: 0, y_hi: 1}", "release.private_evaluation=false",
+                  "release.method=mos", f"release.epsilon={eps}", "data.privacy_unit=person",
+                  f"privacy.max_rows_per_unit={k}"], run)
+    rel = pd.read_csv(run / "release.csv")
+    rel = rel[rel.released.astype(bool)]
+    noise = rel.n_released.to_numpy() - df.groupby("cell").size().reindex(rel.cell).to_numpy()
+    t = k / eps
+    sd = math.sqrt(2 * math.exp(-1 / t) / (1 - math.exp(-1 / t)) ** 2)
+    assert len(noise) > 300 and abs(noise.std() - sd) < 0.2 * sd, (noise.std(), sd)

@@ -199,7 +199,7 @@ def prepare(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, randomness
                                clip=r.clip, drop_nonfinite=conf.data.name == "atlas" or conf.data.nonfinite == "drop")
     chi_group_labels(listed, list(r.chi_by))  # release.chi_by must name public columns of the cell list
     if conf.data.name != "atlas":  # a user's table: the rules' counts for the data holder (PRIVATE)
-        log_counts(est.rows, clipped if r.clip else {})
+        log_counts(est.rows, clipped if r.clip else {}, unit=None if bound.per_row else bound.column)
     diagnostics = {"clipped": clipped, "rows": est.rows, **({} if bound.per_row else {"units": {
         "column": bound.column, "max_rows_per_unit": bound.k, "rows_dropped_by_the_cap": dropped}})}
     return ReleaseRun(spec=spec, run_dir=run_dir, randomness=randomness, truth=truth, source=source,
@@ -218,11 +218,15 @@ def cap_units(df: pd.DataFrame, bound: UnitBound, randomness: Randomness) -> tup
     return df.iloc[keep].reset_index(drop=True), dropped
 
 
-def log_counts(rows: dict, clipped: dict) -> None:
+def log_counts(rows: dict, clipped: dict, *, unit: str | None = None) -> None:
     """ONE console line of the rows the release left out, per rule, and the values clipped
     (PRIVATE counts for the data holder: the console and private/dptrain.log, never a publishable
-    file), and the pointer to ``dptrain check`` when any row was left out."""
-    parts = [f"{rows['read']} rows read, {rows['kept']} used, {rows['left_out']} left out"]
+    file), and the pointer to ``dptrain check`` when any row was left out. With a unit of privacy
+    the rows read and used are not shown: they would tell how many rows the cap per unit dropped
+    (private/data_diagnostics.json has them)."""
+    parts = ([f"{rows['read']} rows read, {rows['kept']} used, {rows['left_out']} left out"] if unit is None else
+             [f"{rows['left_out']} rows left out (rows read and used, after the cap per {unit}: "
+              f"private/{DIAGNOSTICS})"])
     parts += [f"{what}: {n} {rule}" for what, rules in rows["left_out_by"].items() for rule, n in rules.items() if n]
     hit = [f"{c} {v['below_lower'] + v['above_upper']}" for c, v in clipped.items() if v["below_lower"] or
            v["above_upper"]]
