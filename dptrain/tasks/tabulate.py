@@ -58,10 +58,9 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     data = load_dataset(conf.data, seed=conf.seed)
     codes = _capped_codes(data, schema, conf.tabulate.bins, bound, folder)
     exact = [_count(codes, s, sizes) for s in sets]
-    mechanism, budget, sens = plan["mechanism"], plan["budget"], float(bound.k)
-    noisy = [mechanism.measure(t, w, budget, sensitivity=sens) for t, w in zip(exact, plan["shares"])]
-    marginals = [Marginal(s, t, mechanism.variance(w, budget, sensitivity=sens))
-                 for s, t, w in zip(sets, noisy, plan["shares"])]
+    mechanism, budget, sens = plan["mechanism"], plan["budget"], _sensitivity(bound)
+    noisy = [mechanism.measure(t, w, budget, **sens) for t, w in zip(exact, plan["shares"])]
+    marginals = [Marginal(s, t, mechanism.variance(w, budget, **sens)) for s, t, w in zip(sets, noisy, plan["shares"])]
     released = consistent_tables(marginals, sizes) if conf.tabulate.consistent else noisy
     folder.publishable("tables/", "the released marginals (covered by the guarantee)")
     files = _write_tables(folder, sets, released, columns)
@@ -149,6 +148,12 @@ def _plan(conf: TabulateRunConfig, cells: list[int]) -> dict[str, Any]:
             "bound": unit_bound(conf)}
 
 
+def _sensitivity(bound: UnitBound) -> dict[str, float]:
+    """The table mechanisms' ``sensitivity`` keyword: k with a unit of privacy, none per row (so a
+    plugin mechanism written for one row runs unchanged without a unit)."""
+    return {} if bound.per_row else {"sensitivity": float(bound.k)}
+
+
 def _capped_codes(data: Any, schema: Any, bins: int, bound: UnitBound, folder: RunFolder) -> np.ndarray:
     """Every row's cell codes (training and test rows), each unit's rows capped at k first (a
     secret uniform choice; the dropped count to private/units.json only)."""
@@ -202,7 +207,7 @@ def _report(conf: TabulateRunConfig, plan: dict, sets: list[tuple[int, ...]], ce
     bound = plan["bound"]
     sens = table_sensitivity(bound)
     split = [{"table": table_name(s, columns), "cells": c, "share": float(w),
-              **mechanism.spent(w, budget, sensitivity=float(bound.k)), **sens}
+              **mechanism.spent(w, budget, **_sensitivity(bound)), **sens}
              for s, c, w in zip(sets, cells, shares)]
     spent = mechanism.guarantee(mechanism.event(split), delta=p.delta)
     neighbours = bound.neighbours(NEIGHBOURS)
