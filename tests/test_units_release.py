@@ -317,6 +317,7 @@ def test_a_small_cell_release_per_unit_runs_at_epsilon_over_k_and_reports_the_gr
     head = "MOS is NOT differentially private" if method == "mos" else "per person (all rows of one person, at most 3"
     assert unit["guarantee"].startswith(head)
     assert "rows_dropped" not in (tmp_path / "unit" / "release.json").read_text()
+    assert row["unit_of_privacy"]["column"] is None and "group privacy" in row["unit_of_privacy"]["note"]
     diag = json.loads((tmp_path / "unit" / "private" / "data_diagnostics.json").read_text())
     assert diag["units"]["rows_dropped_by_the_cap"] == 0
 

@@ -175,9 +175,10 @@ def unit_release_facts(facts: dict[str, Any], bound: UnitBound, *, epsilon: floa
     (the column, k, at most k cells per unit, the rule, the per-row budget the methods ran at and
     the per-unit guarantee: :func:`group_privacy` at k of one cell's total) and a guarantee sentence
     that names the unit first. ``epsilon`` and ``delta``: the run's release.epsilon (per statistic)
-    and release.delta, per unit. Without a unit the facts are returned unchanged."""
-    if bound.per_row:
-        return facts
+    and release.delta, per unit. Without a unit, ``unit_of_privacy`` says that the guarantee is per
+    row (a person with k rows: group privacy at k only)."""
+    if bound.per_row:  # example-level: say what it means for a person with several rows
+        return {**facts, "unit_of_privacy": bound.describe()}
     total = facts.get("total") or {}
     row_eps, row_delta = total.get("epsilon"), total.get("delta")
     out = dict(facts)
