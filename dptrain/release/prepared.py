@@ -13,6 +13,7 @@ from dptrain.privacy.randomness import Randomness
 from dptrain.release import report
 from dptrain.release.api import CellEstimates
 from dptrain.release.spec import ReleaseSpec
+from dptrain.release.units import UnitBound
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class ReleaseRun:
     est: CellEstimates
     simulated: bool = False  # simulated data (data=atlas): the truth is known, the source is no user's table
     diagnostics: dict | None = None  # PRIVATE counts about the rows -> private/data_diagnostics.json
+    unit: UnitBound = UnitBound()  # the unit of privacy (data.privacy_unit, privacy.max_rows_per_unit)
+    budget: tuple[float, float] = (0.0, 0.0)  # release.epsilon_per_statistic and release.delta, per unit
 
     def facts(self) -> report.RunFacts:
         return report.RunFacts(config=self.spec, source=self.source, listed=self.est.listed,

@@ -29,9 +29,11 @@ from dptrain.data.schema import number_format
 from dptrain.release.cell_domain import CellSource, check_listing
 from dptrain.release.dp_mos import stage_epsilons
 from dptrain.release.spec import ReleaseSpec
+from dptrain.release.units import UnitBound
 from dptrain.settings.common import (
     check_common,
     check_noise_seed_file,
+    check_unit_bound,
 )
 from dptrain.settings.data import check_delimiter, check_source
 from dptrain.settings.schemas.release import (  # the schemas: no torch, no pandas
@@ -211,3 +213,27 @@ def validate_release_run(cfg: Any) -> None:
     check_noise_seed_file(cfg.privacy.noise_seed_file)
     check_release_data(cfg.data)
     validate_release(cfg)
+    check_release_unit(cfg)
+
+
+def check_release_unit(cfg: Any) -> None:
+    """``data.privacy_unit`` and ``privacy.max_rows_per_unit`` of a release (data=table only): k
+    required with a unit, refused without; a private cell selection and a custom statistic are
+    refused with a unit (their per-unit bounds are not derived here)."""
+    unit = getattr(cfg.data, "privacy_unit", None)
+    check_unit_bound(unit, cfg.privacy.max_rows_per_unit)
+    if unit is None:
+        return
+    r = cfg.release
+    if r.cell_selection == "private":
+        raise bad("release.cell_selection", r.cell_selection, f"declared with data.privacy_unit={unit!r}: the "
+                  "private selection's threshold bounds one row's cell, not the up to k cells of one unit; declare "
+                  "the cells (release.cell_values or release.cell_keys_file)")
+    if r.statistic == "custom":
+        raise bad("release.statistic", r.statistic, f"p25 | p75 | slope with data.privacy_unit={unit!r} (a custom "
+                  "statistic's MOS has no per-unit bound here)")
+
+
+def release_unit(cfg: Any) -> UnitBound:
+    """The checked release run's unit of privacy (``data.privacy_unit``, ``privacy.max_rows_per_unit``)."""
+    return UnitBound.of(getattr(cfg.data, "privacy_unit", None), cfg.privacy.max_rows_per_unit)

@@ -28,8 +28,10 @@ def validate_topdown(cfg: TopDownRunConfig) -> None:
         raise bad("topdown.shares", shares, "four numbers >= 0 (nation, state, county, tract), at least one > 0")
     one_of("topdown.invariants", t.invariants, INVARIANTS)
     check_budget(p)
+    integer("topdown.max_persons_per_unit", t.max_persons_per_unit, 1, "an integer >= 1 (persons per unit of privacy)")
 
 
 def geography_settings(t: TopDownConfig) -> GeographySettings:
     """The checked ``topdown.*`` section as what the geography mechanisms read."""
-    return GeographySettings(shares=tuple(float(s) for s in t.shares), invariants=t.invariants)
+    return GeographySettings(shares=tuple(float(s) for s in t.shares), invariants=t.invariants,
+                             max_persons_per_unit=int(t.max_persons_per_unit))

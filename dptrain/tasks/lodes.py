@@ -162,7 +162,18 @@ def _report(conf: LodesRunConfig, budget: tuple[float, float], ran: tuple[str, .
             f" bias: {whole['bias']}; {how}", "tables": published, "per_table": {"epsilon": budget[0],
             "delta": budget[1]}, "mechanisms": guarantees(settings, *budget), "run": list(ran),
             "not_run": [n for n in names("er_ee") if n not in ran], "alpha": c.alpha, "epsilon": p.epsilon,
-            "delta": p.delta, "public": PUBLIC, "noise": NOISE}
+            "delta": p.delta, "unit_of_privacy": UNIT_OF_PRIVACY, "public": PUBLIC, "noise": NOISE}
+
+
+#: the worker side of the guarantee: the simulated jobs carry no worker id (one job, one worker)
+UNIT_OF_PRIVACY = {
+    "worker": "one job: the simulated jobs data have one job per worker and no worker id, so the worker-level "
+              "guarantees (laplace_worker, the +1 of ER-EE's worker protection) are per job; a worker holding m jobs "
+              "is protected only by group privacy at m (m epsilon for the pure-epsilon mechanisms); task=lodes "
+              "reads no worker id and caps no jobs per worker (it runs on the simulator only)",
+    "employer": "one establishment: every job of it (ER-EE: its size up to the factor 1 + alpha; employer_laplace: "
+                "at most lodes.employer_cap workers)",
+}
 
 
 PUBLIC = ("each establishment's existence, place, sector and ownership (so the list of non-empty cells), the largest "

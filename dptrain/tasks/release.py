@@ -32,6 +32,7 @@ from dptrain.data import read_table
 from dptrain.data.atlas import design_cells, simulate_atlas, simulate_figure2
 from dptrain.data.rules import CHECK_HINT, parse_numbers
 from dptrain.data.schema import number_format
+from dptrain.data.units import unit_codes
 from dptrain.privacy.randomness import Randomness, data_digest, settings_digest
 from dptrain.privacy.report import LOG_AND_REFUSALS
 from dptrain.release import report
@@ -59,12 +60,14 @@ from dptrain.release.mos import NOT_DP
 from dptrain.release.prepared import ReleaseRun
 from dptrain.release.spec import ReleaseSpec
 from dptrain.release.total import first_line, planned_total, total_disagreement
+from dptrain.release.units import UnitBound, capped, per_row_spec, unit_first_line, unit_release_facts
 from dptrain.runfolder.folder import PRIVATE_DIR, Report, RunFolder
 from dptrain.runfolder.tracking import finite_epsilon
 from dptrain.settings.release import (
     ReleaseConfig,
     ReleaseRunConfig,
     release_spec,
+    release_unit,
     resolved_domain,
     validate_release_run,
 )
@@ -84,7 +87,7 @@ def run_task(cfg: DictConfig, *, run_dir: Path) -> float:
     spec = release_spec(conf.release)  # the typed settings the release library reads, built once
     check_release_method(spec)
     randomness = build_randomness(cfg, conf=conf, run_dir=run_dir)
-    return run_release(conf, spec, run_dir, randomness=randomness)
+    return run_release(conf, per_row_spec(spec, release_unit(conf)), run_dir, randomness=randomness)
 
 
 def build_randomness(cfg: DictConfig, *, conf: ReleaseRunConfig, run_dir: Path) -> Randomness:
@@ -107,7 +110,7 @@ def private_evaluation_enabled(conf: ReleaseRunConfig) -> bool:
 def load_rows(conf: ReleaseRunConfig) -> tuple[pd.DataFrame, pd.DataFrame | None, str, pd.DataFrame | None]:
     """(rows, per-cell truth or None, one-line description of the source, the simulator's PUBLIC
     cell design or None)."""
-    d = conf.data
+    d, unit = conf.data, release_unit(conf).column
     if d.name == "atlas":
         if d.generator == "figure2":
             rows, truth = simulate_figure2(seed=conf.seed)
@@ -120,7 +123,8 @@ def load_rows(conf: ReleaseRunConfig) -> tuple[pd.DataFrame, pd.DataFrame | None
     thousands, decimal = number_format(d)  # numbers written with separators: x and y read as text, then parsed
     text = None if thousands is None and decimal == "." else [r.x, r.y]
     df = read_table(d.path, fmt=d.format, delimiter=d.delimiter, text_columns=text,
-                    required=[("release.x", r.x), ("release.y", r.y), *(("release.cells", c) for c in r.cells)])
+                    required=[("release.x", r.x), ("release.y", r.y), *(("release.cells", c) for c in r.cells),
+                              *((("data.privacy_unit", unit),) if unit else ())])
     for col in text or ():
         df[col] = parse_numbers(df[col].astype(object), thousands=thousands, decimal=decimal)[0]
     return df, None, f"table {d.path}", None
@@ -185,6 +189,8 @@ def prepare(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, randomness
     declared = declared_cells(conf)
     df, truth, source, design = load_rows(conf)
     randomness = randomness.for_data(data_digest(df))  # a reused noise key on other rows: independent noise
+    bound = release_unit(conf)
+    df, dropped = cap_units(df, bound, randomness)
     listed = list_cells(conf, df, design, declared, randomness)
     if listed.n_cells == 0:
         raise ReleaseError("release.cell_selection=private listed no cell (a DP outcome); allowed: a larger "
@@ -195,16 +201,34 @@ def prepare(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, randomness
                                clip=r.clip, drop_nonfinite=conf.data.name == "atlas" or conf.data.nonfinite == "drop")
     chi_group_labels(listed, list(r.chi_by))  # release.chi_by must name public columns of the cell list
     if conf.data.name != "atlas":  # a user's table: the rules' counts for the data holder (PRIVATE)
-        log_counts(est.rows, clipped if r.clip else {})
+        log_counts(est.rows, clipped if r.clip else {}, unit=None if bound.per_row else bound.column)
+    diagnostics = {"clipped": clipped, "rows": est.rows, **({} if bound.per_row else {"units": {
+        "column": bound.column, "max_rows_per_unit": bound.k, "rows_dropped_by_the_cap": dropped}})}
     return ReleaseRun(spec=spec, run_dir=run_dir, randomness=randomness, truth=truth, source=source,
-                      est=est, simulated=conf.data.name == "atlas", diagnostics={"clipped": clipped, "rows": est.rows})
+                      est=est, simulated=conf.data.name == "atlas", diagnostics=diagnostics, unit=bound,
+                      budget=(float(conf.release.epsilon_per_statistic), float(conf.release.delta)))
 
 
-def log_counts(rows: dict, clipped: dict) -> None:
+def cap_units(df: pd.DataFrame, bound: UnitBound, randomness: Randomness) -> tuple[pd.DataFrame, int]:
+    """With data.privacy_unit: each unit's rows capped at privacy.max_rows_per_unit (a uniform
+    choice from the run's secret randomness) before anything else is computed; (rows, dropped: a
+    PRIVATE count, for private/data_diagnostics.json only). A row without a unit id is refused."""
+    if bound.per_row:
+        return df, 0
+    codes = unit_codes(df[bound.column], column=f"data.privacy_unit={bound.column!r}")
+    keep, dropped = capped(codes, bound, randomness.numpy("release-unit-cap"))
+    return df.iloc[keep].reset_index(drop=True), dropped
+
+
+def log_counts(rows: dict, clipped: dict, *, unit: str | None = None) -> None:
     """ONE console line of the rows the release left out, per rule, and the values clipped
     (PRIVATE counts for the data holder: the console and private/dptrain.log, never a publishable
-    file), and the pointer to ``dptrain check`` when any row was left out."""
-    parts = [f"{rows['read']} rows read, {rows['kept']} used, {rows['left_out']} left out"]
+    file), and the pointer to ``dptrain check`` when any row was left out. With a unit of privacy
+    the rows read and used are not shown: they would tell how many rows the cap per unit dropped
+    (private/data_diagnostics.json has them)."""
+    parts = ([f"{rows['read']} rows read, {rows['kept']} used, {rows['left_out']} left out"] if unit is None else
+             [f"{rows['left_out']} rows left out (rows read and used, after the cap per {unit}: "
+              f"private/{DIAGNOSTICS})"])
     parts += [f"{what}: {n} {rule}" for what, rules in rows["left_out_by"].items() for rule, n in rules.items() if n]
     hit = [f"{c} {v['below_lower'] + v['above_upper']}" for c, v in clipped.items() if v["below_lower"] or
            v["above_upper"]]
@@ -226,7 +250,8 @@ def run_release(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, *, ran
     OLS) when the private evaluation ran, else NaN (nothing exact leaves the evaluation)."""
     selection = planned_selection(conf.release)
     planned = planned_total(spec, selection)
-    log.info("%s", first_line(spec, planned, selection, conf.release.stat_fn))  # before any row is read
+    line = first_line(spec, planned, selection, conf.release.stat_fn)
+    log.info("%s", unit_first_line(line, planned, release_unit(conf)))  # before any row is read
     run = prepare(conf, spec, Path(run_dir), randomness)
     log.info("release cells: %s", run.est.listed.description)
     r = run.spec
@@ -320,7 +345,8 @@ def write_release(folder: RunFolder, run: ReleaseRun, method: ReleaseMethod, res
     """release.csv of the chosen method (its own output); returns release.json's facts (written
     by the folder with FILES.txt: :meth:`~dptrain.runfolder.folder.RunFolder.finish`)."""
     name = run.spec.method
-    facts = method.release_json(name, result, facts=run.facts())
+    facts = unit_release_facts(method.release_json(name, result, facts=run.facts()), run.unit,
+                               epsilon=run.budget[0], delta=run.budget[1])
     if not run.simulated:  # a user's table: what its log, console and refusals do not cover
         facts["not_covered"] = [*facts.get("not_covered", []), LOG_AND_REFUSALS]
     folder.write_text("release.csv", method.published(run.est, result).to_csv(index=False),

@@ -15,13 +15,15 @@ from omegaconf import OmegaConf
 from dptrain.core.validation import field_of
 from dptrain.data import declaration, load_dataset, write_data_diagnostics
 from dptrain.data import schema_from_config as data_schema
+from dptrain.privacy.events import zcdp_event
 from dptrain.privacy.randomness import Randomness
 from dptrain.privacy.report import LOG_AND_REFUSALS
 from dptrain.release.oneshot import ONE_SHOT, Guarantee
 from dptrain.release.tables.domain import decode_rows, domain_columns, row_codes
+from dptrain.release.units import ZCDP_GROUP_RULE, UnitBound, capped, dataset_units, write_unit_facts, zcdp_row_rho
 from dptrain.release.zcdp import gaussian_rho
 from dptrain.runfolder.folder import Report, RunFolder
-from dptrain.settings.synthesize import SynthesizeRunConfig, synthesis_settings, validate_synthesize
+from dptrain.settings.synthesize import SynthesizeRunConfig, synthesis_settings, unit_bound, validate_synthesize
 
 log = logging.getLogger("dptrain.synthesize")
 
@@ -44,22 +46,27 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     s = conf.synthesize
     columns = domain_columns(schema, bins=s.bins)
     sizes = [c.size for c in columns]
-    rho = gaussian_rho(conf.privacy.epsilon, conf.privacy.delta)
+    rho, bound = gaussian_rho(conf.privacy.epsilon, conf.privacy.delta), unit_bound(conf)
+    folder = RunFolder.of(run_dir)
     data = load_dataset(conf.data, seed=conf.seed)
     codes = row_codes(np.concatenate([data.x_train.numpy(), data.x_test.numpy()]),
                       np.concatenate([data.y_train.numpy(), data.y_test.numpy()]), schema, bins=s.bins)
     secret, mechanism = Randomness.fresh(), ONE_SHOT.get(s.method)
-    fitted = mechanism.fit(codes, sizes, synthesis_settings(s), rho=rho, rng=secret.numpy("synthesize-select"))
+    if not bound.per_row:  # each unit's rows capped at k (a secret choice), then every sensitivity is k
+        keep, dropped = capped(dataset_units(data), bound, secret.numpy("synthesize-unit-cap"))
+        codes = codes[keep]
+        write_unit_facts(folder, bound, dropped)
+    fitted = mechanism.fit(codes, sizes, synthesis_settings(s), rho=zcdp_row_rho(rho, bound),
+                           rng=secret.numpy("synthesize-select"))
     n = int(max(fitted.total, 0))
     synth_codes = fitted.sample(n, secret.numpy("synthesize-sample"))
     frame = decode_rows(synth_codes, schema, bins=s.bins, rng=secret.numpy("synthesize-decode"))
-    folder = RunFolder.of(run_dir)
     folder.write_text("synthetic.csv", frame.to_csv(index=False, float_format="%.6g"),
                       "the synthetic rows (covered by the guarantee)")
     _write_data_config(conf, folder)
     error = _evaluate(conf, folder, codes, synth_codes, sizes)
-    report = _report(conf, mechanism.guarantee(mechanism.event(fitted), delta=conf.privacy.delta), rho, fitted, n,
-                     columns)
+    spent = mechanism.guarantee(zcdp_event(bound.k**2 * fitted.total_rho), delta=conf.privacy.delta)
+    report = _report(conf, spent, rho, fitted, n, columns, bound)
     folder.record(write_data_diagnostics(run_dir, data))
     folder.finish(guarantee=report["guarantee"], finite_guarantee=True, report=Report(
         "privacy.json", report, "this report (the guarantee, the budget split; no count)", text=_text))
@@ -117,15 +124,21 @@ def _evaluate(conf: SynthesizeRunConfig, folder: RunFolder, real: np.ndarray, sy
 
 
 def _report(conf: SynthesizeRunConfig, spent: Guarantee, rho: float, fitted: Any, n: int,
-            columns: list) -> dict[str, Any]:
-    p, eps = conf.privacy, spent.epsilon
-    guarantee = (f"({eps:.4g}, {p.delta:.3g})-DP, neighbours: {NEIGHBOURS}; {conf.synthesize.method}: "
-                 f"{fitted.total_rho:.6g}-zCDP in all (its stages' rho summed), converted by the RDP accountant; "
+            columns: list, bound: UnitBound) -> dict[str, Any]:
+    p, eps, neighbours = conf.privacy, spent.epsilon, bound.neighbours(NEIGHBOURS)
+    unit_rho = bound.k**2 * fitted.total_rho
+    per_unit = "" if bound.per_row else (f" per {bound.column} ({fitted.total_rho:.6g}-zCDP per row times k^2 = "
+                                         f"{bound.k**2}: every sensitivity is k)")
+    guarantee = (f"({eps:.4g}, {p.delta:.3g})-DP, neighbours: {neighbours}; {conf.synthesize.method}: "
+                 f"{unit_rho:.6g}-zCDP in all{per_unit} (its stages' rho summed), converted by the RDP accountant; "
                  "for synthetic.csv and everything computed from it")
+    unit = bound.describe(measurement_l2_sensitivity=float(bound.k), selection_score_sensitivity=float(bound.k),
+                          rho_per_row=fitted.total_rho, **({} if bound.per_row else {"rule": ZCDP_GROUP_RULE}))
     return {"task": "synthesize", "private": True, "guarantee": guarantee, "epsilon": eps, "delta": p.delta,
-            "accountant": spent.accounting, "rho": fitted.total_rho, "rho_budget": rho,
-            "method": conf.synthesize.method,
-            "stages": fitted.spent, "rows": n, "neighbours": NEIGHBOURS,
+            "accountant": spent.accounting, "rho": unit_rho, "rho_budget": rho,
+            "method": conf.synthesize.method, "unit_of_privacy": unit,
+            "stages": fitted.spent, "stages_note": "each stage's rho is per row; per unit it is k^2 times it",
+            "rows": n, "neighbours": neighbours,
             "sampler": "OpenDP's exact discrete Gaussian for the measurements; the selections and the sampling "
                        "from the operating system's CSPRNG",
             "domain": {c.name: list(c.levels) for c in columns}, "not_covered": NOT_COVERED}

@@ -17,12 +17,14 @@ from omegaconf import OmegaConf
 from dptrain.core.errors import DPTrainError
 from dptrain.data import load_dataset, write_data_diagnostics
 from dptrain.data import schema_from_config as data_schema
+from dptrain.privacy.randomness import Randomness
 from dptrain.privacy.report import LOG_AND_REFUSALS
 from dptrain.release.oneshot import ONE_SHOT
 from dptrain.release.tables.domain import domain_columns, row_codes
 from dptrain.release.tables.marginals import Column, Marginal, consistent_tables, workload
+from dptrain.release.units import UnitBound, capped, dataset_units, table_sensitivity, write_unit_facts
 from dptrain.runfolder.folder import Report, RunFolder
-from dptrain.settings.tabulate import MAX_CELLS, TabulateRunConfig, table_settings, validate_tabulate
+from dptrain.settings.tabulate import MAX_CELLS, TabulateRunConfig, table_settings, unit_bound, validate_tabulate
 
 log = logging.getLogger("dptrain.tabulate")
 
@@ -52,15 +54,14 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
         raise DPTrainError(f"tabulate.marginals={conf.tabulate.marginals!r}: {sum(cells)} cells in all, above "
                            f"{MAX_CELLS}; allowed: fewer or smaller marginals, fewer tabulate.bins or tabulate.columns")
     plan = _plan(conf, cells)  # every public number of the release, before any row is read
+    bound, folder = plan["bound"], RunFolder.of(run_dir)
     data = load_dataset(conf.data, seed=conf.seed)
-    codes = row_codes(np.concatenate([data.x_train.numpy(), data.x_test.numpy()]),
-                      np.concatenate([data.y_train.numpy(), data.y_test.numpy()]), schema, bins=conf.tabulate.bins)
+    codes = _capped_codes(data, schema, conf.tabulate.bins, bound, folder)
     exact = [_count(codes, s, sizes) for s in sets]
-    mechanism, budget = plan["mechanism"], plan["budget"]
-    noisy = [mechanism.measure(t, w, budget) for t, w in zip(exact, plan["shares"])]
-    marginals = [Marginal(s, t, mechanism.variance(w, budget)) for s, t, w in zip(sets, noisy, plan["shares"])]
+    mechanism, budget, sens = plan["mechanism"], plan["budget"], _sensitivity(bound)
+    noisy = [mechanism.measure(t, w, budget, **sens) for t, w in zip(exact, plan["shares"])]
+    marginals = [Marginal(s, t, mechanism.variance(w, budget, **sens)) for s, t, w in zip(sets, noisy, plan["shares"])]
     released = consistent_tables(marginals, sizes) if conf.tabulate.consistent else noisy
-    folder = RunFolder.of(run_dir)
     folder.publishable("tables/", "the released marginals (covered by the guarantee)")
     files = _write_tables(folder, sets, released, columns)
     error = _evaluate(conf, folder, sets, released, exact)
@@ -143,7 +144,26 @@ def _plan(conf: TabulateRunConfig, cells: list[int]) -> dict[str, Any]:
     p = conf.privacy
     mechanism = ONE_SHOT.get(p.mechanism)
     shares = mechanism.shares(cells, table_settings(conf.tabulate))
-    return {"mechanism": mechanism, "shares": shares, "budget": mechanism.budget(epsilon=p.epsilon, delta=p.delta)}
+    return {"mechanism": mechanism, "shares": shares, "budget": mechanism.budget(epsilon=p.epsilon, delta=p.delta),
+            "bound": unit_bound(conf)}
+
+
+def _sensitivity(bound: UnitBound) -> dict[str, float]:
+    """The table mechanisms' ``sensitivity`` keyword: k with a unit of privacy, none per row (so a
+    plugin mechanism written for one row runs unchanged without a unit)."""
+    return {} if bound.per_row else {"sensitivity": float(bound.k)}
+
+
+def _capped_codes(data: Any, schema: Any, bins: int, bound: UnitBound, folder: RunFolder) -> np.ndarray:
+    """Every row's cell codes (training and test rows), each unit's rows capped at k first (a
+    secret uniform choice; the dropped count to private/units.json only)."""
+    codes = row_codes(np.concatenate([data.x_train.numpy(), data.x_test.numpy()]),
+                      np.concatenate([data.y_train.numpy(), data.y_test.numpy()]), schema, bins=bins)
+    if bound.per_row:
+        return codes
+    keep, dropped = capped(dataset_units(data), bound, Randomness.fresh().numpy("tabulate-unit-cap"))
+    write_unit_facts(folder, bound, dropped)
+    return codes[keep]
 
 
 def _count(codes: np.ndarray, cols: tuple[int, ...], sizes: list[int]) -> np.ndarray:
@@ -184,14 +204,19 @@ def _evaluate(conf: TabulateRunConfig, folder: RunFolder, sets: list[tuple[int, 
 def _report(conf: TabulateRunConfig, plan: dict, sets: list[tuple[int, ...]], cells: list[int],
             columns: list[Column], files: list[str]) -> dict[str, Any]:
     p, shares, budget, mechanism = conf.privacy, plan["shares"], plan["budget"], plan["mechanism"]
-    split = [{"table": table_name(s, columns), "cells": c, "share": float(w), **mechanism.spent(w, budget)}
+    bound = plan["bound"]
+    sens = table_sensitivity(bound)
+    split = [{"table": table_name(s, columns), "cells": c, "share": float(w),
+              **mechanism.spent(w, budget, **_sensitivity(bound)), **sens}
              for s, c, w in zip(sets, cells, shares)]
     spent = mechanism.guarantee(mechanism.event(split), delta=p.delta)
-    return {"task": "tabulate", "private": True, "guarantee": f"{spent.statement}; neighbours: {NEIGHBOURS}; for "
+    neighbours = bound.neighbours(NEIGHBOURS)
+    return {"task": "tabulate", "private": True, "guarantee": f"{spent.statement}; neighbours: {neighbours}; for "
             "every file under tables/", "epsilon": spent.epsilon, "delta": spent.delta,
             "accountant": spent.accounting, "mechanism": p.mechanism,
             "sampler": "OpenDP's exact discrete samplers (OS CSPRNG; no noise key can reproduce them)",
-            "neighbours": NEIGHBOURS, "split": conf.tabulate.split, "marginals": split,
+            "neighbours": neighbours, "unit_of_privacy": bound.describe(**sens), "split": conf.tabulate.split,
+            "marginals": split,
             "domain": {c.name: list(c.levels) for c in columns},
             "post_processing": ("consistent nonnegative integers (total and 1-way margins agree exactly)"
                                 if conf.tabulate.consistent else "none: the raw noisy counts (may be negative)"),
@@ -199,7 +224,10 @@ def _report(conf: TabulateRunConfig, plan: dict, sets: list[tuple[int, ...]], ce
 
 
 def _text(report: dict[str, Any]) -> str:
+    unit = report["unit_of_privacy"]
     lines = ["task=tabulate: DP marginals", "", f"guarantee: {report['guarantee']}", "",
+             f"unit of privacy: {unit['unit']} (at most {unit['max_rows_per_unit']} rows counted; L1 sensitivity "
+             f"{unit['l1_sensitivity']:g}, L2 sensitivity {unit['l2_sensitivity']:g} per marginal)",
              f"mechanism: {report['mechanism']} ({report['sampler']})", f"budget split: {report['split']}"]
     lines += [f"  {m['table']:40s} {m['cells']:>8d} cells  share {m['share']:.4f}" for m in report["marginals"]]
     lines += ["", f"post-processing: {report['post_processing']}", "", "not covered:",

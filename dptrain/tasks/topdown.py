@@ -27,6 +27,24 @@ log = logging.getLogger("dptrain.topdown")
 NEIGHBOURS = "add/remove one person: each level's unit vector moves by one in one cell (L2 sensitivity 1)"
 
 
+def _neighbours(k: int) -> str:
+    if k == 1:
+        return NEIGHBOURS
+    return (f"add/remove one unit of at most {k} persons (topdown.max_persons_per_unit, e.g. a household): each "
+            f"level's unit vectors move by at most {k} in L2 (all {k} in one cell the worst case)")
+
+
+def _unit(k: int) -> dict[str, Any]:
+    """The report's unit_of_privacy: the simulated persons, or groups of at most k of them."""
+    unit = {"column": None, "unit": "one person" if k == 1 else f"a group of at most {k} persons",
+            "max_rows_per_unit": k, "l2_sensitivity": float(k), "cap": "none: the simulated geography has one row "
+            "per person and no unit column; the bound is declared (topdown.max_persons_per_unit)"}
+    if k == 1:
+        unit["note"] = ("person-level: a household of k persons is protected only by group privacy at k "
+                        "(topdown.max_persons_per_unit=k for a guarantee per household)")
+    return unit
+
+
 def run_task(cfg: Any, *, run_dir: Path) -> float:
     """task=topdown (module docstring). Returns TopDown's tract-level mean absolute cell error."""
     conf: TopDownRunConfig = OmegaConf.to_object(cfg)
@@ -50,14 +68,16 @@ def run_task(cfg: Any, *, run_dir: Path) -> float:
     folder.write_text("evaluation.csv", evaluation.to_csv(index=False, float_format="%.6g"),
                       "TopDown, bottom-up and no post-processing against the simulated truth", private=True)
     eps = mechanism.guarantee(mechanism.event(m), delta=p.delta).epsilon
+    neighbours = _neighbours(t.max_persons_per_unit)
     guarantee = (f"({eps:.4g}, {p.delta:.3g})-DP, {m.rho:.6g}-zCDP in all (levels' rho summed: "
                  + ", ".join(f"{lv} {r:.4g}" for lv, r in zip(geo.levels, m.rhos))
-                 + f"), neighbours: {NEIGHBOURS}; the invariants ({t.invariants}) are released EXACTLY, outside "
+                 + f"), neighbours: {neighbours}; the invariants ({t.invariants}) are released EXACTLY, outside "
                  "the guarantee, by policy; for every file under tables/")
     report = {"task": "topdown", "private": True, "guarantee": guarantee, "epsilon": eps, "delta": p.delta,
-              "rho": m.rho, "levels": [{"level": lv, "rho": r, "sigma": s} for lv, r, s in
-                                       zip(geo.levels, m.rhos, m.sigmas)],
-              "invariants": t.invariants, "neighbours": NEIGHBOURS, "simulator_seed": conf.seed,
+              "rho": m.rho, "levels": [{"level": lv, "rho": r, "sigma": s, "l2_sensitivity": m.sensitivity}
+                                       for lv, r, s in zip(geo.levels, m.rhos, m.sigmas)],
+              "unit_of_privacy": _unit(t.max_persons_per_unit),
+              "invariants": t.invariants, "neighbours": neighbours, "simulator_seed": conf.seed,
               "post_processing": "top down: per parent, the children's cells projected onto the nonnegative "
                                  "vectors summing to the parent's (simplex projection), rounded keeping the sums; "
                                  "structural zeros kept at 0", "files": files}

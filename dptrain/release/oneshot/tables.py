@@ -1,7 +1,8 @@
 """The table mechanisms of task=tabulate (the laws, the budget split and the post-processing:
 :mod:`dptrain.release.tables.marginals`). Adding or removing one row moves each marginal's count
-vector by one in one cell (L1 and L2 sensitivity 1), and every cell of the declared domain is
-measured:
+vector by one in one cell (L1 and L2 sensitivity 1; a unit of at most k rows, ``data.privacy_unit``:
+k and k, :mod:`dptrain.release.units`, the noise scaled by it), and every cell of the declared
+domain is measured:
 
 * ``gaussian`` (``privacy.mechanism``, the default): the discrete Gaussian; marginal k at
   rho_k = share_k rho, rho = :func:`~dptrain.release.zcdp.gaussian_rho` (epsilon, delta); the
@@ -65,15 +66,17 @@ class TableMechanism(OneShotMechanism):
         """The whole release's budget in this mechanism's unit, for (epsilon, delta)."""
 
     @abstractmethod
-    def measure(self, table: np.ndarray, share: float, budget: float) -> np.ndarray:
-        """``table`` (exact counts) plus this marginal's noise (``share`` of ``budget``)."""
+    def measure(self, table: np.ndarray, share: float, budget: float, *, sensitivity: float = 1.0) -> np.ndarray:
+        """``table`` (exact counts) plus this marginal's noise (``share`` of ``budget``), for a
+        count vector of L1 and L2 ``sensitivity`` (1: one row; k: a unit of at most k rows,
+        :func:`dptrain.release.units.table_sensitivity`)."""
 
     @abstractmethod
-    def variance(self, share: float, budget: float) -> float:
+    def variance(self, share: float, budget: float, *, sensitivity: float = 1.0) -> float:
         """One raw cell's noise variance (the continuous law's: the consistency step's weights)."""
 
     @abstractmethod
-    def spent(self, share: float, budget: float) -> dict[str, float]:
+    def spent(self, share: float, budget: float, *, sensitivity: float = 1.0) -> dict[str, float]:
         """What one marginal spends, as its row of the report."""
 
     def shares(self, cells: Sequence[int], settings: TableSettings) -> np.ndarray:
@@ -96,14 +99,15 @@ class GaussianTables(TableMechanism):
     def budget(self, *, epsilon: float, delta: float) -> float:
         return float(gaussian_rho(epsilon, delta))
 
-    def measure(self, table: np.ndarray, share: float, budget: float) -> np.ndarray:
-        return discrete_gaussian(table, math.sqrt(1.0 / (2.0 * share * budget)))
+    def measure(self, table: np.ndarray, share: float, budget: float, *, sensitivity: float = 1.0) -> np.ndarray:
+        return discrete_gaussian(table, sensitivity * math.sqrt(1.0 / (2.0 * share * budget)))
 
-    def variance(self, share: float, budget: float) -> float:
-        return 1.0 / (2.0 * share * budget)
+    def variance(self, share: float, budget: float, *, sensitivity: float = 1.0) -> float:
+        return sensitivity**2 / (2.0 * share * budget)
 
-    def spent(self, share: float, budget: float) -> dict[str, float]:
-        return {"rho": float(share * budget), "sigma": float((2.0 * share * budget) ** -0.5)}
+    def spent(self, share: float, budget: float, *, sensitivity: float = 1.0) -> dict[str, float]:
+        # rho = Delta_2^2 / (2 sigma^2) = share * budget whatever Delta_2: sigma scales with it
+        return {"rho": float(share * budget), "sigma": float(sensitivity * (2.0 * share * budget) ** -0.5)}
 
     def event(self, spent: Sequence[dict[str, float]]) -> Event:
         return zcdp_event(float(sum(row["rho"] for row in spent)))
@@ -124,14 +128,15 @@ class LaplaceTables(TableMechanism):
     def budget(self, *, epsilon: float, delta: float) -> float:
         return float(epsilon)
 
-    def measure(self, table: np.ndarray, share: float, budget: float) -> np.ndarray:
-        return discrete_laplace(table, 1.0 / (share * budget))
+    def measure(self, table: np.ndarray, share: float, budget: float, *, sensitivity: float = 1.0) -> np.ndarray:
+        return discrete_laplace(table, sensitivity / (share * budget))
 
-    def variance(self, share: float, budget: float) -> float:
-        return 2.0 / (share * budget) ** 2
+    def variance(self, share: float, budget: float, *, sensitivity: float = 1.0) -> float:
+        return 2.0 * (sensitivity / (share * budget)) ** 2
 
-    def spent(self, share: float, budget: float) -> dict[str, float]:
-        return {"epsilon": float(share * budget)}
+    def spent(self, share: float, budget: float, *, sensitivity: float = 1.0) -> dict[str, float]:
+        # epsilon = Delta_1 / scale = share * budget whatever Delta_1: the scale grows with it
+        return {"epsilon": float(share * budget), "scale": float(sensitivity / (share * budget))}
 
     def event(self, spent: Sequence[dict[str, float]]) -> Event:
         return epsilon_delta_event(float(sum(row["epsilon"] for row in spent)))

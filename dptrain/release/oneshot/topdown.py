@@ -1,7 +1,8 @@
 """The geography mechanism of task=topdown: Census-style TopDown (:mod:`dptrain.release.tables.topdown`).
 
 ``topdown``: every unit's cell vector at every level plus the discrete Gaussian (rho split over the
-levels by ``shares``; one person moves one unit's vector per level by one: L2 sensitivity 1), the
+levels by ``shares``; one person moves one unit's vector per level by one: L2 sensitivity 1; a
+unit of privacy of at most k persons, ``max_persons_per_unit``: L2 sensitivity k, sigma times k), the
 ``invariants`` released exactly (outside the guarantee, by policy), then the top-down pass that
 makes the counts consistent nonnegative integers (post-processing). rho-zCDP in all (the levels'
 rho summed), its (epsilon, delta) the RDP accountant's conversion.
@@ -30,6 +31,8 @@ class GeographySettings:
 
     shares: tuple[float, ...]
     invariants: str
+    #: at most this many persons per unit of privacy (1: one person): each level's L2 sensitivity
+    max_persons_per_unit: int = 1
 
 
 @family_base
@@ -53,7 +56,8 @@ class TopDown(GeographyMechanism):
 
     def release(self, geo: Geography, settings: GeographySettings, *, rho: float,
                 rng: np.random.Generator) -> tuple[Measurements, tuple[np.ndarray, ...]]:
-        m = measure(geo, rho, shares=settings.shares, invariants=settings.invariants)
+        m = measure(geo, rho, shares=settings.shares, invariants=settings.invariants,
+                    sensitivity=float(settings.max_persons_per_unit))
         return m, topdown(geo.hierarchy, m, rng=rng)
 
     def event(self, spent: Measurements) -> Event:

@@ -141,11 +141,14 @@ class Measurements:
     invariants: str
     totals: tuple[np.ndarray | None, ...]
     structural_zeros: np.ndarray
+    #: each level's L2 sensitivity: 1 (one person), or k (a unit of at most k persons)
+    sensitivity: float = 1.0
 
     @property
     def rhos(self) -> tuple[float, ...]:
-        """zCDP rho of each level's measurement (0 where not measured)."""
-        return tuple(0.0 if math.isinf(s) else 1.0 / (2.0 * s * s) for s in self.sigmas)
+        """zCDP rho of each level's measurement, sensitivity^2 / (2 sigma^2) (0 where not measured)."""
+        d2 = self.sensitivity**2
+        return tuple(0.0 if math.isinf(s) else d2 / (2.0 * s * s) for s in self.sigmas)
 
     @property
     def rho(self) -> float:
@@ -167,13 +170,17 @@ def invariant_totals(geo: Geography, invariants: str) -> tuple[np.ndarray | None
 
 
 def measure(geo: Geography, rho: float, *, shares: Sequence[float] = DEFAULT_SHARES,
-            invariants: str = "states") -> Measurements:
+            invariants: str = "states", sensitivity: float = 1.0) -> Measurements:
     """The noisy measurements of every unit at every level (``rho`` zCDP in all, split by
-    ``shares``, one per level) and the exact ``invariants``. Fresh noise from OpenDP's CSPRNG at
-    every call: no seed reproduces it."""
+    ``shares``, one per level) and the exact ``invariants``. ``sensitivity``: each level's L2
+    sensitivity (1: one person; k: a unit of at most k persons, who move a level's counts by at
+    most k in L2, all in one cell the worst case): every sigma is multiplied by it. Fresh noise
+    from OpenDP's CSPRNG at every call: no seed reproduces it."""
     if len(shares) != len(geo.levels):
         raise ReleaseError(f"shares={tuple(shares)!r} is not allowed: one share per level {geo.levels}")
-    sigmas = level_sigmas(rho, shares)
+    if isinstance(sensitivity, bool) or not isinstance(sensitivity, numbers.Real) or not sensitivity >= 1:
+        raise ReleaseError(f"sensitivity={sensitivity!r} is not allowed: a number >= 1")
+    sigmas = tuple(float(sensitivity) * s for s in level_sigmas(rho, shares))
     totals = invariant_totals(geo, invariants)
     allowed = ~geo.hierarchy.structural_zeros
     noisy: list[np.ndarray | None] = []
@@ -185,7 +192,7 @@ def measure(geo: Geography, rho: float, *, shares: Sequence[float] = DEFAULT_SHA
         out[:, allowed] = discrete_gaussian(np.ascontiguousarray(counts[:, allowed]), sigma)
         noisy.append(out)
     return Measurements(noisy=tuple(noisy), sigmas=sigmas, invariants=invariants, totals=totals,
-                        structural_zeros=geo.hierarchy.structural_zeros.copy())
+                        structural_zeros=geo.hierarchy.structural_zeros.copy(), sensitivity=float(sensitivity))
 
 
 # ------------------------------------------------------------------------------ projections

@@ -8,7 +8,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 from dptrain.core.validation import setting
-from dptrain.settings.schemas.common import TASKS_ALLOWED, RunBase
+from dptrain.settings.schemas.common import TASKS_ALLOWED, RunBase, max_rows_per_unit_setting
 
 DOMAIN_HELP = ("PUBLIC bounds of (x, y), declared from documentation or domain knowledge (never from the rows). "
                "They bound what one person can change: the sensitivity of every released statistic, and so its "
@@ -125,12 +125,13 @@ class ReleaseConfig:
 
 @dataclass
 class ReleasePrivacyConfig:
-    """The one privacy setting a release run shares with training: opt-in reproducible noise."""
+    """The privacy settings a release run shares with training: opt-in reproducible noise, the
+    bound on rows per unit of privacy."""
 
     noise_seed_file: str | None = setting(
         None, help="opt-in reproducible noise: a secret file from which every noise draw is derived; null: fresh "
         "from the OS CSPRNG for every run", allowed="the path of a secret file outside the run folder | null")
-
+    max_rows_per_unit: int | None = max_rows_per_unit_setting()
 
 @dataclass
 class ReleaseRunConfig(RunBase):

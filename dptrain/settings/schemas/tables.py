@@ -7,7 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from dptrain.core.validation import setting
-from dptrain.settings.schemas.common import TASKS_ALLOWED, ReleaseBudget, RunBase, TableReleaseBase
+from dptrain.settings.schemas.common import (
+    TASKS_ALLOWED,
+    ReleaseBudget,
+    RunBase,
+    TableReleaseBase,
+    max_rows_per_unit_setting,
+)
 
 
 @dataclass
@@ -21,7 +27,7 @@ class TabulatePrivacyConfig:
                              allowed="a number in (0, 100]")
     delta: float = setting(1e-6, help="the release's delta: gaussian, or tabulate.sparse (a one-row cell is listed "
                            "with probability <= delta / the number of marginals)", allowed="a number in (0, 1e-3]")
-
+    max_rows_per_unit: int | None = max_rows_per_unit_setting()
 
 @dataclass
 class TabulateConfig:
@@ -58,7 +64,10 @@ class TabulateRunConfig(TableReleaseBase):
 
 @dataclass
 class SynthesizePrivacyConfig(ReleaseBudget):
-    """The release's budget (selection, measurements and the noisy N together)."""
+    """The release's budget (selection, measurements and the noisy N together) and the bound on
+    rows per unit of privacy."""
+
+    max_rows_per_unit: int | None = max_rows_per_unit_setting()
 
 
 @dataclass
@@ -96,7 +105,11 @@ class TopDownConfig:
                                   allowed="four numbers >= 0, at least one > 0", factory=lambda: [0.1, 0.2, 0.3, 0.4])
     invariants: str = setting("states", help="totals released exactly by policy: none | nation | states (each "
                               "state's population, and so the nation's)", allowed="none | nation | states")
-
+    max_persons_per_unit: int = setting(1, help="the unit of privacy: a group of at most this many persons (a "
+                                        "household; the simulated geography has one row per person and no unit "
+                                        "column, so nothing is capped): each level's L2 sensitivity is this number "
+                                        "and every sigma this many times larger; 1: one person",
+                                        allowed="an integer >= 1")
 
 @dataclass
 class TopDownPrivacyConfig(ReleaseBudget):
