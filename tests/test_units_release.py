@@ -295,7 +295,8 @@ def test_a_small_cell_release_per_unit_runs_at_epsilon_over_k_and_reports_the_gr
     k, eps, delta = 3, 2.0, 1e-6
     path, _ = _cells_table(tmp_path, k_max=k)
     unit, unit_rel = _release(path, tmp_path / "unit", f"release.method={method}",
-                              f"release.epsilon_per_statistic={eps}", f"release.delta={delta}", "data.privacy_unit=person", f"privacy.max_rows_per_unit={k}")
+                              f"release.epsilon_per_statistic={eps}", f"release.delta={delta}",
+                              "data.privacy_unit=person", f"privacy.max_rows_per_unit={k}")
     row, row_rel = _release(path, tmp_path / "row", f"release.method={method}",
                             f"release.epsilon_per_statistic={eps / k}", f"release.delta={delta / k}")
     if method == "mos":
