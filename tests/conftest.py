@@ -7,6 +7,8 @@ tests/test_smoke_subset.py checks that every id below still names a collected, f
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 #: node ids (file::test, a parametrised test with its [id]) of the quick subset
@@ -34,3 +36,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.nodeid in smoke:
             item.add_marker(pytest.mark.smoke)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """absl's log handler (absl-py, imported by some dependencies during a test) keeps the stderr of
+    the moment it was created: pytest's capture of the whole session. When a later in-process
+    ``cli.main()`` lets Hydra configure logging, logging closes every handler, and absl's close()
+    closes a stream that is not the current sys.stderr: pytest's capture then fails on a closed
+    file. Pointed at the process's own stderr (which absl never closes), it stays harmless. A real
+    ``python -m dptrain`` does not import absl before Hydra configures its logging."""
+    absl_logging = sys.modules.get("absl.logging")
+    if absl_logging is not None:
+        absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__

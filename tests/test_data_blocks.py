@@ -118,7 +118,7 @@ def test_split_scores_are_the_whole_array_hash_bit_for_bit(threads):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        schema = SimpleNamespace(split_key=None)
+        schema = SimpleNamespace(split_key=None, privacy_unit=None)
         kept = np.flatnonzero(np.random.default_rng(1).random(len(df)) < 0.9)
         for rows in (np.arange(len(df)), kept):
             assert np.array_equal(split.split_scores(df, schema, seed=4, rows=rows), reference_scores(df, 4, rows))

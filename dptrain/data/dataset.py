@@ -55,6 +55,8 @@ class Dataset:
     global_n_test: int | None = None
     #: with data.privacy_unit: each training row's unit (int64 codes 0..n_units-1; PRIVATE), else None
     unit_train: torch.Tensor | None = None
+    #: with data.privacy_unit: each test row's unit (int64 codes of the test side's units; PRIVATE), else None
+    unit_test: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         for name in ("x_train", "y_train", "x_test", "y_test"):
@@ -180,5 +182,6 @@ def dataset_from_rows(rows: EncodedRows, schema: Schema, *, source: str, diagnos
         diagnostics=diagnostics,
         target_kind=schema.target_kind, class_names=tuple(schema.classes or ()), target_bounds=schema.target_bounds,
         unit_train=None if rows.unit_train is None else torch.from_numpy(np.ascontiguousarray(rows.unit_train)),
+        unit_test=None if rows.unit_test is None else torch.from_numpy(np.ascontiguousarray(rows.unit_test)),
         **shard,
     )

@@ -323,6 +323,8 @@ class EncodedRows:
     facts: dict[str, Any]
     #: with data.privacy_unit: each training row's unit, dense int64 codes (dptrain.data.units); else None
     unit_train: np.ndarray | None = None
+    #: with data.privacy_unit: each test row's unit, dense int64 codes of the test side's units; else None
+    unit_test: np.ndarray | None = None
 
 
 def encode_rows(df: pd.DataFrame, schema: Schema, *, seed: int, groups: np.ndarray | None = None) -> EncodedRows:
@@ -351,13 +353,14 @@ def encode_rows(df: pd.DataFrame, schema: Schema, *, seed: int, groups: np.ndarr
         clipped.update(clipped_counts(schema, nums, idx, only=schema.target))
     counts.lumped = seen["lumped"]
     y_train, y_test = y[~is_test], y[is_test]
-    unit_train = None
+    unit_train = unit_test = None
     if schema.privacy_unit is not None:  # a missing unit id refuses the table (dptrain.data.units)
-        unit_train = unit_of_rows(unit_codes(df[schema.privacy_unit].to_numpy()[idx])[~is_test])[0]
+        units = unit_codes(df[schema.privacy_unit].to_numpy()[idx])
+        unit_train, unit_test = unit_of_rows(units[~is_test])[0], unit_of_rows(units[is_test])[0]
     facts = {"any_train": len(y_train) > 0, "any_test": len(y_test) > 0, "clipped": clipped,
              "rows": counts.as_dict(train=len(y_train), test=len(y_test))}
     return EncodedRows(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, facts=facts,
-                       unit_train=unit_train)
+                       unit_train=unit_train, unit_test=unit_test)
 
 
 def clipped_counts(schema: Schema, nums: Mapping[str, np.ndarray], rows: np.ndarray, *,
