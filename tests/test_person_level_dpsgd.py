@@ -182,7 +182,9 @@ def test_unit_sampler_takes_every_row_of_a_sampled_unit_and_samples_units_at_rat
         assert units.n_units == len(sel) and units.index.tolist() == np.repeat(np.arange(len(sel)),
                                                                                  counts[sel]).tolist()
         assert torch.allclose(units.weights, torch.from_numpy(1.0 / np.repeat(counts[sel], counts[sel])).float())
-        assert len(units.pairs[0]) == int((counts[sel] ** 2).sum())
+        slot, width = units.slots()
+        assert width == (counts[sel].max() if len(sel) else 1)
+        assert sorted(slot.tolist()) == [u * width + t for u, c in enumerate(counts[sel]) for t in range(c)]
     sd = np.sqrt(0.3 * 0.7 / reps)
     assert np.all(np.abs(hits / reps - 0.3) < 5 * sd)
 

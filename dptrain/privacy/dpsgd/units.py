@@ -17,7 +17,9 @@ of the sum is C, and the accountant's Poisson-subsampled Gaussian is the same, i
 
 The engines need no per-unit gradient: for a Linear layer z = a W^T + b, example i's gradient is
 g_i (a_i, 1)^T, so ||G_u||^2 = sum_{i, j in u} w_i w_j (g_i . g_j)(a_i . a_j + 1) summed over the
-layers (:func:`unit_sq_norms`: a segment-sum, ``index_add_``, over the pairs of rows of one unit),
+layers (:func:`unit_sq_norms`: per unit, the Gram matrices of its rows' inputs and output gradients,
+two batched matrix products over blocks of the units' rows; one Linear layer: a segment-sum,
+``index_add_``, of the rows' gradients into each unit's),
 and sum_u c_u G_u = sum_i (c_{u(i)} w_i) grad_i is the row engine's matrix product with the row
 factor c_{u(i)} w_i in place of the row's clip factor (:attr:`UnitBatch.factors`).
 """
@@ -67,56 +69,62 @@ class UnitBound:
 class UnitBatch:
     """One step's sampled units, their rows contiguous in the batch: ``index`` (n,) each row's
     unit in the batch (0..n_units-1), ``weights`` (n,) w_i (1 / n_u for mean, None for sum),
-    ``pairs`` (I, J): every ordered pair of rows of one unit (diagonal included), ``pair_unit``
-    the unit of each pair. Everything in it is PRIVATE (which units, how many rows)."""
+    ``counts`` each unit's rows (:meth:`slots` places them in blocks for the norms). Everything in
+    it is PRIVATE (which units, how many rows)."""
 
     index: torch.Tensor
     n_units: int
     weights: torch.Tensor | None
-    pairs: tuple[torch.Tensor, torch.Tensor]
-    pair_unit: torch.Tensor
+    counts: np.ndarray
+    device: torch.device = torch.device("cpu")
 
     @classmethod
     def of_counts(cls, counts: np.ndarray, *, combine: str, dtype: torch.dtype,
                   device: torch.device | str = "cpu") -> UnitBatch:
         """The batch layout of units with ``counts`` rows each, in order."""
         counts = np.asarray(counts, dtype=np.int64)
-        u = counts.size
-        index = np.repeat(np.arange(u, dtype=np.int64), counts)
-        offsets = np.r_[0, np.cumsum(counts)[:-1]] if u else np.zeros(0, dtype=np.int64)
-        sq = counts * counts
-        pair_unit = np.repeat(np.arange(u, dtype=np.int64), sq)
-        local = np.arange(int(sq.sum()), dtype=np.int64) - np.repeat(np.r_[0, np.cumsum(sq)[:-1]] if u else sq, sq)
-        m = counts[pair_unit]
-        base = offsets[pair_unit]
-        i, j = base + local // m, base + local % m
+        dev = torch.device(device)
+        index = torch.from_numpy(np.repeat(np.arange(counts.size, dtype=np.int64), counts)).to(dev)
         weights = None
         if combine == "mean":
-            weights = torch.from_numpy(1.0 / np.repeat(counts, counts)).to(device=device, dtype=dtype)
+            weights = torch.from_numpy(1.0 / np.repeat(counts, counts)).to(device=dev, dtype=dtype)
+        return cls(index, int(counts.size), weights, counts, dev)
 
-        def t(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(a).to(device)
-        return cls(t(index), u, weights, (t(i), t(j)), t(pair_unit))
+    def slots(self) -> tuple[torch.Tensor, int]:
+        """(slot, k_max): row r of unit u at position t among its rows goes to slot u k_max + t of
+        a (n_units k_max)-row block; k_max the most rows of a unit in the batch."""
+        width = int(self.counts.max()) if self.counts.size else 1
+        offsets = np.r_[0, np.cumsum(self.counts)[:-1]] if self.counts.size else np.zeros(0, dtype=np.int64)
+        local = np.arange(int(self.counts.sum()), dtype=np.int64) - np.repeat(offsets, self.counts)
+        slot = np.repeat(np.arange(self.counts.size, dtype=np.int64), self.counts) * width + local
+        return torch.from_numpy(slot).to(self.device), width
 
 
 def unit_sq_norms(inputs: list[torch.Tensor], out_grads: list[torch.Tensor], has_bias: list[bool],
                   units: UnitBatch) -> torch.Tensor:
     """||G_u||^2 per unit (n_units,): sum over the pairs (i, j) of one unit and over the layers of
     w_i w_j (g_i . g_j)(a_i . a_j + [bias]), from each layer's inputs a (n, d) and output
-    gradients g (n, K) or (n,) (:mod:`dptrain.privacy.dpsgd.fast`'s trace)."""
-    i, j = units.pairs
+    gradients g (n, K) or (n,) (:mod:`dptrain.privacy.dpsgd.fast`'s trace). Each unit's rows are
+    placed in a (k_max, width) block (:meth:`UnitBatch.slots`, zero rows as padding) and the
+    per-unit Gram matrices of a and of w g are two batched matrix products; a padding row has
+    g = 0, so it adds nothing."""
+    slot, width = units.slots()
     total = None
     for a, g, bias in zip(inputs, out_grads, has_bias):
-        aa = (a.index_select(0, i) * a.index_select(0, j)).sum(1)
+        g = g[:, None] if g.dim() == 1 else g
+        if units.weights is not None:
+            g = g * units.weights[:, None].to(g.dtype)
+        gram = []
+        for m in (a, g):
+            block = torch.zeros(units.n_units * width, m.shape[1], dtype=m.dtype, device=m.device)
+            block.index_copy_(0, slot, m)
+            block = block.view(units.n_units, width, m.shape[1])
+            gram.append(torch.bmm(block, block.transpose(1, 2)))
         if bias:
-            aa.add_(1.0)
-        gg = g[i] * g[j] if g.dim() == 1 else (g.index_select(0, i) * g.index_select(0, j)).sum(1)
-        term = aa.mul_(gg)
+            gram[0].add_(1.0)
+        term = (gram[0] * gram[1]).sum((1, 2))
         total = term if total is None else total.add_(term)
-    if units.weights is not None:
-        total.mul_(units.weights[i] * units.weights[j])
-    out = torch.zeros(units.n_units, dtype=total.dtype, device=total.device)
-    return out.index_add_(0, units.pair_unit, total).clamp_(min=0.0)  # a sum of squares, up to rounding
+    return total.clamp_(min=0.0)  # a sum of squares, up to rounding
 
 
 def unit_factors(engine: Any, unit_sq: torch.Tensor, units: UnitBatch) -> torch.Tensor:
@@ -198,14 +206,10 @@ def fast_unit_sums(engine: Any, x: torch.Tensor, y: torch.Tensor,
     the rows' layer inputs and output gradients (closed form for one Linear, the buffered forward
     and backward for a plain stack, autograd otherwise), the units' norms by
     :func:`unit_sq_norms`, then the row engine's products with the factors c_{u(i)} w_i."""
+    if engine.closed_form:
+        return _closed_form_unit_sums(engine, x, y, units)
     with torch.no_grad():
-        if engine.closed_form:
-            lin = engine.layers[0]
-            z = lin(x)
-            logits = z.view(-1) if lin.out_features == 1 else z  # as the row engine's closed forms
-            g = engine.objective.output_gradient(logits, y)
-            inputs, out_grads, losses = [x], [g], None
-        elif engine.plan is not None:
+        if engine.plan is not None:
             ws = engine.workspace(x.shape[0], x.dtype)
             inputs, aug_inputs, pre, post, logits = engine._buffered_forward(x, ws)
             losses = engine.objective.per_example_loss(logits, y) if engine.collect_stats else None
@@ -215,11 +219,35 @@ def fast_unit_sums(engine: Any, x: torch.Tensor, y: torch.Tensor,
         unit_sq = unit_sq_norms(inputs, out_grads, engine._has_bias, units)
         stats = unit_stats(engine, logits, y, losses, unit_sq, units)
         factors = unit_factors(engine, unit_sq, units)
-        if engine.plan is not None and not engine.closed_form:
+        if engine.plan is not None:
             flat, views = engine._grad_views(x.dtype)
             engine._buffered_products(ws, factors, (inputs, aug_inputs, out_grads), views=views, sum_scale=1.0)
             return [views[id(p)] for p in engine.params], stats
         return _products(engine, inputs, out_grads, factors), stats
+
+
+@torch.no_grad()
+def _closed_form_unit_sums(engine: Any, x: torch.Tensor, y: torch.Tensor,
+                           units: UnitBatch) -> tuple[list[torch.Tensor], StepStats]:
+    """One Linear layer (logit, multinomial, linear): each unit's combined gradient
+    G_u = sum_{i in u} w_i g_i (x_i, 1)^T formed by a segment-sum (``index_add_``) of the rows'
+    (K, d + 1) gradients, clipped, summed: O(rows x K x d), no pair of rows."""
+    lin = engine.layers[0]
+    z = lin(x)
+    logits = z.view(-1) if lin.out_features == 1 else z  # as the row engine's closed forms
+    g = engine.objective.output_gradient(logits, y)
+    g = g[:, None] if g.dim() == 1 else g  # (n, K)
+    if units.weights is not None:
+        g = g * units.weights[:, None]
+    a = x if lin.bias is None else torch.cat([x, torch.ones_like(x[:, :1])], 1)  # (n, d [+ 1])
+    per_unit = torch.zeros(units.n_units, g.shape[1], a.shape[1], dtype=x.dtype, device=x.device)
+    per_unit.index_add_(0, units.index, g[:, :, None] * a[:, None, :])
+    unit_sq = per_unit.square().sum((1, 2))
+    total = torch.einsum("u,ukd->kd", engine.clip_factors(unit_sq), per_unit)
+    grads = {id(lin.weight): total[:, :x.shape[1]].reshape(lin.weight.shape).contiguous()}
+    if lin.bias is not None:
+        grads[id(lin.bias)] = total[:, -1].reshape(lin.bias.shape).contiguous()
+    return [grads[id(p)] for p in engine.params], unit_stats(engine, logits, y, None, unit_sq, units)
 
 
 class UnitPoissonSampler:
@@ -240,14 +268,16 @@ class UnitPoissonSampler:
     def sample_rate(self) -> float:
         return self.units.sample_rate
 
-    def sample(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, UnitBatch]:
-        """(row indices, the batch's :class:`UnitBatch`) of one Poisson batch of units."""
+    def sample(self, dtype: torch.dtype = torch.float32,
+               device: torch.device | str = "cpu") -> tuple[torch.Tensor, UnitBatch]:
+        """(row indices on the CPU, the batch's :class:`UnitBatch` on ``device``) of one Poisson
+        batch of units."""
         sel = self.units.sample().numpy()
         counts = self.counts[sel]
         total = int(counts.sum())
         first = np.repeat(self.starts[sel] - np.r_[0, np.cumsum(counts)[:-1]] if sel.size else sel, counts)
         rows = first + np.arange(total, dtype=np.int64)
-        return torch.from_numpy(rows), UnitBatch.of_counts(counts, combine=self.combine, dtype=dtype)
+        return torch.from_numpy(rows), UnitBatch.of_counts(counts, combine=self.combine, dtype=dtype, device=device)
 
     def get_state(self) -> dict:
         return self.units.get_state()
@@ -260,7 +290,7 @@ class UnitBatchStep:
     """``step()`` for person-level DP-SGD: draws a Poisson batch of units and runs the engine's
     unit step on their rows (:meth:`~dptrain.privacy.dpsgd.base.GradientEngine.unit_step`);
     returns its StepStats. The same role as :class:`dptrain.privacy.dpsgd.graph.BatchStep`
-    (never replayed as a CUDA graph: the pairs of a batch vary in number)."""
+    (never replayed as a CUDA graph: the units of a batch vary in number and size)."""
 
     graph_reason = "unit batches (data.privacy_unit) are not replayed as a CUDA graph"
     graphed = False
@@ -269,13 +299,8 @@ class UnitBatchStep:
         self.engine, self.sampler, self.x, self.y = engine, sampler, x, y
 
     def __call__(self) -> StepStats:
-        rows, units = self.sampler.sample(self.x.dtype)
-        dev = self.x.device
-        if dev.type != "cpu":
-            rows = rows.to(dev)
-            units = UnitBatch(units.index.to(dev), units.n_units,
-                              None if units.weights is None else units.weights.to(dev),
-                              (units.pairs[0].to(dev), units.pairs[1].to(dev)), units.pair_unit.to(dev))
+        rows, units = self.sampler.sample(self.x.dtype, self.x.device)
+        rows = rows.to(self.x.device)
         return self.engine.unit_step(self.x.index_select(0, rows), self.y.index_select(0, rows), units)
 
 
