@@ -24,13 +24,16 @@ from dptrain.data.split import split_scores
 from dptrain.data.synthetic import make_panel
 from dptrain.inference.run import check_estimator
 from dptrain.privacy.accounting import RDP_ORDERS, rdp_curve, rdp_to_epsilon
+from dptrain.privacy.dpsgd.units import UnitBound
 from dptrain.privacy.events import poisson_gaussian
 from dptrain.privacy.group import approx_dp_group, group_level, rdp_group_epsilon
+from dptrain.privacy.randomness import Randomness, new_seed_file
 from dptrain.settings.data import PanelDataConfig
-from dptrain.settings.train import Config
+from dptrain.settings.train import Config, check_person_level
 from dptrain.tasks import cli
 from dptrain.tasks.plan import training_plan
 from dptrain.tasks.registry import validate
+from dptrain.training.units import unit_rows
 
 SMALL_PANEL = ["experiment=panel_sim", "data.n_units=3000", "trainer.epochs=1", "trainer.batch_size=200",
                "trainer.progress=false"]
@@ -170,7 +173,6 @@ def test_group_privacy_rules_are_exact_and_the_tighter_is_kept():
 def test_tasks_and_engines_without_a_unit_step_are_refused(changes, words):
     from types import SimpleNamespace
 
-    from dptrain.settings.train import check_person_level
 
     cfg = SimpleNamespace(task=changes.get("task", "train"),
                           data=SimpleNamespace(privacy_unit="person_id", sharding=changes.get("sharding", "off")),
@@ -186,9 +188,6 @@ def test_tasks_and_engines_without_a_unit_step_are_refused(changes, words):
 def test_the_cap_is_drawn_from_the_secret_streams(tmp_path):
     """The choice of k rows per unit: fresh OS entropy gives another choice each run (nothing in the
     run's settings or seed regenerates it); a noise seed file reproduces it, as it does the noise."""
-    from dptrain.privacy.dpsgd.units import UnitBound
-    from dptrain.privacy.randomness import Randomness, new_seed_file
-    from dptrain.training.units import unit_rows
 
     data = load_dataset(data_source(PanelDataConfig(n_units=400, n_features=2, privacy_unit="person_id")), seed=0)
     unit = UnitBound("person_id", 2)
@@ -209,9 +208,6 @@ def test_the_cap_is_drawn_from_the_secret_streams(tmp_path):
 def test_processes_take_disjoint_units_and_together_the_single_process_rows(tmp_path):
     """trainer.distributed=true: process r takes the units u = r mod W, every row of each; with a
     seed file the union over the processes is the single process' capped rows."""
-    from dptrain.privacy.dpsgd.units import UnitBound
-    from dptrain.privacy.randomness import Randomness, new_seed_file
-    from dptrain.training.units import unit_rows
 
     data = load_dataset(data_source(PanelDataConfig(n_units=300, n_features=2, privacy_unit="person_id")), seed=1)
     key = new_seed_file(tmp_path / "key")

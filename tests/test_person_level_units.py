@@ -14,6 +14,7 @@ from scipy import stats
 
 from dptrain.core.validation import ConfigError
 from dptrain.data import data_source, schema_from_config
+from dptrain.data.check import check_table, format_check
 from dptrain.data.files import DataError
 from dptrain.data.units import cap_rows_per_unit, rows_per_unit, unit_codes, unit_of_rows
 from dptrain.settings.common import check_unit_bound
@@ -179,7 +180,6 @@ def test_the_uniform_choice_keeps_each_row_with_probability_k_over_n():
 def test_dptrain_check_reports_rows_per_unit_exactly():
     """The data holder's check: units, rows, rows without an id and the rows each cap keeps
     (PRIVATE counts, in the check's private report only)."""
-    from dptrain.data.check import check_table, format_check
 
     sizes = [1, 1, 2, 3, 7, 12]
     ids = np.repeat([f"p{i}" for i in range(len(sizes))], sizes).astype(object)

@@ -49,7 +49,8 @@ EXPECT = {
     "One-shot releases: tables, TopDown, synthetic data": [
         r"tables: 91 marginals", r"topdown: nation 1, state 4, county 300", r"synthetic: \d+ rows .*\(mst\)",
         r"published log_laplace: \(0\.1, 4\)-er_ee"],
-    "Score new rows": [r"(?m)^score,probability,label$"],
+    "Score new rows": [r"(?m)^score,probability,label,label_01$", r"(?m)^-?[\d.]+,[\d.e-]+,(<=50K|>50K),[01]$"],
+    "One person, many rows": [r"privacy: epsilon = 0\.8\d*, delta = 1e-06 .*; per person_id \(at most 5 rows each\)"],
     "Python API": [r"accuracy 0\.\d+ at epsilon (0\.99\d*|1\.0000)", r"guarantee: \("],
     "Auditing a run": [r"audit: m = 1000 canaries"],
     "GPUs and scale-out": [r"train loop: .* for \d+ steps"],

@@ -18,7 +18,16 @@ from hydra import compose, initialize_config_module
 
 from dptrain.data.units import cap_rows_per_unit, unit_codes
 from dptrain.release.oneshot.tables import GaussianTables, LaplaceTables
-from dptrain.release.units import UnitBound, capped, group_privacy, per_row_spec, row_budget, table_sensitivity
+from dptrain.release.spec import ReleaseSpec
+from dptrain.release.units import (
+    UnitBound,
+    capped,
+    dataset_units,
+    group_privacy,
+    per_row_spec,
+    row_budget,
+    table_sensitivity,
+)
 from dptrain.tasks import cli
 from dptrain.tasks import tabulate as tabulate_task
 
@@ -364,15 +373,14 @@ def test_release_unit_settings_are_refused_by_name(tmp_path, extra, needle, caps
 
 
 def test_per_row_spec_divides_the_budget_by_k():
-    from dptrain.release.spec import ReleaseSpec
-
-    spec = ReleaseSpec(method="noisy_stats", method_settings={}, statistic="slope", epsilon=3.0, delta=3e-6,
+    spec = ReleaseSpec(method="noisy_stats", method_settings={}, statistic="slope", epsilon_per_statistic=3.0,
+                       delta=3e-6,
                        neighbors="add_remove", noise="laplace", min_n=10, chi_by=(), dp_mos_split={},
                        dp_mos_chi_quantile=0.95, suppression_k=(), rate_outcome=False, theil_sen_variant="",
                        theil_sen_k=1, tail_epsilons=(), y="y")
     assert per_row_spec(spec, UnitBound()) is spec
     row = per_row_spec(spec, UnitBound("person", 3))
-    assert (row.epsilon, row.delta) == pytest.approx((1.0, 1e-6)) and row.method == "noisy_stats"
+    assert (row.epsilon_per_statistic, row.delta) == pytest.approx((1.0, 1e-6)) and row.method == "noisy_stats"
 
 
 def test_dataset_units_keeps_the_sides_units_apart_and_refuses_a_loader_without_codes():
@@ -380,7 +388,6 @@ def test_dataset_units_keeps_the_sides_units_apart_and_refuses_a_loader_without_
     the test side's are shifted past the training side's: unit 0 of each side stays two units."""
     from types import SimpleNamespace
 
-    from dptrain.release.units import dataset_units
 
     codes = dataset_units(SimpleNamespace(unit_train=np.array([0, 1, 1, 0]), unit_test=np.array([0, 0, 1])))
     assert codes.tolist() == [0, 1, 1, 0, 2, 2, 3]

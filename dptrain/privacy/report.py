@@ -386,7 +386,9 @@ def summary_lines(result: Any, report: dict[str, Any], *, dist_ctx: Any, run_dir
                f"q = {report['sample_rate']:.4g}, steps = {report['steps']}")
         lines.append(
             f"privacy: epsilon = {eps:.4g}, delta = {report['delta']:.3g} (accountant: {report['accountant']}; "
-            + ", ".join(f"{k} {v:.4g}" for k, v in report["epsilons"].items()) + f"), {how}")
+            + ", ".join(f"{k} {v:.4g}" for k, v in report["epsilons"].items()) + f"), {how}"
+            + (f"; per {report['unit_column']} (at most {report['max_rows_per_unit']} rows each)"
+               if report.get("unit_column") else "; per row (a person with k rows: privacy.json's group_privacy)"))
         if result.privacy["stopped_early"]:
             lines.append(f"privacy budget: {result.privacy['stop_reason']}")
         if not report["private"]:
