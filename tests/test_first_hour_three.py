@@ -23,7 +23,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from dptrain.runfolder import folder as run_folder
-from dptrain.runfolder import publish, tracking
+from dptrain.runfolder import publish, runlock, tracking
 from dptrain.runfolder.write_errors import folder_error, write_error
 from dptrain.settings.command_line import override_syntax_message
 from dptrain.tasks import check as table_check
@@ -162,6 +162,7 @@ def test_item1_a_write_hydra_makes_itself_is_refused_in_one_line(tmp_path, monke
     _refused(code, out, f"cannot write {run / '.hydra' / 'config.yaml'}: no space left on the device",
              "free space on that disk")
     assert os.environ.get("HYDRA_FULL_ERROR") is None  # restored after the run
+    assert not runlock._HELD  # the folder's lock, taken before Hydra's write, is released
 
 
 def test_item1_publish_and_check_into_an_unwritable_folder_end_in_one_line(tmp_path, monkeypatch, capsys):

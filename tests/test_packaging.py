@@ -5,12 +5,22 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_subpackage_is_listed_in_pyproject():
+    """The package list of pyproject.toml is written by hand: a new subpackage left out of it is
+    missing from the wheel (CI's slow wheel test below catches it in minutes; this in a second)."""
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    tree = {init.parent.relative_to(REPO).as_posix().replace("/", ".")
+            for init in (REPO / "dptrain").rglob("__init__.py")}
+    assert tree - listed == set(), f"add to pyproject.toml's packages: {sorted(tree - listed)}"
 
 
 @pytest.mark.slow  # builds and installs a wheel, then a whole run (10 s): CI runs it with -m slow

@@ -467,7 +467,8 @@ def _hydra_in_our_words() -> None:
         print(f"dptrain: error: {' '.join(str(err).split())}. Every setting, its type and allowed values: "
               "docs/settings.md (python -m dptrain --help)", file=sys.stderr)
         raise SystemExit(2) from None
-    except OSError as err:
+    except OSError as err:  # a write Hydra makes for the run (.hydra/, multirun.yaml): the folder's lock
+        runlock.release_all()  # taken before it is released here (what was written stays)
         print(f"dptrain: error: {write_error(err, folder=None)}", file=sys.stderr)
         raise SystemExit(2) from None
     finally:
