@@ -26,22 +26,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-THREAD_ENV = ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-              "OPENBLAS_NUM_THREADS")
+if str(ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_startup import THREAD_ENV, cores, loadavg  # noqa: E402  (the start-up benchmark's machine facts)
+
 IMPORT = ["-c", "import torch, pandas"]
 DEFAULT_MISTAKE = ["trainer.epoch=2"]
-
-
-def loadavg() -> str:
-    try:
-        return Path("/proc/loadavg").read_text().strip()
-    except OSError:
-        return "n/a"
-
-
-def cores() -> str:
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{os.cpu_count()} cores ({usable} usable by this process)"
 
 
 def timed(args: list[str]) -> tuple[float, subprocess.CompletedProcess]:
