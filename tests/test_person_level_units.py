@@ -15,6 +15,7 @@ from scipy import stats
 from dptrain.core.validation import ConfigError
 from dptrain.data import data_source, schema_from_config
 from dptrain.data.check import check_table, format_check
+from dptrain.data.encoding import encode_rows
 from dptrain.data.files import DataError
 from dptrain.data.units import cap_rows_per_unit, rows_per_unit, unit_codes, unit_of_rows
 from dptrain.settings.common import check_unit_bound
@@ -194,4 +195,24 @@ def test_dptrain_check_reports_rows_per_unit_exactly():
     assert kept == {k: int(np.minimum(rest, k).sum()) for k in (1, 2, 3, 5, 10, 20)}
     assert units["rows_per_unit"]["max"] == 12 and units["rows_per_unit"]["median"] == 3
     text = format_check(report, "t.csv")
-    assert "1 rows without a unit id -> the run is REFUSED" in text and "k=5: 16 " in text
+    assert "1 rows without a unit id -> left out by the run" in text and "k=5: 16 " in text
+
+
+def test_a_row_without_a_unit_id_is_left_out_and_counted_never_refused():
+    """One row more or less decides nothing: a table with one row lacking its unit id runs like
+    the table without that row (the same units, rows and split), the row counted privately under
+    left_out_by.privacy_unit; a row with an id is never dropped by this rule."""
+    sizes = [3, 1, 4, 2, 5]
+    ids = np.repeat([f"p{i}" for i in range(len(sizes))], sizes).astype(object)
+    df = pd.DataFrame({"y": np.arange(len(ids)) % 2, "age": np.linspace(1, 90, len(ids)), "pid": ids})
+    schema = schema_from_config(_decl(privacy_unit="pid"))
+    holed = pd.concat([df, pd.DataFrame({"y": [1], "age": [40.0], "pid": [None]})], ignore_index=True)
+    blank = holed.assign(pid=holed["pid"].where(holed["pid"].notna(), "  "))
+    full = encode_rows(df, schema, seed=0)
+    for table in (holed, blank):
+        rows = encode_rows(table, schema, seed=0)
+        assert rows.facts["rows"]["left_out_by"]["privacy_unit"]["pid"]["no_unit_id"] == 1
+        assert rows.facts["rows"]["kept"] == len(df)
+        assert np.array_equal(rows.unit_train, full.unit_train) and np.array_equal(rows.unit_test, full.unit_test)
+        assert np.array_equal(rows.x_train, full.x_train)
+    assert full.facts["rows"]["left_out_by"]["privacy_unit"]["pid"]["no_unit_id"] == 0

@@ -319,7 +319,7 @@ def unit_lines(units: dict[str, Any] | None) -> list[str]:
         return []
     lines = ["", "Unit of privacy (data.privacy_unit): rows per unit"]
     if units["missing_ids"]:
-        lines.append(f"  {units['missing_ids']} rows without a unit id -> the run is REFUSED (every row needs one)")
+        lines.append(f"  {units['missing_ids']} rows without a unit id -> left out by the run (counted privately)")
     if not units["units"]:
         return lines
     r = units["rows_per_unit"]

@@ -307,6 +307,17 @@ def _split_column_rule(df: pd.DataFrame, schema: Schema, counts: RowCounts) -> N
         counts.leave_out("split_column", col, "not_train_or_test", codes < 0)
 
 
+def _unit_rule(df: pd.DataFrame, schema: Schema, counts: RowCounts) -> np.ndarray | None:
+    """With data.privacy_unit: each row's unit code; a row without a unit id (a missing or empty
+    value) belongs to no unit and is left out and counted, like any row outside the declared
+    domain (so whether a table runs never depends on one row)."""
+    if schema.privacy_unit is None:
+        return None
+    codes = unit_codes(df[schema.privacy_unit], missing="drop", column=f"data.privacy_unit={schema.privacy_unit!r}")
+    counts.leave_out("privacy_unit", schema.privacy_unit, "no_unit_id", codes < 0)
+    return codes
+
+
 @dataclass
 class EncodedRows:
     """Rows encoded with the public schema and split, before the checks that need EVERY row of the
@@ -343,6 +354,7 @@ def encode_rows(df: pd.DataFrame, schema: Schema, *, seed: int, groups: np.ndarr
     y = _target(df[schema.target], schema, nums, counts)
     codes = _category_codes(df, schema, counts)
     _split_column_rule(df, schema, counts)
+    units = _unit_rule(df, schema, counts)
     idx = counts.kept()
     kept = None if _all_rows(idx, len(df)) else idx
     y = y if kept is None else y[idx]
@@ -354,8 +366,8 @@ def encode_rows(df: pd.DataFrame, schema: Schema, *, seed: int, groups: np.ndarr
     counts.lumped = seen["lumped"]
     y_train, y_test = y[~is_test], y[is_test]
     unit_train = unit_test = None
-    if schema.privacy_unit is not None:  # a missing unit id refuses the table (dptrain.data.units)
-        units = unit_codes(df[schema.privacy_unit].to_numpy()[idx])
+    if units is not None:  # the kept rows' units (a row without a unit id is left out: _unit_rule)
+        units = units[idx]
         unit_train, unit_test = unit_of_rows(units[~is_test])[0], unit_of_rows(units[is_test])[0]
     facts = {"any_train": len(y_train) > 0, "any_test": len(y_test) > 0, "clipped": clipped,
              "rows": counts.as_dict(train=len(y_train), test=len(y_test))}

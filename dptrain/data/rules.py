@@ -167,7 +167,8 @@ class RowCounts:
 
 
 _GROUP_SETTING = {"target": "the declared target labels", "numeric": "data.nonfinite=drop",
-                  "categorical": "data.unlisted=drop", "split_column": "data.split_column: train / test"}
+                  "categorical": "data.unlisted=drop", "split_column": "data.split_column: train / test",
+                  "privacy_unit": "data.privacy_unit (a row without a unit id)"}
 
 
 def _parts(counts: Mapping[str, Mapping[str, int]]) -> list[str]:

@@ -195,7 +195,7 @@ def _not_covered(mechanism: dict[str, Any]) -> list[str]:
     unit = mechanism.get("unit_of_privacy")
     if not unit:
         return list(NOT_COVERED)
-    return [unit_not_covered(item, unit, refusals=item == LOG_AND_REFUSALS) for item in NOT_COVERED]
+    return [unit_not_covered(item, unit) for item in NOT_COVERED]
 
 
 def _curve_lines(report: dict[str, Any]) -> list[str]:

@@ -21,14 +21,12 @@ def unit_guarantee(unit: dict[str, Any], eps: float, delta: float) -> str:
             f"add/remove-one-{col} neighbours, for the final model and every intermediate iterate")
 
 
-def unit_not_covered(item: str, unit: dict[str, Any], *, refusals: bool) -> str:
+def unit_not_covered(item: str, unit: dict[str, Any]) -> str:
     """A 'not covered' item of a per-row report as a person-level report states it: N counts
-    units; the row-dependent refusals include a row without a unit id."""
+    units (a row without a unit id is left out and counted, like any row outside the declared
+    domain: no refusal of its own)."""
     if item.startswith("the training-set size N"):
         return UNIT_NOT_COVERED.format(col=unit["column"], k=unit["max_rows_per_unit"])
-    if refusals:
-        return item + (f"; and, with data.privacy_unit, a row without a {unit['column']} (refused: every row needs "
-                       "its unit)")
     return item
 
 

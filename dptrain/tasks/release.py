@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -212,12 +213,15 @@ def prepare(conf: ReleaseRunConfig, spec: ReleaseSpec, run_dir: Path, randomness
 def cap_units(df: pd.DataFrame, bound: UnitBound, randomness: Randomness) -> tuple[pd.DataFrame, int]:
     """With data.privacy_unit: each unit's rows capped at privacy.max_rows_per_unit (a uniform
     choice from the run's secret randomness) before anything else is computed; (rows, dropped: a
-    PRIVATE count, for private/data_diagnostics.json only). A row without a unit id is refused."""
+    PRIVATE count, for private/data_diagnostics.json only). A row without a unit id belongs to no
+    unit: it is left out and counted with the rows the cap drops (whether the run goes ahead never
+    depends on one row)."""
     if bound.per_row:
         return df, 0
-    codes = unit_codes(df[bound.column], column=f"data.privacy_unit={bound.column!r}")
-    keep, dropped = capped(codes, bound, randomness.numpy("release-unit-cap"))
-    return df.iloc[keep].reset_index(drop=True), dropped
+    codes = unit_codes(df[bound.column], missing="drop", column=f"data.privacy_unit={bound.column!r}")
+    has_unit = np.flatnonzero(codes >= 0)
+    keep, dropped = capped(codes[has_unit], bound, randomness.numpy("release-unit-cap"))
+    return df.iloc[has_unit[keep]].reset_index(drop=True), dropped + int(codes.size - has_unit.size)
 
 
 def log_counts(rows: dict, clipped: dict, *, unit: str | None = None) -> None:

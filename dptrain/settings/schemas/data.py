@@ -94,7 +94,7 @@ PRIVACY_UNIT_HELP = ("the column whose value is the unit of privacy (a person, a
 
 
 PRIVACY_UNIT_ALLOWED = ("a column of the file that is not the target, a feature or data.split_column (a row without "
-                        "a unit id is refused) | null")
+                        "a unit id is left out, counted) | null")
 
 
 @dataclass
