@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import dp_accounting
 import numpy as np
@@ -29,6 +30,7 @@ from dptrain.release.units import (
     table_sensitivity,
 )
 from dptrain.tasks import cli
+from dptrain.tasks import release as release_task
 from dptrain.tasks import tabulate as tabulate_task
 
 A_LEVELS = [f"a{i}" for i in range(30)]
@@ -386,9 +388,6 @@ def test_per_row_spec_divides_the_budget_by_k():
 def test_dataset_units_keeps_the_sides_units_apart_and_refuses_a_loader_without_codes():
     """Each side's codes start at 0 (the loader numbers them per side); the split is by unit, so
     the test side's are shifted past the training side's: unit 0 of each side stays two units."""
-    from types import SimpleNamespace
-
-
     codes = dataset_units(SimpleNamespace(unit_train=np.array([0, 1, 1, 0]), unit_test=np.array([0, 0, 1])))
     assert codes.tolist() == [0, 1, 1, 0, 2, 2, 3]
     with pytest.raises(Exception, match="data.privacy_unit"):
@@ -419,3 +418,13 @@ def test_mos_per_unit_draws_n_with_k_times_the_per_row_laplace_scale(tmp_path):
     t = k / eps
     sd = math.sqrt(2 * math.exp(-1 / t) / (1 - math.exp(-1 / t)) ** 2)
     assert len(noise) > 300 and abs(noise.std() - sd) < 0.2 * sd, (noise.std(), sd)
+
+
+def test_a_release_leaves_out_a_row_without_a_unit_id_and_counts_it_with_the_cap():
+    """cap_units: a row without a unit id belongs to no unit (left out, counted in the PRIVATE
+    dropped count with the rows the cap drops), never a refusal; the other units are capped at k."""
+    df = pd.DataFrame({"pid": ["a", "a", "a", "b", None, "c", "  "], "x": range(7)})
+    rng = SimpleNamespace(numpy=lambda name: np.random.default_rng(0))
+    out, dropped = release_task.cap_units(df, UnitBound("pid", 2), rng)
+    assert out["pid"].value_counts().to_dict() == {"a": 2, "b": 1, "c": 1}
+    assert dropped == 3 and set(out["x"]) <= {0, 1, 2, 3, 5}
